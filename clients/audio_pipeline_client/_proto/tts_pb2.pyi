@@ -1,0 +1,136 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AUDIO_ENCODING_UNSPECIFIED: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_PCM16: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_FLOAT32: _ClassVar[AudioEncoding]
+
+class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
+    STOP_REASON_END_OF_SPEECH: _ClassVar[StopReason]
+    STOP_REASON_MAX_TOKENS: _ClassVar[StopReason]
+AUDIO_ENCODING_UNSPECIFIED: AudioEncoding
+AUDIO_ENCODING_PCM16: AudioEncoding
+AUDIO_ENCODING_FLOAT32: AudioEncoding
+STOP_REASON_UNSPECIFIED: StopReason
+STOP_REASON_END_OF_SPEECH: StopReason
+STOP_REASON_MAX_TOKENS: StopReason
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    max_tokens: int
+    min_tokens: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class SynthesizeRequest(_message.Message):
+    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    voice: str
+    sampling: SamplingParams
+    encoding: AudioEncoding
+    sample_rate: int
+    request_id: str
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AudioFormat(_message.Message):
+    __slots__ = ("sample_rate", "encoding", "channels")
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    sample_rate: int
+    encoding: AudioEncoding
+    channels: int
+    def __init__(self, sample_rate: _Optional[int] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., channels: _Optional[int] = ...) -> None: ...
+
+class AudioFrames(_message.Message):
+    __slots__ = ("data", "chunk_index", "num_samples")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    chunk_index: int
+    num_samples: int
+    def __init__(self, data: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "generated_tokens", "audio_seconds", "time_to_first_audio_seconds", "generation_seconds")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIME_TO_FIRST_AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    generated_tokens: int
+    audio_seconds: float
+    time_to_first_audio_seconds: float
+    generation_seconds: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., time_to_first_audio_seconds: _Optional[float] = ..., generation_seconds: _Optional[float] = ...) -> None: ...
+
+class SynthesisComplete(_message.Message):
+    __slots__ = ("usage", "stop_reason")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    usage: Usage
+    stop_reason: StopReason
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ...) -> None: ...
+
+class AudioChunk(_message.Message):
+    __slots__ = ("request_id", "format", "audio", "complete")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    format: AudioFormat
+    audio: AudioFrames
+    complete: SynthesisComplete
+    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[AudioFormat, _Mapping]] = ..., audio: _Optional[_Union[AudioFrames, _Mapping]] = ..., complete: _Optional[_Union[SynthesisComplete, _Mapping]] = ...) -> None: ...
+
+class ListVoicesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Voice(_message.Message):
+    __slots__ = ("name", "description", "language", "is_default")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    language: str
+    is_default: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., language: _Optional[str] = ..., is_default: _Optional[bool] = ...) -> None: ...
+
+class ListVoicesResponse(_message.Message):
+    __slots__ = ("voices",)
+    VOICES_FIELD_NUMBER: _ClassVar[int]
+    voices: _containers.RepeatedCompositeFieldContainer[Voice]
+    def __init__(self, voices: _Optional[_Iterable[_Union[Voice, _Mapping]]] = ...) -> None: ...
