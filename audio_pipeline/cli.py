@@ -1,0 +1,158 @@
+"""`audio-pipeline`: serve (gRPC server), synthesize (in-process text to WAV), config (print settings)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+PROG = "audio-pipeline"
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("configuration (later sources win: defaults < --config-file < "
+                                      "AUDIO_PIPELINE_* environment < flags)")
+    group.add_argument("--model", metavar="PATH",
+                       help="local Hugging Face model directory, or builtin:NAME (default: the built-in model)")
+    group.add_argument("--audio-decoder", metavar="NAME", help="audio decoder (default: snac)")
+    group.add_argument("--audio-decoder-weights", metavar="PATH",
+                       help="decoder weights directory or file (default: the ones shipped with the model)")
+    group.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
+    group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype")
+    group.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
+                       help="any configuration field, e.g. chunk_size=28,56,112 or sampling.temperature=0.5 "
+                            "(repeatable; see `audio-pipeline config`)")
+    group.add_argument("--config-file", metavar="FILE", help="YAML or TOML configuration file")
+    group.add_argument("--section-name", metavar="NAME", help="section of --config-file to read")
+    group.add_argument("--log-level", default=os.environ.get("AUDIO_PIPELINE_LOG_LEVEL", "INFO"),
+                       choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default: INFO)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Text-to-speech serving engine.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the gRPC server")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=50051, help="gRPC port (default: 50051; 0 picks a free one)")
+    serve.add_argument("--metrics-port", type=int, metavar="PORT",
+                       help="serve Prometheus /metrics on PORT (sets prometheus_metrics_mode=launch_server)")
+    _add_config_flags(serve)
+
+    synth = commands.add_parser("synthesize", help="synthesize text to a WAV file in-process (no server)")
+    source = synth.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="text to speak")
+    source.add_argument("--input", metavar="FILE", help="read the text from FILE ('-' for standard input)")
+    synth.add_argument("--output", "-o", required=True, metavar="WAV", help="WAV file to write")
+    synth.add_argument("--voice", help="voice name (default: the model's default voice)")
+    synth.add_argument("--seed", type=int, help="sampling seed (same seed, same audio)")
+    synth.add_argument("--max-tokens", type=int, help="largest number of speech tokens to generate")
+    synth.add_argument("--temperature", type=float, help="sampling temperature (0: greedy)")
+    synth.add_argument("--sample-rate", type=int, default=0, help="output sample rate (default: the model's)")
+    _add_config_flags(synth)
+
+    show = commands.add_parser("config", help="print the resolved configuration as JSON")
+    _add_config_flags(show)
+    return parser
+
+
+def load_config(args: argparse.Namespace):
+    from audio_pipeline.config import AudioGenerationConfig
+
+    overrides: dict[str, Any] = {}
+    model: dict[str, Any] = {}
+    if args.model:
+        model["model_path"] = args.model
+    if args.device:
+        model["device"] = args.device
+    if args.dtype:
+        model["dtype"] = args.dtype
+    if model:
+        overrides["model"] = model
+    if args.audio_decoder:
+        overrides["audio_decoder"] = args.audio_decoder
+    if args.audio_decoder_weights:
+        overrides["audio_decoder_weights"] = args.audio_decoder_weights
+    if getattr(args, "metrics_port", None) is not None:
+        overrides["prometheus_metrics_mode"] = "launch_server"
+    return AudioGenerationConfig.load(config_file=args.config_file, section_name=args.section_name,
+                                      audio_flags=args.task_arg, **overrides)
+
+
+def read_text(args: argparse.Namespace) -> str:
+    if args.text is not None:
+        return args.text
+    if args.input == "-":
+        return sys.stdin.read()
+    try:
+        return Path(args.input).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"--input: cannot read {args.input}: {exc.strerror}") from None
+
+
+def run_serve(args: argparse.Namespace, config) -> None:
+    from audio_pipeline.server.app import ServerOptions, serve
+
+    config.log_basic_config()
+    options = ServerOptions(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                            on_listening=lambda port: print(f"{PROG}: listening on {args.host}:{port}",
+                                                            file=sys.stderr, flush=True))
+    asyncio.run(serve(config, options))
+
+
+def run_synthesize(args: argparse.Namespace, config) -> None:
+    import soundfile as sf
+
+    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.server.audio_output import StreamAudioOutput
+
+    text = read_text(args)
+    engine = TTSEngine(config)
+    engine.start()
+    try:
+        result = engine.synthesize(text, voice=args.voice, seed=args.seed, max_tokens=args.max_tokens,
+                                   temperature=args.temperature)
+    finally:
+        engine.stop(0.0)
+    output = StreamAudioOutput(result.sample_rate, args.sample_rate, 0)
+    samples = output.convert(result.samples, last=True)
+    target = Path(args.output)
+    with tempfile.NamedTemporaryFile(dir=target.parent or ".", suffix=".wav", delete=False) as tmp:
+        sf.write(tmp.name, samples, output.sample_rate, subtype="PCM_16")
+    os.replace(tmp.name, target)
+    print(f"{PROG}: wrote {target} ({samples.size / output.sample_rate:.2f} s at {output.sample_rate} Hz, "
+          f"{result.usage.generated_tokens} tokens, {result.stop_reason.value})", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from audio_pipeline.errors import RequestError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args)
+        if args.command == "config":
+            print(json.dumps(config.to_display_dict(), indent=2, default=str))
+        elif args.command == "serve":
+            run_serve(args, config)
+        else:
+            run_synthesize(args, config)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError, RequestError) as exc:
+        if args.log_level == "DEBUG":
+            raise
+        message = str(exc).strip().splitlines()
+        print(f"{PROG}: error: {' '.join(line.strip() for line in message)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""Engine configuration (after MAX's `config` module): PipelineConfig, AudioGenerationConfig, their parts.
+
+Values come from, later winning: field defaults < ``config_file`` < ``AUDIO_PIPELINE_*`` environment
+variables < keyword arguments < ``NAME=VALUE`` audio flags. ``AudioGenerationConfig.load`` reads all
+of them; ``resolve()`` checks the rules that span fields, once construction is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from functools import reduce
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing_extensions import Self
+
+from audio_pipeline import config_sources as sources
+from audio_pipeline.decoders.registry import audio_decoder_class
+
+#: The model served when none is named: a tiny random model the engine writes itself.
+DEFAULT_MODEL = "builtin:tiny-orpheus"
+
+#: Fields this engine accepts but does not honour yet -> the feature that will honour them.
+#: resolve() rejects a listed field whose value differs from its default; an entry
+#: ``"field=value"`` rejects only that value. Work that implements a feature removes its entries.
+#: Accepted and honoured, though MAX-specific: zmq_endpoint_base and use_legacy_module (no effect
+#: on this PyTorch engine, so any value is harmless).
+NOT_IMPLEMENTED: dict[str, str] = {
+    "pipeline_role": "disaggregated prefill/decode serving",
+    "ep_size": "expert parallelism (no mixture-of-experts model is supported)",
+    "enable_chunked_prefill": "scheduling whole prompts without chunking",
+    "enable_in_flight_batching": "mixing prefill into decode batches",
+    "enable_overlap_scheduler": "the overlap scheduler (prepare step n+1 while step n runs)",
+    "enable_echo": "echoing prompt tokens",
+    "pool_embeddings": "the embeddings task (a speech engine has none)",
+    "chat_template": "chat templates (the model family builds the prompt)",
+    "use_experimental_kernels": "experimental kernel selection",
+    "use_vendor_blas": "vendor BLAS selection",
+    "pdl_level": "programmatic dependent launch",
+    "custom_architectures": "loading model architectures from outside modules",
+    "execute_empty_batches": "running steps with no request (multi-device lockstep)",
+    "draft_model": "speculative decoding",
+    "speculative": "speculative decoding",
+    "lora": "LoRA adapters",
+    "model.trust_remote_code": "remote model code (only built-in architectures load)",
+    "model.weight_path": "explicit weight files (weights are read from model_path)",
+    "sampling.enable_structured_output": "structured output",
+    "profiling.gpu_profiling": "GPU profiling",
+    "block_causal": "block-causal streaming decode",
+    "prepend_prompt_speech_tokens": "sending prompt speech tokens to the decoder",
+    "prepend_prompt_speech_tokens_causal": "sending prompt speech tokens to the decoder",
+    "prometheus_metrics_mode=launch_multiproc_server": "the multiprocess Prometheus server",
+    "run_model_test_mode": "model test mode",
+}
+
+_logger = logging.getLogger(__name__)
+_SETTINGS = ConfigDict(extra="forbid", validate_assignment=True)
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+class _ValueEnum(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+
+class PrependPromptSpeechTokens(_ValueEnum):
+    """Whether the voice prompt's speech tokens go to the audio decoder as context."""
+
+    NEVER = "never"
+    """Never prepend the prompt speech tokens sent to the audio decoder."""
+    ONCE = "once"
+    """Prepend the prompt speech tokens to the first block of the audio decoder."""
+    ROLLING = "rolling"
+    """Prepend them to the first block, and to later blocks to reach the requested buffer size."""
+
+
+class PrometheusMetricsMode(_ValueEnum):
+    """How Prometheus metrics are exposed."""
+
+    INSTRUMENT_ONLY = "instrument_only"
+    """Record metrics; the application serves them."""
+    LAUNCH_SERVER = "launch_server"
+    """Start a Prometheus HTTP server for the metrics."""
+    LAUNCH_MULTIPROC_SERVER = "launch_multiproc_server"
+    """Start a Prometheus server in multiprocess mode."""
+
+
+class PipelineRole(_ValueEnum):
+    """Which inference phases this process runs."""
+
+    PrefillAndDecode = "prefill_and_decode"
+    PrefillOnly = "prefill_only"
+    DecodeOnly = "decode_only"
+
+
+class KVCacheConfig(BaseModel):
+    """The paged KV cache."""
+
+    model_config = _SETTINGS
+    kv_cache_page_size: int = Field(128, ge=1, description="Tokens per KV cache page.")
+    enable_prefix_caching: bool = Field(True, description="Reuse cached pages of prompts that share a prefix.")
+    device_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of free device memory the weights, activations and KV cache may use.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="KV cache size in bytes; None measures free memory after a warm-up.")
+    cache_dtype: str | None = Field(None, description="KV cache dtype, e.g. bfloat16; None uses the model's dtype.")
+
+
+class ModelConfig(BaseModel):
+    """Which model to load and how."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_path: str = Field(DEFAULT_MODEL, description="A local Hugging Face model directory or a builtin:NAME model.")
+    served_model_name: str | None = Field(None, description="Name clients see; None derives it from model_path.")
+    weight_path: list[str] = Field(default_factory=list, description="Weight files to load instead of model_path's.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
+    trust_remote_code: bool = Field(False, description="Allow model code shipped with the model.")
+    max_length: int | None = Field(None, ge=1, description="Longest sequence the model runs; None = its own limit.")
+    kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig, description="The paged KV cache.")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.fullmatch(value):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+
+#: MAX's name for ModelConfig.
+MAXModelConfig = ModelConfig
+
+
+class SamplingConfig(BaseModel):
+    """Server-wide sampling defaults; a request may override each of them."""
+
+    model_config = _SETTINGS
+    temperature: float = Field(0.6, ge=0, description="Softmax temperature; 0 is greedy.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling probability mass.")
+    top_k: int = Field(-1, description="Sample from the k most likely tokens; -1 = all.")
+    min_p: float = Field(0.0, ge=0, le=1, description="Drop tokens below min_p times the top probability.")
+    repetition_penalty: float = Field(1.1, gt=0, description="Divides logits of tokens already generated (>1 penalizes).")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Subtracted per earlier occurrence of a token.")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="Subtracted once from every token already generated.")
+    max_tokens: int = Field(1200, ge=1, description="Speech tokens generated per request unless it asks otherwise.")
+    max_tokens_limit: int = Field(4096, ge=1, description="The largest max_tokens a request may ask for.")
+    min_tokens: int = Field(0, ge=0, description="Speech tokens generated before end of speech is allowed.")
+    seed: int | None = Field(None, description="Seed of the default random generator; None = nondeterministic.")
+    max_text_chars: int = Field(2000, ge=1, description="Longest request text, in characters.")
+    enable_structured_output: bool = Field(False, description="Constrain output to a grammar.")
+
+    @field_validator("top_k")
+    @classmethod
+    def _check_top_k(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError(f"top_k must be -1 (off) or at least 1, got {value}")
+        return value
+
+
+class ProfilingConfig(BaseModel):
+    """Profiling of model execution."""
+
+    model_config = _SETTINGS
+    gpu_profiling: Literal["off", "on", "detailed"] = Field("off", description="GPU profiler level.")
+    profile_dir: str | None = Field(None, description="Where profiles are written; None = the working directory.")
+
+
+class LoRAConfig(BaseModel):
+    """LoRA adapters."""
+
+    model_config = _SETTINGS
+    enable_lora: bool = Field(False, description="Serve LoRA adapters.")
+    lora_paths: list[str] = Field(default_factory=list, description="Adapter directories loaded at start.")
+    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank.")
+    max_num_loras: int = Field(1, ge=1, description="Adapters held on the device at once.")
+
+
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding."""
+
+    model_config = _SETTINGS
+    speculative_method: str | None = Field(None, description="Method proposing tokens; None uses draft_model.")
+    num_speculative_tokens: int = Field(2, ge=1, description="Tokens proposed per step.")
+
+
+class PipelineConfig(BaseModel):
+    """Configuration of a pipeline: model, batching, scheduling, sampling defaults.
+
+    Construction reads ``config_file`` (below the given values) and then runs ``resolve()``
+    unless ``defer_resolve``. Assignment checks the field alone: call ``resolve()`` after changing
+    fields. ``model_validate`` neither reads ``config_file`` nor resolves: construct instead.
+    """
+
+    model_config = _SETTINGS
+    config_file: str | None = Field(None, description="YAML or TOML file of values, above defaults and below env.")
+    section_name: str | None = Field(None, description="Top-level section of config_file to read; None = all of it.")
+    max_length: int | None = Field(None, ge=1, description="Longest sequence (prompt + output); None = the model's.")
+    pipeline_role: PipelineRole = Field(PipelineRole.PrefillAndDecode, description="Phases this process runs.")
+    max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = fit KV memory.")
+    max_queue_size_tg: int | None = Field(None, ge=1, description="Most requests in decode; None = max_batch_size.")
+    min_batch_size_tg: int | None = Field(
+        None, ge=1, description="Soft floor of the decode batch: below it, prefill is preferred; None = no floor.")
+    ep_size: int = Field(1, ge=1, description="Expert-parallel degree.")
+    ce_delay_ms: float = Field(0.0, ge=0, description="Wait this long for more prompts before a prefill step.")
+    enable_prioritize_first_decode: bool = Field(False, description="Decode right after prefill: faster first audio.")
+    enable_chunked_prefill: bool = Field(True, description="Split prompts longer than max_batch_input_tokens.")
+    enable_in_flight_batching: bool = Field(False, description="Mix prefill tokens into decode steps.")
+    max_num_steps: int = Field(-1, description="Decode steps per scheduling round; -1 = the engine chooses.")
+    max_batch_input_tokens: int = Field(8192, ge=1, description="Most prompt tokens prefilled in one step.")
+    enable_echo: bool = Field(False, description="Return prompt tokens and their logits too.")
+    pool_embeddings: bool = Field(True, description="Mean-pool outputs of the embeddings task.")
+    chat_template: Path | None = Field(None, description="Jinja chat template replacing the tokenizer's.")
+    use_experimental_kernels: str = Field("false", description="'true' selects experimental kernels.")
+    use_vendor_blas: str = Field("false", description="'true' sends matmuls to the vendor BLAS library.")
+    pdl_level: str = Field("0", description="Programmatic dependent launch level; '0' = off.")
+    custom_architectures: list[str] = Field(default_factory=list, description="Modules registering architectures.")
+    zmq_endpoint_base: str = Field(
+        "ipc:///tmp/audio-pipeline", description="MAX's IPC endpoint prefix; this in-process engine ignores it.")
+    execute_empty_batches: bool = Field(False, description="Run the model even on steps with no request.")
+    max_batch_total_tokens: int | None = Field(
+        None, ge=1, description="Most tokens (cached + new) in one step; None = KV memory is the limit.")
+    force: bool = Field(False, description="Skip the model compatibility checks made when loading.")
+    kvcache_ce_watermark: float = Field(
+        0.95, gt=0, le=1, description="Admit prompts only while this fraction of the KV cache would not be exceeded.")
+    enable_overlap_scheduler: bool = Field(False, description="Prepare the next step while this one runs.")
+    use_legacy_module: bool = Field(True, description="MAX's model-module switch; no effect on this PyTorch engine.")
+    defer_resolve: bool = Field(False, description="Skip resolve() at construction; the caller runs it later.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model served.")
+    draft_model: ModelConfig | None = Field(None, description="Small model proposing tokens for speculation.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults.")
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig, description="Profiling.")
+    lora: LoRAConfig | None = Field(None, description="LoRA adapters; None = off.")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding; None = off.")
+
+    def __init__(self, /, **data: Any) -> None:
+        if data.get("config_file") is not None:
+            from_file = sources.read_config_file(type(self), data["config_file"], data.get("section_name"))
+            data = sources.deep_merge(from_file, data)
+        super().__init__(**data)
+        # Here rather than in model_post_init, where pydantic would bury the message in a ValidationError.
+        if not self.defer_resolve:
+            self.resolve()
+
+    @field_validator("max_num_steps")
+    @classmethod
+    def _check_max_num_steps(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError(f"max_num_steps must be -1 (engine's choice) or at least 1, got {value}")
+        return value
+
+    @classmethod
+    def load(cls, *, config_file: str | None = None, section_name: str | None = None,
+             env: Mapping[str, str] | None = None, audio_flags: Iterable[str] | Mapping[str, Any] = (),
+             **overrides: Any) -> Self:
+        """Builds the configuration from every source; later sources win.
+
+        defaults < config file < ``AUDIO_PIPELINE_*`` variables of ``env`` (default ``os.environ``)
+        < ``config_file``/``section_name``/``overrides`` (nested dicts, dotted or ``__`` keys)
+        < ``audio_flags`` (NAME=VALUE strings, parsed like ``from_flags``).
+        The file is the one named by the highest source that names one.
+        """
+        explicit = {"config_file": config_file, "section_name": section_name}
+        layers = [
+            sources.parse_env(cls, os.environ if env is None else env),
+            {key: value for key, value in explicit.items() if value is not None},
+            sources.normalize_mapping(cls, overrides, "keyword argument"),
+            sources.parse_flags(cls, audio_flags),
+        ]
+        return cls(**reduce(sources.deep_merge, layers, {}))
+
+    @classmethod
+    def from_flags(cls, audio_flags: Iterable[str] | Mapping[str, Any], **config_flags: Any) -> Self:
+        """Builds the configuration from ``--task-arg`` NAME=VALUE strings over plain keyword fields.
+
+        ``audio_flags`` win over ``config_flags`` (they are the more specific). Names take ``-`` or
+        ``_`` and dots for nested fields (``sampling.temperature=0.5``); ``audio_decoder_config.KEY``
+        sets one decoder setting. Environment variables are not read (``load`` reads them).
+        """
+        data = sources.deep_merge(sources.normalize_mapping(cls, config_flags, "keyword argument"),
+                                  sources.parse_flags(cls, audio_flags))
+        return cls(**data)
+
+    def resolve(self) -> Self:
+        """Checks the rules that span fields, then rejects what is not implemented; returns self.
+
+        Raises ValueError listing every broken rule, each naming its field(s).
+        """
+        problems = self._rule_problems()
+        if not problems:
+            problems = self._not_implemented_problems()
+        if problems:
+            raise ValueError(problems[0] if len(problems) == 1 else
+                             "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        return self
+
+    def _rule_problems(self) -> list[str]:
+        problems = []
+        if self.section_name is not None and self.config_file is None:
+            problems.append(f"section_name {self.section_name!r} is set but config_file is not")
+        if self.max_batch_size is not None:
+            if self.max_batch_size > self.max_batch_input_tokens:
+                problems.append(f"max_batch_size ({self.max_batch_size}) exceeds max_batch_input_tokens "
+                                f"({self.max_batch_input_tokens}): every prefilled request needs a token")
+            if self.min_batch_size_tg is not None and self.min_batch_size_tg > self.max_batch_size:
+                problems.append(f"min_batch_size_tg ({self.min_batch_size_tg}) exceeds max_batch_size "
+                                f"({self.max_batch_size})")
+            if self.max_queue_size_tg is not None and self.max_queue_size_tg < self.max_batch_size:
+                problems.append(f"max_queue_size_tg ({self.max_queue_size_tg}) is below max_batch_size "
+                                f"({self.max_batch_size}): decode batches could never fill")
+        if self.max_batch_total_tokens is not None and self.max_batch_total_tokens < self.max_batch_input_tokens:
+            problems.append(f"max_batch_total_tokens ({self.max_batch_total_tokens}) is below "
+                            f"max_batch_input_tokens ({self.max_batch_input_tokens})")
+        if self.enable_in_flight_batching and not self.enable_chunked_prefill:
+            problems.append("enable_in_flight_batching needs enable_chunked_prefill")
+        sampling = self.sampling
+        if sampling.max_tokens > sampling.max_tokens_limit:
+            problems.append(f"sampling.max_tokens ({sampling.max_tokens}) exceeds sampling.max_tokens_limit "
+                            f"({sampling.max_tokens_limit})")
+        if sampling.min_tokens > sampling.max_tokens:
+            problems.append(f"sampling.min_tokens ({sampling.min_tokens}) exceeds sampling.max_tokens "
+                            f"({sampling.max_tokens})")
+        if None not in (self.max_length, self.model.max_length) and self.max_length != self.model.max_length:
+            problems.append(f"max_length ({self.max_length}) and model.max_length ({self.model.max_length}) differ")
+        max_length = self.max_length or self.model.max_length
+        if max_length is not None and sampling.max_tokens >= max_length:
+            problems.append(f"sampling.max_tokens ({sampling.max_tokens}) leaves no room for a prompt within "
+                            f"max_length ({max_length})")
+        return problems
+
+    def _not_implemented_problems(self) -> list[str]:
+        problems = []
+        for entry, feature in NOT_IMPLEMENTED.items():
+            dotted, _, rejected = entry.partition("=")
+            owner: Any = self
+            *parents, name = dotted.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent, None)
+            if not isinstance(owner, BaseModel) or name not in type(owner).model_fields:
+                continue
+            value = getattr(owner, name)
+            if rejected:
+                chosen = str(value.value if isinstance(value, Enum) else value) == rejected
+            else:
+                chosen = value != type(owner).model_fields[name].get_default(call_default_factory=True)
+            if chosen:
+                problems.append(f"{entry if rejected else dotted} is not implemented yet by this engine ({feature})")
+        return problems
+
+    def to_display_dict(self) -> dict[str, Any]:
+        """Every field, JSON-compatible (enums as values, paths as strings)."""
+        return self.model_dump(mode="json")
+
+    def log_basic_config(self, logger: logging.Logger | None = None) -> None:
+        """Logs the resolved essentials at INFO, one topic per line."""
+        log = logger or _logger
+        for line in self._basic_config_lines():
+            log.info("%s", line)
+
+    def _basic_config_lines(self) -> list[str]:
+        model, kv, sampling = self.model, self.model.kv_cache, self.sampling
+        memory = (f"{kv.kv_cache_memory_bytes} bytes" if kv.kv_cache_memory_bytes is not None
+                  else f"measured, device_memory_utilization={kv.device_memory_utilization}")
+        return [
+            f"model: {model.model_path} (served as {model.served_model_name or 'its path'}, "
+            f"dtype={model.dtype}, device={model.device}, "
+            f"max_length={self.max_length or model.max_length or 'model limit'})",
+            f"batching: max_batch_size={self.max_batch_size or 'auto'}, "
+            f"max_queue_size_tg={self.max_queue_size_tg or 'max_batch_size'}, "
+            f"max_batch_input_tokens={self.max_batch_input_tokens}, "
+            f"kvcache_ce_watermark={self.kvcache_ce_watermark}",
+            f"kv cache: page_size={kv.kv_cache_page_size}, prefix_caching={kv.enable_prefix_caching}, "
+            f"memory={memory}, dtype={kv.cache_dtype or 'model dtype'}",
+            f"sampling defaults: temperature={sampling.temperature}, top_p={sampling.top_p}, "
+            f"top_k={sampling.top_k}, repetition_penalty={sampling.repetition_penalty}, "
+            f"max_tokens={sampling.max_tokens} (limit {sampling.max_tokens_limit}), seed={sampling.seed}",
+        ]
+
+
+class AudioGenerationConfig(PipelineConfig):
+    """A text-to-speech pipeline: the speech-token model plus the streaming audio decoder."""
+
+    audio_decoder: str = Field("snac", description="Registered audio decoder name.")
+    audio_decoder_weights: str = Field(
+        "", description="Decoder weights (file or directory); empty = the decoder that comes with the model.")
+    chunk_size: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, min_length=1, description="Speech tokens per streamed chunk, last entry repeating; None = no streaming.")
+    buffer: int = Field(0, ge=0, description="Already-decoded tokens given as left context to each decode.")
+    block_causal: bool = Field(False, description="Context tokens may not see the current block.")
+    prepend_prompt_speech_tokens: PrependPromptSpeechTokens = Field(
+        PrependPromptSpeechTokens.NEVER, description="Whether voice-prompt speech tokens are decoder context.")
+    prepend_prompt_speech_tokens_causal: bool = Field(
+        False, description="Prepended prompt tokens may not see the current block.")
+    run_model_test_mode: bool = Field(False, description="MAX's model test mode.")
+    prometheus_metrics_mode: PrometheusMetricsMode = Field(
+        PrometheusMetricsMode.INSTRUMENT_ONLY, description="How Prometheus metrics are exposed.")
+    audio_decoder_config: dict[str, Any] = Field(default_factory=dict, description="Decoder-specific settings.")
+    voices_dir: str | None = Field(None, description="Directory of registered voices; None = no registration.")
+    grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
+
+    def _rule_problems(self) -> list[str]:
+        problems = super()._rule_problems()
+        try:
+            decoder = audio_decoder_class(self.audio_decoder)
+        except (ValueError, ImportError) as exc:
+            return problems + [f"audio_decoder {self.audio_decoder!r} cannot be used: {exc}"]
+        frame = decoder.tokens_per_frame
+        if self.chunk_size is not None and any(size % frame for size in self.chunk_size):
+            problems.append(f"chunk_size {self.chunk_size}: every entry must be a multiple of "
+                            f"{self.audio_decoder}'s {frame} tokens per frame")
+        if self.buffer % frame:
+            problems.append(f"buffer ({self.buffer}) must be a multiple of {self.audio_decoder}'s "
+                            f"{frame} tokens per frame")
+        for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
+            if getattr(self, name) and not decoder.supports_block_causal:
+                problems.append(f"{name}=true is not supported by audio_decoder {self.audio_decoder!r}")
+        prepend = self.prepend_prompt_speech_tokens
+        if self.prepend_prompt_speech_tokens_causal and prepend is PrependPromptSpeechTokens.NEVER:
+            problems.append("prepend_prompt_speech_tokens_causal=true has no effect while "
+                            "prepend_prompt_speech_tokens is never")
+        if prepend is PrependPromptSpeechTokens.ROLLING and self.buffer == 0:
+            problems.append("prepend_prompt_speech_tokens=rolling needs buffer > 0: rolling fills the "
+                            "buffer context of later chunks with prompt tokens, and buffer=0 leaves none "
+                            "(use once)")
+        return problems
+
+    def _basic_config_lines(self) -> list[str]:
+        weights = self.audio_decoder_weights or "from the model"
+        settings = f", settings={self.audio_decoder_config}" if self.audio_decoder_config else ""
+        return super()._basic_config_lines() + [
+            f"audio decoder: {self.audio_decoder} (weights {weights}{settings})",
+            f"streaming: chunk_size={self.chunk_size or 'off (one chunk)'}, buffer={self.buffer}, "
+            f"block_causal={self.block_causal}, prepend_prompt_speech_tokens={self.prepend_prompt_speech_tokens} "
+            f"(causal={self.prepend_prompt_speech_tokens_causal})",
+            f"metrics: {self.prometheus_metrics_mode}; grace_period_s={self.grace_period_s}",
+        ]

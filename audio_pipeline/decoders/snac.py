@@ -1,0 +1,600 @@
+"""SNAC audio decoder (the Orpheus layout: SNAC 24 kHz, 3 codebooks, 7 codes per frame).
+
+Code layout
+    One frame is 7 codes: ``[c0[i], c1[2i], c2[4i], c2[4i+1], c1[2i+1], c2[4i+2], c2[4i+3]]``
+    (codebook 0 at 1/4 of the latent rate, codebook 1 at 1/2, codebook 2 at the latent rate).
+    :func:`codes_to_codebooks` / :func:`codebooks_to_codes` convert both ways.
+
+Noise
+    The published decoders inject Gaussian noise after every upsampling (``noise: true`` in
+    config.json), scaled per sample by a learned projection of the signal. Here the noise source is
+    explicit:
+
+    * ``decode(codes, generator=g)`` draws it from ``g``;
+    * otherwise, with ``noise_seed`` an int (the default, 0), every decoded stream draws from a
+      fresh CPU generator seeded with ``noise_seed``: decoding is reproducible, the same codes give
+      the same audio on every call and device, and ``decode_batch`` equals per-item ``decode``;
+    * ``noise_seed: None`` draws from torch's global RNG, exactly like the reference package
+      (``torch.manual_seed(s)`` then decode equals the reference after ``torch.manual_seed(s)``;
+      a fresh seeded generator equals that too, as CPU generators share the algorithm);
+    * ``noise_scale`` multiplies the noise; 0 turns it off (no RNG is touched).
+
+    Noise values are drawn in float32 on the CPU and moved to the model's device/dtype, so they do
+    not depend on the device. They are tied to positions *within one decode call*: the same frame
+    decoded in two different windows gets different noise (relevant to streaming fidelity).
+
+Receptive field
+    :func:`receptive_field_frames` propagates the span of latent steps that feed one output frame
+    backwards through every layer of the decoder (exact index arithmetic for each convolution,
+    transposed convolution and residual unit; a local-attention window adds ``window - 1`` steps on
+    each side, conservatively), converts latent steps to frames (4 latent steps per frame) and
+    returns the farthest frame reached on either side. For the 24 kHz checkpoint this is 3.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from audio_pipeline.decoders.base import AudioDecoder
+from audio_pipeline.decoders.registry import register_audio_decoder
+from audio_pipeline.decoders.snac_layers import (
+    RESIDUAL_DILATIONS,
+    RESIDUAL_KERNEL,
+    NoiseFn,
+    ResidualQuantizer,
+    SNACAnalysis,
+    SNACSynthesis,
+    checkpoint_key_map,
+    ignored_checkpoint_keys,
+    randomize_,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SNAC_24KHZ_CONFIG",
+    "TINY_SNAC_CONFIG",
+    "SNACDecoder",
+    "codebooks_to_codes",
+    "codes_to_codebooks",
+    "receptive_field_frames",
+    "save_random_snac_checkpoint",
+]
+
+#: ``config.json`` of the published 24 kHz SNAC (hubertsiuzdak/snac_24khz) used by Orpheus.
+SNAC_24KHZ_CONFIG: dict[str, Any] = {
+    "sampling_rate": 24000,
+    "encoder_dim": 48,
+    "encoder_rates": [2, 4, 8, 8],
+    "decoder_dim": 1024,
+    "decoder_rates": [8, 8, 4, 2],
+    "attn_window_size": None,
+    "codebook_size": 4096,
+    "codebook_dim": 8,
+    "vq_strides": [4, 2, 1],
+    "noise": True,
+    "depthwise": True,
+}
+
+#: Same rates and codebooks as 24 kHz, narrow layers: fast on CPU (tests, built-in tiny model).
+TINY_SNAC_CONFIG: dict[str, Any] = {
+    **SNAC_24KHZ_CONFIG,
+    "encoder_dim": 8,
+    "decoder_dim": 32,
+}
+
+#: Defaults of keys a config.json may leave out (those of the reference constructor).
+_MODEL_DEFAULTS: dict[str, Any] = {
+    "sampling_rate": 44100, "encoder_dim": 64, "encoder_rates": [3, 3, 7, 7], "latent_dim": None,
+    "decoder_dim": 1536, "decoder_rates": [7, 7, 3, 3], "attn_window_size": 32,
+    "codebook_size": 4096, "codebook_dim": 8, "vq_strides": [8, 4, 2, 1], "noise": True,
+    "depthwise": True,
+}
+#: Settings accepted in the ``config`` argument of :meth:`SNACDecoder.load`.
+_RUNTIME_DEFAULTS: dict[str, Any] = {"noise_seed": 0, "noise_scale": 1.0, "with_encoder": False}
+
+_VQ_STRIDES = [4, 2, 1]
+#: Frame slot -> codebook, and the slots of each codebook in order.
+FRAME_SLOT_CODEBOOK = (0, 1, 2, 2, 1, 2, 2)
+_CODEBOOK_SLOTS = ((0,), (1, 4), (2, 3, 5, 6))
+TOKENS_PER_FRAME = 7
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+# --------------------------------------------------------------------------------------------
+# interleave
+
+
+def codes_to_codebooks(codes: torch.Tensor) -> list[torch.Tensor]:
+    """Frame-major codes ``(..., 7F)`` -> ``[c0 (..., F), c1 (..., 2F), c2 (..., 4F)]``."""
+    if codes.shape[-1] % TOKENS_PER_FRAME:
+        raise ValueError(f"code count {codes.shape[-1]} is not a multiple of {TOKENS_PER_FRAME}")
+    frames = codes.reshape(*codes.shape[:-1], -1, TOKENS_PER_FRAME)
+    return [frames[..., list(slots)].reshape(*codes.shape[:-1], -1) for slots in _CODEBOOK_SLOTS]
+
+
+def codebooks_to_codes(codebooks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[c0 (..., F), c1 (..., 2F), c2 (..., 4F)]`` -> frame-major codes ``(..., 7F)``."""
+    if len(codebooks) != 3:
+        raise ValueError(f"expected 3 codebooks, got {len(codebooks)}")
+    c0, c1, c2 = codebooks
+    n = c0.shape[-1]
+    lead = c0.shape[:-1]
+    if c1.shape != (*lead, 2 * n) or c2.shape != (*lead, 4 * n):
+        raise ValueError(f"codebook lengths must be F, 2F, 4F; got shapes "
+                         f"{tuple(c0.shape)}, {tuple(c1.shape)}, {tuple(c2.shape)}")
+    out = torch.empty(*lead, n, TOKENS_PER_FRAME, dtype=c0.dtype, device=c0.device)
+    for book, slots in zip((c0, c1, c2), _CODEBOOK_SLOTS):
+        out[..., list(slots)] = book.reshape(*lead, n, len(slots))
+    return out.reshape(*lead, n * TOKENS_PER_FRAME)
+
+
+# --------------------------------------------------------------------------------------------
+# configuration
+
+
+def _normalize_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """Fills defaults and checks that the model fits the 7-code, 3-codebook frame layout."""
+    unknown = sorted(k for k in raw if k not in _MODEL_DEFAULTS and not k.startswith("_"))
+    if unknown:
+        log.warning("%s: ignoring unknown SNAC config keys %s", source, unknown)
+    cfg = {**_MODEL_DEFAULTS, **{k: v for k, v in raw.items() if k in _MODEL_DEFAULTS}}
+
+    def bad(key: str, why: str) -> ValueError:
+        return ValueError(f"{source}: SNAC config {key!r} = {cfg.get(key)!r}: {why}")
+
+    if list(cfg["vq_strides"] or []) != _VQ_STRIDES:
+        raise bad("vq_strides", f"the 7-code frame layout needs exactly 3 codebooks with strides {_VQ_STRIDES}")
+    for key in ("encoder_rates", "decoder_rates"):
+        rates = cfg[key]
+        if not isinstance(rates, (list, tuple)) or not rates or not all(isinstance(r, int) and r > 0 for r in rates):
+            raise bad(key, "must be a non-empty list of positive integers")
+    for key in ("sampling_rate", "encoder_dim", "decoder_dim", "codebook_size", "codebook_dim"):
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
+            raise bad(key, "must be a positive integer")
+    if cfg["latent_dim"] is None:
+        cfg["latent_dim"] = cfg["encoder_dim"] * 2 ** len(cfg["encoder_rates"])
+    elif not isinstance(cfg["latent_dim"], int) or cfg["latent_dim"] <= 0:
+        raise bad("latent_dim", "must be a positive integer or null")
+    if math.prod(cfg["decoder_rates"]) != math.prod(cfg["encoder_rates"]):
+        raise bad("decoder_rates", f"their product must equal the hop length prod(encoder_rates) = "
+                                   f"{math.prod(cfg['encoder_rates'])}")
+    if cfg["decoder_dim"] % 2 ** len(cfg["decoder_rates"]):
+        raise bad("decoder_dim", f"must be divisible by 2**len(decoder_rates) = {2 ** len(cfg['decoder_rates'])}")
+    window = cfg["attn_window_size"]
+    if window is not None:
+        if not isinstance(window, int) or window <= 0:
+            raise bad("attn_window_size", "must be a positive integer or null")
+        for key, width in (("decoder_dim", cfg["decoder_dim"]), ("encoder_dim", cfg["latent_dim"])):
+            if width % 64:
+                raise bad(key, f"with attention the attended width ({width}) must be a multiple of 64")
+    for key in ("noise", "depthwise"):
+        if not isinstance(cfg[key], bool):
+            raise bad(key, "must be true or false")
+    return cfg
+
+
+def receptive_field_frames(config: dict[str, Any]) -> int:
+    """Frames on either side of a frame that can influence its audio (see the module docstring)."""
+    cfg = _normalize_config(config, "receptive_field_frames")
+    hop = math.prod(cfg["decoder_rates"])
+    frame_latents = cfg["vq_strides"][0]
+    spf = hop * frame_latents
+    frame = 10_000  # far from the edges, where zero padding would clip the span
+    lo, hi = frame * spf, (frame + 1) * spf - 1  # output samples of that frame
+
+    def same_conv(lo: int, hi: int, kernel: int, dilation: int = 1) -> tuple[int, int]:
+        pad = (kernel - 1) * dilation // 2  # out[o] reads in[o - pad + j * dilation], j < kernel
+        return lo - pad, hi - pad + (kernel - 1) * dilation
+
+    def residual_stack(lo: int, hi: int) -> tuple[int, int]:
+        for d in reversed(RESIDUAL_DILATIONS):
+            lo, hi = same_conv(lo, hi, RESIDUAL_KERNEL, d)
+        return lo, hi
+
+    lo, hi = same_conv(lo, hi, 7)  # output conv
+    for s in reversed(cfg["decoder_rates"]):
+        lo, hi = residual_stack(lo, hi)
+        kernel, pad = 2 * s, math.ceil(s / 2)  # out[o] += in[i] * w[k] with o = i * s + k - pad
+        lo, hi = -((-(lo + pad - kernel + 1)) // s), (hi + pad) // s
+    if cfg["attn_window_size"] is not None:
+        lo, hi = lo - (cfg["attn_window_size"] - 1), hi + (cfg["attn_window_size"] - 1)
+    lo, hi = same_conv(lo, hi, 7)  # entry conv (depthwise or not, same span)
+    return max(frame - lo // frame_latents, hi // frame_latents - frame)
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint files
+
+
+def _resolve_files(weights: str | Path) -> tuple[Path, Path]:
+    """(weights file, config.json) for a directory or a weights file."""
+    path = Path(weights)
+    if path.is_dir():
+        for name in _WEIGHT_FILES:
+            if (path / name).is_file():
+                weights_file = path / name
+                break
+        else:
+            raise FileNotFoundError(f"no SNAC weights in {path} (looked for {', '.join(_WEIGHT_FILES)})")
+        config_file = path / "config.json"
+    elif path.is_file():
+        weights_file, config_file = path, path.parent / "config.json"
+    else:
+        raise FileNotFoundError(f"SNAC weights not found: {path}")
+    if not config_file.is_file():
+        raise FileNotFoundError(f"SNAC config.json not found: {config_file}")
+    return weights_file, config_file
+
+
+def _read_tensors(path: Path, wanted: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint file (only ``wanted`` keys when given and cheap to select)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys() if wanted is None or k in wanted}
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: not a state dict of tensors")
+    if wanted is not None:
+        state = {k: v for k, v in state.items() if k in wanted}
+    return state
+
+
+def _weight_norm_names(key: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The (g, v) key pairs a weight-normed ``...weight`` key may be stored as."""
+    base, _, leaf = key.rpartition(".")
+    return ((f"{base}.{leaf}_g", f"{base}.{leaf}_v"),
+            (f"{base}.parametrizations.{leaf}.original0", f"{base}.parametrizations.{leaf}.original1"))
+
+
+def _all_stored_names(key: str, weight_normed: bool) -> list[str]:
+    names = [key]
+    if weight_normed:
+        for g, v in _weight_norm_names(key):
+            names += [g, v]
+    return names
+
+
+def _fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``g * v / ||v||`` with the norm over every dim but 0 (the layout torch's weight norm uses)."""
+    g, v = g.float(), v.float()
+    try:  # the same kernel torch's weight norm runs, so folded weights are bit-equal to its output
+        return torch._weight_norm(v, g, 0)
+    except (AttributeError, RuntimeError):  # pragma: no cover
+        return v * (g / torch.linalg.vector_norm(v, dim=tuple(range(1, v.dim())), keepdim=True))
+
+
+def _translate(state: dict[str, torch.Tensor], key_map: dict[str, tuple[str, bool]], source: Path,
+               consumed: set[str]) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors -> our state dict (weight norm folded); raises listing missing keys."""
+    out, missing = {}, []
+    for ours, (theirs, weight_normed) in key_map.items():
+        if theirs in state:
+            out[ours] = state[theirs].float()
+            consumed.add(theirs)
+            continue
+        if weight_normed:
+            for g, v in _weight_norm_names(theirs):
+                if g in state and v in state:
+                    out[ours] = _fold_weight_norm(state[g], state[v])
+                    consumed.update((g, v))
+                    break
+            else:
+                missing.append(theirs + (" (or its weight-norm g/v pair)" if weight_normed else ""))
+                continue
+        else:
+            missing.append(theirs)
+    if missing:
+        raise ValueError(f"{source}: {len(missing)} SNAC tensors missing, e.g. {missing[:4]}")
+    return out
+
+
+def _export(root: torch.nn.Module, style: str = "legacy") -> dict[str, torch.Tensor]:
+    """Our tensors under checkpoint names; weight-normed ones as g/v (``legacy``: ``weight_g``/
+    ``weight_v``; ``parametrizations``: ``parametrizations.weight.original0``/``original1``)."""
+    ours = root.state_dict()
+    out = {}
+    for key, (theirs, weight_normed) in checkpoint_key_map(root).items():
+        t = ours[key].detach().float().contiguous()
+        if weight_normed and style != "plain":
+            (lg, lv), (pg, pv) = _weight_norm_names(theirs)
+            g_key, v_key = (lg, lv) if style == "legacy" else (pg, pv)
+            out[g_key] = torch.linalg.vector_norm(t, dim=tuple(range(1, t.dim())), keepdim=True)
+            out[v_key] = t.clone()
+        else:
+            out[theirs] = t.clone()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# noise
+
+
+def _stream_noise(generators: list[torch.Generator], scale: float) -> NoiseFn:
+    """Noise for a batch whose item b draws from ``generators[b]`` (same values as alone)."""
+
+    def draw(batch: int, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        parts = [torch.randn((1, 1, length), generator=g, device=g.device) for g in generators]
+        n = torch.cat(parts).to(device=device, dtype=dtype)
+        return n * scale if scale != 1.0 else n
+
+    return draw
+
+
+def _global_noise(scale: float) -> NoiseFn:
+    def draw(batch: int, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        n = torch.randn((batch, 1, length), device=device, dtype=dtype)
+        return n * scale if scale != 1.0 else n
+
+    return draw
+
+
+# --------------------------------------------------------------------------------------------
+# the decoder
+
+
+@register_audio_decoder
+class SNACDecoder(AudioDecoder):
+    """SNAC codes (7 per frame, 3 codebooks) -> waveform; optional waveform -> codes (encode)."""
+
+    name = "snac"
+    tokens_per_frame = TOKENS_PER_FRAME
+    supports_block_causal = False
+
+    def __init__(self, model_config: dict[str, Any], quantizer: ResidualQuantizer, synthesis: SNACSynthesis,
+                 *, device: torch.device, dtype: torch.dtype, noise_seed: int | None = 0,
+                 noise_scale: float = 1.0, weights_file: Path | None = None,
+                 analysis: SNACAnalysis | None = None):
+        self.model_config = model_config
+        self.quantizer, self.synthesis, self._analysis = quantizer, synthesis, analysis
+        self.device, self.dtype = device, dtype
+        self.noise_seed, self.noise_scale = noise_seed, float(noise_scale)
+        self.weights_file = weights_file
+        self._encoder_lock = threading.Lock()
+        self.sample_rate = model_config["sampling_rate"]
+        self.hop_length = math.prod(model_config["encoder_rates"])
+        self.samples_per_frame = self.hop_length * model_config["vq_strides"][0]
+        self.codebook_size = model_config["codebook_size"]
+        self.has_noise = bool(model_config["noise"])
+        self.attn_window_size = model_config["attn_window_size"]
+        self.receptive_field_frames = receptive_field_frames(model_config)
+
+    # ---- loading -------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, weights: str | Path, config: dict[str, Any] | None = None, *,
+             device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+             with_encoder: bool | None = None) -> "SNACDecoder":
+        """Loads ``weights`` (a directory with config.json and model.safetensors or
+        pytorch_model.bin, or a weights file with config.json beside it).
+
+        ``config`` holds runtime settings: ``noise_seed`` (int, or None for torch's global RNG;
+        default 0), ``noise_scale`` (default 1.0; 0 disables noise), ``with_encoder`` (build the
+        encoder now; otherwise it is built on the first :meth:`encode`).
+        """
+        settings = dict(_RUNTIME_DEFAULTS)
+        for key, value in (config or {}).items():
+            if key not in _RUNTIME_DEFAULTS:
+                raise ValueError(f"unknown SNAC decoder setting {key!r}; accepted: {', '.join(_RUNTIME_DEFAULTS)}")
+            settings[key] = value
+        if settings["noise_seed"] is not None and (not isinstance(settings["noise_seed"], int)
+                                                   or isinstance(settings["noise_seed"], bool)):
+            raise ValueError(f"noise_seed must be an integer or None, got {settings['noise_seed']!r}")
+        if not isinstance(settings["noise_scale"], (int, float)) or settings["noise_scale"] < 0:
+            raise ValueError(f"noise_scale must be a non-negative number, got {settings['noise_scale']!r}")
+        if with_encoder is None:
+            with_encoder = bool(settings["with_encoder"])
+
+        weights_file, config_file = _resolve_files(weights)
+        try:
+            raw = json.loads(config_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_file}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{config_file}: expected a JSON object")
+        model_config = _normalize_config(raw, str(config_file))
+        device = torch.device(device)
+
+        with torch.device("meta"):
+            quantizer, synthesis = _build_decoding(model_config)
+            analysis = _build_analysis(model_config)
+        decode_map = {**{f"q.{k}": v for k, v in checkpoint_key_map(quantizer).items()},
+                      **{f"s.{k}": v for k, v in checkpoint_key_map(synthesis).items()}}
+        encode_map = checkpoint_key_map(analysis)
+        known = {n for m in (decode_map, encode_map) for k, wn in m.values() for n in _all_stored_names(k, wn)}
+        known |= ignored_checkpoint_keys(synthesis) | ignored_checkpoint_keys(analysis)
+
+        state = _read_tensors(weights_file)
+        unexpected = sorted(k for k in state if k not in known)
+        if unexpected:
+            raise ValueError(f"{weights_file}: {len(unexpected)} unexpected tensors for this SNAC config "
+                             f"({config_file.name}), e.g. {unexpected[:4]}")
+        consumed: set[str] = set()
+        ours = _translate(state, decode_map, weights_file, consumed)
+        _assign(quantizer, {k[2:]: v for k, v in ours.items() if k.startswith("q.")}, weights_file)
+        _assign(synthesis, {k[2:]: v for k, v in ours.items() if k.startswith("s.")}, weights_file)
+        if with_encoder:
+            _assign(analysis, _translate(state, encode_map, weights_file, consumed), weights_file)
+        else:
+            analysis = None
+        del state
+
+        for module in (quantizer, synthesis, analysis):
+            if module is not None:
+                module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        return cls(model_config, quantizer, synthesis, device=device, dtype=dtype,
+                   noise_seed=settings["noise_seed"], noise_scale=settings["noise_scale"],
+                   weights_file=weights_file, analysis=analysis)
+
+    # ---- decoding ------------------------------------------------------------------------
+
+    def _validate(self, codes: torch.Tensor) -> torch.Tensor:
+        if not isinstance(codes, torch.Tensor):
+            raise ValueError(f"codes must be a tensor, got {type(codes).__name__}")
+        self.check_codes(codes)
+        if codes.dtype == torch.bool or codes.is_floating_point() or codes.is_complex():
+            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
+        bad = (codes < 0) | (codes >= self.codebook_size)
+        if bool(bad.any()):
+            pos = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"code {int(codes[pos])} at position {pos} (frame {pos // TOKENS_PER_FRAME}, slot "
+                f"{pos % TOKENS_PER_FRAME}, codebook {FRAME_SLOT_CODEBOOK[pos % TOKENS_PER_FRAME]}) "
+                f"is outside [0, {self.codebook_size})")
+        if self.attn_window_size is not None:
+            latents = codes.numel() // TOKENS_PER_FRAME * self.model_config["vq_strides"][0]
+            if latents % self.attn_window_size:
+                raise ValueError(f"this SNAC model attends over windows of {self.attn_window_size} latent "
+                                 f"steps; {codes.numel() // TOKENS_PER_FRAME} frames give {latents} steps")
+        return codes.to(device=self.device, dtype=torch.long)
+
+    def _noise(self, batch: int, generators: Sequence[torch.Generator] | None) -> NoiseFn | None:
+        if not self.has_noise or self.noise_scale == 0:
+            return None
+        if generators is not None:
+            if len(generators) != batch:
+                raise ValueError(f"need one generator per stream: {batch} streams, {len(generators)} generators")
+            return _stream_noise(list(generators), self.noise_scale)
+        if self.noise_seed is None:
+            return _global_noise(self.noise_scale)
+        gens = [torch.Generator().manual_seed(self.noise_seed) for _ in range(batch)]
+        return _stream_noise(gens, self.noise_scale)
+
+    def _decode_stacked(self, stacked: torch.Tensor, noise: NoiseFn | None) -> torch.Tensor:
+        """(B, 7F) validated codes -> (B, F * samples_per_frame) float32 CPU audio."""
+        z = self.quantizer.from_codes(codes_to_codebooks(stacked))
+        audio = self.synthesis(z, noise)[:, 0]
+        return audio.float().clamp_(-1.0, 1.0).cpu()
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Decodes frame-major codes (7 per frame) into ``frames * samples_per_frame`` samples.
+
+        ``generator`` (optional) supplies the noise; see the module docstring for the default.
+        """
+        codes = self._validate(codes)
+        noise = self._noise(1, None if generator is None else [generator])
+        return self._decode_stacked(codes[None], noise)[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, batch: list[torch.Tensor], *,
+                     generators: Sequence[torch.Generator] | None = None) -> list[torch.Tensor]:
+        """Decodes independent streams; streams of equal length run as one batch.
+
+        Result ``i`` equals ``decode(batch[i])`` (up to float rounding of batched kernels): each
+        stream gets its own noise. Padding unequal lengths would not be exact (the convolutions
+        see the padding), so streams are grouped by length instead.
+        """
+        if generators is not None and len(generators) != len(batch):
+            raise ValueError(f"need one generator per stream: {len(batch)} streams, {len(generators)} generators")
+        checked = [self._validate(c) for c in batch]
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(checked):
+            groups.setdefault(c.numel(), []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(batch)
+        for members in groups.values():
+            noise = self._noise(len(members), None if generators is None else [generators[i] for i in members])
+            audio = self._decode_stacked(torch.stack([checked[i] for i in members]), noise)
+            for row, i in enumerate(members):
+                out[i] = audio[row]
+        return out  # type: ignore[return-value]
+
+    # ---- encoding (voice cloning) ----------------------------------------------------------
+
+    def _encoder(self) -> SNACAnalysis:
+        with self._encoder_lock:
+            if self._analysis is None:
+                if self.weights_file is None:
+                    raise RuntimeError("this SNAC decoder was built without weights to load an encoder from")
+                with torch.device("meta"):
+                    analysis = _build_analysis(self.model_config)
+                key_map = checkpoint_key_map(analysis)
+                wanted = {n for k, wn in key_map.values() for n in _all_stored_names(k, wn)}
+                state = _read_tensors(self.weights_file, wanted)
+                _assign(analysis, _translate(state, key_map, self.weights_file, set()), self.weights_file)
+                self._analysis = analysis.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+            return self._analysis
+
+    @torch.inference_mode()
+    def encode(self, waveform: torch.Tensor) -> torch.Tensor:
+        """1-D waveform at ``sample_rate`` -> frame-major codes (1-D long, CPU).
+
+        The waveform is right-padded with zeros to whole frames (and whole attention windows),
+        like the reference; the last frame therefore covers the padding too.
+        """
+        if not isinstance(waveform, torch.Tensor) or waveform.dim() != 1 or waveform.numel() == 0:
+            raise ValueError("waveform must be a non-empty 1-D tensor")
+        if not waveform.is_floating_point():
+            raise ValueError(f"waveform must be floating point, got {waveform.dtype}")
+        analysis = self._encoder()
+        unit = self.hop_length * math.lcm(self.model_config["vq_strides"][0], self.attn_window_size or 1)
+        length = waveform.numel()
+        x = torch.nn.functional.pad(waveform.to(self.device, self.dtype), (0, -length % unit))
+        codes = self.quantizer.quantize(analysis(x[None, None]))
+        return codebooks_to_codes([c[0] for c in codes]).cpu()
+
+
+def _build_decoding(cfg: dict[str, Any]) -> tuple[ResidualQuantizer, SNACSynthesis]:
+    quantizer = ResidualQuantizer(cfg["latent_dim"], cfg["codebook_size"], cfg["codebook_dim"], cfg["vq_strides"])
+    synthesis = SNACSynthesis(cfg["latent_dim"], cfg["decoder_dim"], cfg["decoder_rates"], noise=cfg["noise"],
+                              depthwise=cfg["depthwise"], attn_window_size=cfg["attn_window_size"])
+    return quantizer, synthesis
+
+
+def _build_analysis(cfg: dict[str, Any]) -> SNACAnalysis:
+    analysis = SNACAnalysis(cfg["encoder_dim"], cfg["encoder_rates"], depthwise=cfg["depthwise"],
+                            attn_window_size=cfg["attn_window_size"])
+    if analysis.out_dim != cfg["latent_dim"]:
+        raise ValueError(f"SNAC config 'latent_dim' = {cfg['latent_dim']} must equal "
+                         f"encoder_dim * 2**len(encoder_rates) = {analysis.out_dim}")
+    return analysis
+
+
+def _assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor], source: Path) -> None:
+    expected = module.state_dict()
+    for key, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[key].shape):
+            raise ValueError(f"{source}: tensor for {key} has shape {tuple(t.shape)}, "
+                             f"expected {tuple(expected[key].shape)} for this config")
+    module.load_state_dict(tensors, strict=True, assign=True)
+
+
+# --------------------------------------------------------------------------------------------
+# random checkpoints
+
+
+def save_random_snac_checkpoint(path: str | Path, *, seed: int = 0, safetensors: bool = True,
+                                **config_overrides: Any) -> Path:
+    """Writes ``config.json`` and randomly initialised weights in the published layout
+    (weight-normed tensors as ``weight_g``/``weight_v``) to directory ``path``; returns it.
+
+    The config is :data:`SNAC_24KHZ_CONFIG` updated with ``config_overrides``.
+    """
+    path = Path(path)
+    raw = {**SNAC_24KHZ_CONFIG, **config_overrides}
+    cfg = _normalize_config(raw, "save_random_snac_checkpoint")
+    generator = torch.Generator().manual_seed(seed)
+    quantizer, synthesis = _build_decoding(cfg)
+    analysis = _build_analysis(cfg)
+    state: dict[str, torch.Tensor] = {}
+    for module in (analysis, quantizer, synthesis):
+        randomize_(module, generator)
+        state.update(_export(module))
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, str(path / "model.safetensors"))
+    else:
+        torch.save(state, str(path / "pytorch_model.bin"))
+    return path

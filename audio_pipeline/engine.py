@@ -1,0 +1,202 @@
+"""TTSEngine: builds model, tokenizer, decoder and generation loop from the configuration, and turns
+requests into validated contexts. The server and the in-process `synthesize` command both use it."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.decoders import load_audio_decoder
+from audio_pipeline.decoders.chunker import ChunkSchedule
+from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, MAX_REQUEST_ID_CHARS
+from audio_pipeline.errors import InvalidArgument, NotFound, RequestError
+from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
+from audio_pipeline.models.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
+from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, Usage
+from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
+from audio_pipeline.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+
+def resolve_model_dir(model_path: str) -> Path:
+    """A local model directory for ``model_path`` (``builtin:NAME`` or a path)."""
+    if model_path.startswith("builtin:"):
+        from audio_pipeline.models.tiny import resolve_builtin_model
+
+        return resolve_builtin_model(model_path.removeprefix("builtin:"))
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        hint = (" It looks like a hub id: this engine loads local directories only; download the model "
+                "first and pass its directory.") if model_path.count("/") == 1 and not path.exists() else ""
+        raise FileNotFoundError(f"model.model_path: {model_path!r} is not a directory.{hint}")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.model_path: {path} has no config.json (expected a Hugging Face model directory)")
+    return path
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device: {name!r} asked for, but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+@dataclass
+class SynthesisResult:
+    """In-process synthesis output (native sample rate)."""
+
+    samples: np.ndarray
+    sample_rate: int
+    usage: Usage
+    stop_reason: StopReason
+
+
+class TTSEngine:
+    """Everything needed to serve one model: load once, then create and submit requests."""
+
+    def __init__(self, config: AudioGenerationConfig):
+        from transformers import AutoConfig, AutoTokenizer
+
+        from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model.model_path)
+        self.manifest = ModelManifest.read(self.model_dir)
+        device = resolve_device(config.model.device)
+        dtype = resolve_dtype(config.model.dtype, device)
+        hf_config = AutoConfig.from_pretrained(self.model_dir)
+        if hf_config.vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "
+                             f"Orpheus speech tokens (needs {MIN_VOCAB_SIZE})")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.layout = OrpheusLayout()
+        self.model = LlamaPipelineModel(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
+                                        kv_cache_config=config.model.kv_cache)
+        self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+        self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
+        self.decoder = load_audio_decoder(config.audio_decoder, self._decoder_weights(),
+                                          config.audio_decoder_config, device=device)
+        if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
+            raise ValueError(f"audio_decoder: {config.audio_decoder!r} takes {self.decoder.tokens_per_frame}-code "
+                             f"frames; the Orpheus layout makes {self.layout.tokens_per_frame}-token frames")
+        self.sampling_defaults = SamplingParams.from_config(config.sampling)
+        self.generation = AudioGenerationEngine(
+            TextGenerationPipeline(config, self.model), self.decoder, ChunkSchedule(config.chunk_size, config.buffer),
+            max_batch_size=self.max_batch_size,
+            max_queue_size=config.max_queue_size_tg or DEFAULT_MAX_QUEUE_SIZE,
+            max_batch_input_tokens=config.max_batch_input_tokens)
+
+    def _decoder_weights(self) -> str:
+        if self.config.audio_decoder_weights:
+            return self.config.audio_decoder_weights
+        if self.manifest.audio_decoder_weights:
+            if self.manifest.audio_decoder not in (None, self.config.audio_decoder):
+                raise ValueError(f"audio_decoder_weights: the model ships weights for {self.manifest.audio_decoder!r}, "
+                                 f"not {self.config.audio_decoder!r}; pass --audio-decoder-weights")
+            return str(self.model_dir / self.manifest.audio_decoder_weights)
+        raise ValueError("audio_decoder_weights: required, the model directory ships no audio decoder weights")
+
+    # --- facts -----------------------------------------------------------------------------------
+
+    @property
+    def sample_rate(self) -> int:
+        return self.decoder.sample_rate
+
+    @property
+    def voices(self) -> list[VoiceInfo]:
+        """Voices, default first."""
+        default = self.manifest.default_voice
+        return sorted(self.manifest.voices, key=lambda v: v.name != default)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.max_seq_len
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
+                       **sampling_overrides: Any) -> TTSContext:
+        """A validated context; InvalidArgument or NotFound naming the field otherwise."""
+        if not text or not text.strip():
+            raise InvalidArgument("must not be empty", field="text")
+        limit = self.config.sampling.max_text_chars
+        if len(text) > limit:
+            raise InvalidArgument(f"{len(text)} characters, over the limit of {limit}", field="text")
+        if request_id is not None and len(request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidArgument(f"longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id")
+        names = [v.name for v in self.manifest.voices]
+        voice = voice or self.manifest.default_voice
+        if voice is not None and voice not in names:
+            raise NotFound(f"unknown voice {voice!r}; available: {', '.join(names)}", field="voice")
+        sampling = self.sampling_defaults.with_overrides(
+            max_tokens_limit=self.config.sampling.max_tokens_limit,
+            tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
+        text_ids = self.tokenizer(self.layout.prompt_text(text, voice)).input_ids
+        prompt = self.layout.prompt_ids(text_ids)
+        if len(prompt) > self.config.max_batch_input_tokens:
+            raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
+                                  f"({self.config.max_batch_input_tokens})", field="text")
+        budget = sampling.max_tokens - sampling.max_tokens % self.layout.tokens_per_frame
+        if len(prompt) + budget > self.max_seq_len:
+            raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
+                                  f"maximum sequence length {self.max_seq_len}", field="text")
+        return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
+                          layout=self.layout, voice=voice)
+
+    def submit(self, context: TTSContext, sink: Sink) -> None:
+        self.generation.submit(context, sink)
+
+    def cancel(self, request_id: str) -> None:
+        self.generation.cancel(request_id)
+
+    def start(self) -> None:
+        self.generation.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.generation.stop(timeout)
+
+    def warmup(self) -> float:
+        """Runs one short request end to end; returns its seconds."""
+        started = time.monotonic()
+        self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
+                        request_id=f"warmup-{uuid.uuid4().hex[:8]}")
+        return time.monotonic() - started
+
+    def synthesize(self, text: str, **kwargs: Any) -> SynthesisResult:
+        """Blocking synthesis of one request (the engine must be started)."""
+        context = self.create_context(text, **kwargs)
+        events: queue.Queue[AudioEvent] = queue.Queue()
+        self.submit(context, events.put)
+        pieces = []
+        while True:
+            event = events.get()
+            if event.kind == "audio":
+                pieces.append(event.samples)
+            elif event.kind == "error":
+                raise RequestError(event.error or "generation failed")
+            else:
+                samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+                return SynthesisResult(samples, self.sample_rate, event.usage, event.stop_reason)
+
+
+__all__ = ["TTSEngine", "SynthesisResult", "DEFAULT_MODEL", "resolve_model_dir"]

@@ -1,0 +1,27 @@
+"""Request errors with the field they concern; the server maps each class to a gRPC status code."""
+
+from __future__ import annotations
+
+
+class RequestError(Exception):
+    """A request the engine will not run. ``field`` names the offending request field, if any."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+class InvalidArgument(RequestError):
+    """A field is malformed or out of range (gRPC INVALID_ARGUMENT)."""
+
+
+class NotFound(RequestError):
+    """A named thing (voice) does not exist (gRPC NOT_FOUND)."""
+
+
+class ResourceExhausted(RequestError):
+    """The request queue is full (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class Unavailable(RequestError):
+    """The engine is not accepting work: warming up or shutting down (gRPC UNAVAILABLE)."""

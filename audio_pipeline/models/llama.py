@@ -1,0 +1,173 @@
+"""Llama-family decoder-only LM in plain torch, run over a ragged batch of sequences with KV caches.
+
+Parameter names follow the Hugging Face checkpoint layout, so a safetensors state dict loads as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audio_pipeline_kernels import causal_attention_reference
+
+
+class SequenceKV(Protocol):
+    """KV storage of one sequence, as the attention layers see it."""
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores the new tokens' keys and values of ``layer``; returns all keys and values so far."""
+
+
+@dataclass
+class RaggedBatch:
+    """Where each sequence's new tokens sit in the flattened batch, and its KV storage."""
+
+    query_starts: list[int]
+    query_lengths: list[int]
+    caches: list[SequenceKV]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling of the config's RoPE variant (default, llama3, ...)."""
+    params = getattr(config, "rope_parameters", None) or {
+        **(getattr(config, "rope_scaling", None) or {}), "rope_theta": getattr(config, "rope_theta", 10000.0)}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        base = params["rope_theta"]
+        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
+    # Scaled variants: transformers' own parameter formulas, so every published variant matches.
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope type {rope_type!r} in the model config")
+    with torch.device("cpu"):  # also when the module is being built on the meta device
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: RaggedBatch) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        out = torch.empty_like(q)
+        for start, length, cache in zip(batch.query_starts, batch.query_lengths, batch.caches):
+            span = slice(start, start + length)
+            keys, values = cache.append(self.layer, k[span], v[span])
+            out[span] = causal_attention_reference(q[span], keys, values)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r} (only silu)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, batch):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBackbone(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-family causal LM; ``forward`` runs new tokens of many sequences in one flat batch."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.model = LlamaBackbone(config)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.head_dim = self.model.layers[0].self_attn.head_dim
+        self.register_buffer("inv_freq", torch.empty(self.head_dim // 2), persistent=False)
+        self.rope_scaling = 1.0
+        self.reset_rotary()
+
+    def tie_weights(self) -> None:
+        """Shares the embedding with the output projection when the config says so."""
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_rotary(self, device: torch.device | None = None) -> None:
+        """(Re)computes the RoPE frequencies, e.g. after building the module on the meta device."""
+        inv_freq, self.rope_scaling = rope_inverse_frequencies(self.config, self.head_dim)
+        self.inv_freq = inv_freq.to(device or self.inv_freq.device)
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        return (angles.cos() * self.rope_scaling).to(dtype), (angles.sin() * self.rope_scaling).to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: RaggedBatch) -> torch.Tensor:
+        """Hidden states (after the final norm) of every token in ``input_ids`` ([T] -> [T, hidden])."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, batch)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,90 @@
+"""The Orpheus speech-token layout: prompt format, voice prefixes, LM token ids <-> audio codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+BEGIN_OF_TEXT = 128000
+END_OF_TEXT = 128009
+START_OF_SPEECH = 128257
+END_OF_SPEECH = 128258
+START_OF_HUMAN = 128259
+END_OF_HUMAN = 128260
+START_OF_AI = 128261
+PAD = 128263
+AUDIO_TOKEN_BASE = 128266
+CODEBOOK_SIZE = 4096
+TOKENS_PER_FRAME = 7
+#: Codebook (0, 1 or 2) each of the seven positions of a frame draws from.
+FRAME_POSITION_CODEBOOK = (0, 1, 2, 2, 1, 2, 2)
+#: Smallest vocabulary that holds every speech token id.
+MIN_VOCAB_SIZE = AUDIO_TOKEN_BASE + TOKENS_PER_FRAME * CODEBOOK_SIZE
+
+#: Preset voices of the Orpheus English fine-tunes; the voice name is a text prefix.
+ORPHEUS_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
+
+
+@dataclass(frozen=True)
+class OrpheusLayout:
+    """Maps between LM token ids and audio codes, and builds prompts."""
+
+    audio_token_base: int = AUDIO_TOKEN_BASE
+    codebook_size: int = CODEBOOK_SIZE
+    tokens_per_frame: int = TOKENS_PER_FRAME
+    end_of_speech: int = END_OF_SPEECH
+
+    def prompt_ids(self, text_ids: Sequence[int]) -> list[int]:
+        """The full LM prompt around already tokenized ``"{voice}: {text}"`` ids."""
+        return [START_OF_HUMAN, *text_ids, END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]
+
+    @staticmethod
+    def prompt_text(text: str, voice: str | None) -> str:
+        """The text the tokenizer sees: the voice name is a prefix (none for the unnamed voice)."""
+        return f"{voice}: {text}" if voice else text
+
+    def token_range(self, position: int) -> tuple[int, int]:
+        """Half-open range of the speech-token ids valid at ``position`` of a frame."""
+        start = self.audio_token_base + (position % self.tokens_per_frame) * self.codebook_size
+        return start, start + self.codebook_size
+
+    def is_valid_token(self, token_id: int, position: int) -> bool:
+        """True when ``token_id`` is a speech token of the codebook slot at ``position``."""
+        start, end = self.token_range(position)
+        return start <= token_id < end
+
+    def token_to_code(self, token_id: int, position: int) -> int:
+        """The code of ``token_id`` at frame position ``position``; ValueError when it is not valid there.
+
+        Never shifts the frame phase to make a bad token fit: a wrong token is an error.
+        """
+        if not self.is_valid_token(token_id, position):
+            start, end = self.token_range(position)
+            raise ValueError(
+                f"token {token_id} is not a speech token for frame position {position % self.tokens_per_frame} "
+                f"(expected [{start}, {end}))")
+        return token_id - self.token_range(position)[0]
+
+    def tokens_to_codes(self, token_ids: Sequence[int], first_position: int = 0) -> torch.Tensor:
+        """Maps speech-token ids (starting at frame position ``first_position``) to codes."""
+        return torch.tensor(
+            [self.token_to_code(t, first_position + i) for i, t in enumerate(token_ids)], dtype=torch.long)
+
+    def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
+        """Inverse of tokens_to_codes."""
+        return [self.token_range(first_position + i)[0] + int(c) for i, c in enumerate(codes)]
+
+    def allowed_token_mask(self, position: int, vocab_size: int, *, allow_end: bool) -> torch.Tensor:
+        """Boolean mask over the vocabulary of the ids sampling may produce at ``position``.
+
+        End-of-speech is only allowed on a frame boundary (and when ``allow_end``), so a stream can
+        never end in the middle of a frame.
+        """
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        start, end = self.token_range(position)
+        mask[start:end] = True
+        if allow_end and position % self.tokens_per_frame == 0:
+            mask[self.end_of_speech] = True
+        return mask

@@ -1,0 +1,62 @@
+"""Loads Hugging Face safetensors checkpoints (single file or sharded) into a module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory, from its shard index when there is one."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / name for name in shards]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint shard(s) listed in {index} are missing: {', '.join(missing)}")
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    return files
+
+
+def load_safetensors_into(module: nn.Module, model_dir: Path, dtype: torch.dtype,
+                          device: torch.device) -> None:
+    """Assigns every tensor of the checkpoint to ``module``'s parameters, cast to ``dtype``.
+
+    ``module`` may be built on the meta device: parameters are replaced, not copied into.
+    Tied parameters (lm_head sharing the embedding) may be absent from the file. Any other
+    missing or unexpected key, or a shape mismatch, is an error that names them.
+    """
+    params = dict(module.named_parameters(remove_duplicate=False))
+    state: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key.endswith("rotary_emb.inv_freq"):
+                    continue
+                if key not in params:
+                    unexpected.append(key)
+                    continue
+                tensor = f.get_tensor(key)
+                if tensor.shape != params[key].shape:
+                    raise ValueError(f"{path.name}: {key} has shape {tuple(tensor.shape)}, "
+                                     f"the model expects {tuple(params[key].shape)}")
+                state[key] = tensor.to(device=device, dtype=dtype)
+    # A tied parameter is stored once, under either of its names.
+    missing = [n for n in params if n not in state and not any(params[n] is params[o] for o in state)]
+    if unexpected or missing:
+        raise ValueError(f"checkpoint in {model_dir} does not match the model: "
+                         f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                         f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+    module.load_state_dict(state, strict=False, assign=True)
+    tie = getattr(module, "tie_weights", None)
+    if tie is not None:
+        tie()

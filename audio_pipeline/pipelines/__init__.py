@@ -1,0 +1,1 @@
+"""Pipelines: speech-token generation steps and the audio generation engine around them."""

@@ -1,0 +1,1 @@
+"""The gRPC server: servicer, audio output conversion, metrics, health, reflection, entry point."""

@@ -1,0 +1,7 @@
+"""Python client of the audio-pipeline text-to-speech service (gRPC): TTSClient, AsyncTTSClient, tts-client CLI."""
+
+from audio_pipeline_client.async_client import AsyncTTSClient
+from audio_pipeline_client.client import TTSClient
+from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice
+
+__all__ = ["AsyncTTSClient", "AudioStreamChunk", "SynthesisResult", "TTSClient", "TTSError", "Usage", "Voice"]

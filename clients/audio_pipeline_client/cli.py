@@ -1,0 +1,304 @@
+"""tts-client: speak text into a WAV file (or raw PCM on stdout) through an audio-pipeline server; list voices."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import soundfile
+
+from audio_pipeline_client.client import TTSClient
+from audio_pipeline_client.protocol import FLOAT32, encode_samples, float_to_pcm16, parse_encoding
+from audio_pipeline_client.types import AudioStreamChunk, TTSError
+
+PROGRAM = "tts-client"
+SERVER_ENVIRONMENT = "AUDIO_PIPELINE_SERVER"
+TOKEN_ENVIRONMENT = "AUDIO_PIPELINE_TOKEN"
+USAGE = f"""\
+{PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) (--output FILE.wav | --raw) [options]
+       {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--tls] [--ca-file PEM] [--token T]"""
+PROGRESS_LINE_SECONDS = 2.0
+PROGRESS_REDRAW_SECONDS = 0.1
+
+
+class CommandError(Exception):
+    """A failure to report as one line, ``tts-client: error: <message>``, with exit status 1."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line ``argv`` (default: sys.argv[1:]) and returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["voices"]:
+            return list_voices(voices_parser().parse_args(argv[1:]))
+        return synthesize(synthesize_parser().parse_args(argv))
+    except SystemExit as exit_request:  # argparse: --help (0) or a usage error (2)
+        return exit_request.code if isinstance(exit_request.code, int) else 2
+    except (CommandError, TTSError) as error:
+        return fail(str(error))
+    except KeyboardInterrupt:
+        return fail("interrupted", status=130)
+    except Exception as error:  # noqa: BLE001 - a command line tool reports, it does not dump tracebacks
+        return fail(f"unexpected {type(error).__name__}: {error}")
+
+
+def fail(message: str, status: int = 1) -> int:
+    print(f"{PROGRAM}: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def connection_arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--server", default=os.environ.get(SERVER_ENVIRONMENT, "localhost:50051"),
+                        metavar="HOST:PORT", help=f"server address (default: ${SERVER_ENVIRONMENT} or %(default)s)")
+    parser.add_argument("--timeout", type=positive_float, metavar="S", help="deadline of the call in seconds")
+    parser.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system roots")
+    parser.add_argument("--ca-file", metavar="PEM", help="connect with TLS, trusting these root certificates")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENVIRONMENT),
+                        help=f"bearer token sent as authorization metadata (default: ${TOKEN_ENVIRONMENT})")
+    return parser
+
+
+def synthesize_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROGRAM, usage=USAGE, parents=[connection_arguments()],
+                                     description="Speak text through an audio-pipeline server.",
+                                     epilog=f"Run '{PROGRAM} voices --help' for the voice listing.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the text to speak")
+    source.add_argument("--input", metavar="FILE", help="read the text from FILE (UTF-8), or '-' for stdin")
+    sink = parser.add_mutually_exclusive_group(required=True)
+    sink.add_argument("--output", metavar="FILE.wav", help="write a WAV file (replaced only on success)")
+    sink.add_argument("--raw", action="store_true",
+                      help="write raw little-endian PCM in --format to stdout, e.g. | aplay -f S16_LE -r 24000")
+    parser.add_argument("--voice", help="voice name (see 'voices'; default: the server's default voice)")
+    parser.add_argument("--sample-rate", type=positive_int, metavar="HZ", help="output rate (default: native)")
+    parser.add_argument("--format", choices=["pcm16", "f32"], default="pcm16",
+                        help="sample format on the wire and in the output (default: %(default)s)")
+    parser.add_argument("--seed", type=non_negative_int, help="random seed: same seed and text, same audio")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--max-tokens", type=positive_int)
+    parser.add_argument("--min-tokens", type=non_negative_int)
+    parser.add_argument("--request-id", help="id echoed by the server and written to its logs")
+    parser.add_argument("--quiet", action="store_true", help="no progress line and no summary")
+    return parser
+
+
+def voices_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"{PROGRAM} voices", parents=[connection_arguments()],
+                                   description="List the voices of an audio-pipeline server.")
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {value}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return number
+
+
+def connect(args: argparse.Namespace) -> TTSClient:
+    try:
+        return TTSClient(args.server, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token)
+    except OSError as error:
+        raise CommandError(describe_os_error(error, "read the CA file")) from error
+
+
+def describe_os_error(error: OSError, action: str) -> str:
+    where = f" {error.filename}" if error.filename else ""
+    return f"cannot {action}{where}: {error.strerror or error}"
+
+
+def list_voices(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        voices = client.list_voices()
+    rows = [("NAME", "LANGUAGE", "DEFAULT", "DESCRIPTION")]
+    rows += [(voice.name, voice.language, "yes" if voice.is_default else "", voice.description) for voice in voices]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+    return 0
+
+
+def read_text(args: argparse.Namespace) -> str:
+    if args.text is not None:
+        return args.text
+    name = "standard input" if args.input == "-" else args.input
+    try:
+        data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+        text = data.decode("utf-8")
+    except OSError as error:
+        raise CommandError(describe_os_error(error, "read the input")) from error
+    except UnicodeDecodeError as error:
+        raise CommandError(f"cannot read the input {name}: not UTF-8 text ({error.reason} at byte {error.start})")
+    if not text.strip():
+        raise CommandError(f"the input {name} has no text")
+    return text.strip()
+
+
+def synthesize(args: argparse.Namespace) -> int:
+    text = read_text(args)
+    encoding = parse_encoding(args.format)
+    sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
+    progress = Progress(quiet=args.quiet)
+    try:
+        with connect(args) as client:
+            for chunk in client.stream(text, voice=args.voice, seed=args.seed, max_tokens=args.max_tokens,
+                                       min_tokens=args.min_tokens, temperature=args.temperature,
+                                       top_p=args.top_p, top_k=args.top_k,
+                                       repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate,
+                                       encoding=encoding, request_id=args.request_id):
+                sink.write(chunk)
+                progress.update(chunk)
+        sink.commit()
+    except BaseException as error:
+        sink.discard()
+        progress.clear()
+        if isinstance(error, TTSError) and error.code == grpc.StatusCode.UNAVAILABLE:
+            raise CommandError(f"server {args.server}: {error}") from error
+        if isinstance(error, BrokenPipeError):
+            raise CommandError("standard output was closed") from error
+        raise
+    progress.finish(f"wrote {sink.description}: {progress.summary()}")
+    return 0
+
+
+class WavSink:
+    """Writes the stream into a hidden temporary file beside ``path``, renamed onto ``path`` on success."""
+
+    def __init__(self, path: Path, encoding: int):
+        self.path = path
+        self.encoding = encoding
+        self.description = str(path)
+        if path.is_dir():
+            raise CommandError(f"cannot write {path}: it is a directory")
+        self.temporary_path = path.with_name(f".{path.name}.{os.getpid()}.part")
+        try:
+            with open(self.temporary_path, "xb"):  # fail before the server does any work
+                pass
+        except OSError as error:
+            raise CommandError(describe_os_error(error, "write the output")) from error
+        self.file: soundfile.SoundFile | None = None
+
+    def write(self, chunk: AudioStreamChunk) -> None:
+        if self.file is None:
+            subtype = "FLOAT" if self.encoding == FLOAT32 else "PCM_16"
+            self.file = soundfile.SoundFile(self.temporary_path, "w", samplerate=chunk.sample_rate, channels=1,
+                                            subtype=subtype, format="WAV")
+        if chunk.samples.size:
+            # int16 into a PCM_16 file keeps the server's samples bit for bit.
+            self.file.write(chunk.samples if self.encoding == FLOAT32 else float_to_pcm16(chunk.samples))
+
+    def commit(self) -> None:
+        try:
+            self.file.close()
+            os.replace(self.temporary_path, self.path)
+        except OSError as error:
+            raise CommandError(describe_os_error(error, "write the output")) from error
+
+    def discard(self) -> None:
+        if self.file is not None and not self.file.closed:
+            self.file.close()
+        self.temporary_path.unlink(missing_ok=True)
+
+
+class RawSink:
+    """Writes the samples to stdout as little-endian PCM in the requested encoding, flushed per chunk."""
+
+    def __init__(self, encoding: int):
+        self.encoding = encoding
+        self.bytes_written = 0
+        self.description = "raw audio to standard output"
+
+    def write(self, chunk: AudioStreamChunk) -> None:
+        if chunk.samples.size:
+            data = encode_samples(chunk.samples, self.encoding)
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+            self.bytes_written += len(data)
+
+    def commit(self) -> None:
+        self.description = f"{self.bytes_written} bytes of raw audio to standard output"
+
+    def discard(self) -> None:
+        try:
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            # Keep the interpreter's own exit-time flush from failing on the closed pipe again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class Progress:
+    """The stderr progress line: redrawn in place on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.terminal = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self.first_audio: float | None = None
+        self.audio_seconds = 0.0
+        self.sample_rate = 0
+        self.chunks = 0
+        self.stop_reason = ""
+        self.last_shown = self.started
+        self.shown_width = 0
+
+    def update(self, chunk: AudioStreamChunk) -> None:
+        now = time.monotonic()
+        self.sample_rate = chunk.sample_rate
+        if chunk.final:
+            self.stop_reason = chunk.stop_reason or ""
+        elif chunk.samples.size:
+            if self.first_audio is None:
+                self.first_audio = now - self.started
+            self.audio_seconds += chunk.samples.size / chunk.sample_rate
+            self.chunks += 1
+        if self.quiet or now - self.last_shown < (PROGRESS_REDRAW_SECONDS if self.terminal else PROGRESS_LINE_SECONDS):
+            return
+        self.last_shown = now
+        line = f"{self.audio_seconds:7.2f} s of audio, {self.chunks} chunks, {now - self.started:.1f} s elapsed"
+        if self.terminal:
+            sys.stderr.write("\r" + line.ljust(self.shown_width))
+            self.shown_width = len(line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def summary(self) -> str:
+        first = "no audio" if self.first_audio is None else f"first audio after {self.first_audio:.2f} s"
+        return (f"{self.audio_seconds:.2f} s of audio at {self.sample_rate} Hz, {first}, "
+                f"{time.monotonic() - self.started:.2f} s in all ({self.stop_reason})")
+
+    def clear(self) -> None:
+        if self.shown_width:
+            sys.stderr.write("\r" + " " * self.shown_width + "\r")
+            sys.stderr.flush()
+            self.shown_width = 0
+
+    def finish(self, message: str) -> None:
+        self.clear()
+        if not self.quiet:
+            print(message, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""TTSClient: the blocking client of the audio-pipeline TextToSpeech service."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import grpc
+
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from audio_pipeline_client.protocol import StreamReader, build_request, result_from_chunks, voice_from_proto
+from audio_pipeline_client.transport import (
+    HEALTH_CHECK_METHOD,
+    Deadline,
+    ReadinessProbe,
+    TLSOption,
+    call_metadata,
+    channel_credentials,
+    channel_options,
+    retry_delay,
+)
+from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Voice
+
+
+class TTSClient:
+    """A connection to one audio-pipeline server.
+
+    ``timeout`` is the deadline in seconds of each call, retries included (None: no deadline).
+    A call failing with UNAVAILABLE before any audio arrived is retried up to ``retries`` times with
+    exponential backoff (0.2 s, 0.4 s, 0.8 s, ...). ``tls`` is False (plaintext), True (system roots),
+    or the root certificates as bytes or a file path. ``token`` is sent as ``authorization: Bearer``.
+    ``options`` are extra grpc channel arguments. Every failed call raises TTSError.
+    """
+
+    def __init__(self, target: str = "localhost:50051", *, timeout: float | None = None, retries: int = 3,
+                 tls: TLSOption = False, token: str | None = None,
+                 options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None):
+        self.target = target
+        self.timeout = timeout
+        self.retries = retries
+        credentials = channel_credentials(tls)
+        arguments = channel_options(options)
+        self._channel = (grpc.secure_channel(target, credentials, arguments) if credentials is not None
+                         else grpc.insecure_channel(target, arguments))
+        self._metadata = call_metadata(token)
+        self._stub = tts_pb2_grpc.TextToSpeechStub(self._channel)
+        self._health_check = self._channel.unary_unary(HEALTH_CHECK_METHOD)
+
+    def __enter__(self) -> TTSClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def synthesize(self, text: str, *, voice: str | None = None, seed: int | None = None,
+                   max_tokens: int | None = None, min_tokens: int | None = None,
+                   temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                   repetition_penalty: float | None = None, sample_rate: int | None = None,
+                   encoding: str | int | None = None, request_id: str | None = None) -> SynthesisResult:
+        """Speaks ``text`` and returns the whole audio. Options left None take the server's defaults."""
+        request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
+                                temperature=temperature, top_p=top_p, top_k=top_k,
+                                repetition_penalty=repetition_penalty, sample_rate=sample_rate,
+                                encoding=encoding, request_id=request_id)
+        return result_from_chunks(list(self._stream_request(request)))
+
+    def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
+               max_tokens: int | None = None, min_tokens: int | None = None,
+               temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+               repetition_penalty: float | None = None, sample_rate: int | None = None,
+               encoding: str | int | None = None, request_id: str | None = None) -> Iterator[AudioStreamChunk]:
+        """Speaks ``text``, yielding audio chunks as they arrive and then one final chunk with the usage.
+
+        Leaving the loop early (``break``) or calling ``.close()`` on the iterator cancels the call.
+        """
+        request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
+                                temperature=temperature, top_p=top_p, top_k=top_k,
+                                repetition_penalty=repetition_penalty, sample_rate=sample_rate,
+                                encoding=encoding, request_id=request_id)
+        return self._stream_request(request)
+
+    def list_voices(self) -> list[Voice]:
+        """The voices of the server, default first."""
+        deadline = Deadline(self.timeout)
+        attempt = 0
+        while True:
+            try:
+                response = self._stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=deadline.remaining(),
+                                                 metadata=self._metadata)
+                return [voice_from_proto(voice) for voice in response.voices]
+            except grpc.RpcError as error:
+                delay = retry_delay(error.code(), attempt, self.retries, deadline)
+                if delay is None:
+                    raise TTSError.from_rpc_error(error) from error
+            time.sleep(delay)
+            attempt += 1
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Blocks until the server's health service reports SERVING; TTSError once ``timeout`` passes."""
+        probe = ReadinessProbe(self.target, timeout)
+        while True:
+            try:
+                reply = self._health_check(probe.request(), timeout=probe.deadline.remaining(),
+                                           metadata=self._metadata, wait_for_ready=True)
+                if probe.ready(reply):
+                    return
+            except grpc.RpcError as error:
+                probe.failed(error)
+            time.sleep(probe.next_wait())
+
+    def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> Iterator[AudioStreamChunk]:
+        deadline = Deadline(self.timeout)
+        attempt = 0
+        while True:
+            reader = StreamReader()
+            call = self._stub.Synthesize(request, timeout=deadline.remaining(), metadata=self._metadata)
+            try:
+                for message in call:
+                    chunk = reader.read(message)
+                    if chunk is not None:
+                        yield chunk
+                reader.end()
+                return
+            except grpc.RpcError as error:
+                delay = None if reader.started else retry_delay(error.code(), attempt, self.retries, deadline)
+                if delay is None:
+                    raise TTSError.from_rpc_error(error) from error
+            finally:
+                call.cancel()
+            time.sleep(delay)
+            attempt += 1

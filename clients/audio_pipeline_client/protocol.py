@@ -1,0 +1,180 @@
+"""Pure conversions between Python values and the audio_pipeline.v1 messages, and Synthesize stream checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audio_pipeline_client._proto import tts_pb2
+from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice
+
+PCM16 = tts_pb2.AUDIO_ENCODING_PCM16
+FLOAT32 = tts_pb2.AUDIO_ENCODING_FLOAT32
+ENCODING_NAMES = {"pcm16": PCM16, "f32": FLOAT32, "float32": FLOAT32}
+SAMPLE_WIDTH = {PCM16: 2, FLOAT32: 4}
+STOP_REASON_NAMES = {
+    tts_pb2.STOP_REASON_UNSPECIFIED: "unspecified",
+    tts_pb2.STOP_REASON_END_OF_SPEECH: "end_of_speech",
+    tts_pb2.STOP_REASON_MAX_TOKENS: "max_tokens",
+}
+
+
+def parse_encoding(encoding: str | int | None) -> int | None:
+    """``"pcm16"``, ``"f32"``/``"float32"``, a proto enum name or value, or None (unset) -> enum value."""
+    if encoding is None:
+        return None
+    if isinstance(encoding, str):
+        name = encoding.strip().lower()
+        if name in ENCODING_NAMES:
+            return ENCODING_NAMES[name]
+        if encoding.strip().upper() in tts_pb2.AudioEncoding.keys():
+            return tts_pb2.AudioEncoding.Value(encoding.strip().upper())
+    elif isinstance(encoding, int) and not isinstance(encoding, bool) and encoding in tts_pb2.AudioEncoding.values():
+        return encoding
+    raise ValueError(f"encoding: unknown encoding {encoding!r}; use 'pcm16' or 'f32'")
+
+
+def build_request(text: str, *, voice: str | None = None, seed: int | None = None,
+                  max_tokens: int | None = None, min_tokens: int | None = None,
+                  temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                  repetition_penalty: float | None = None, sample_rate: int | None = None,
+                  encoding: str | int | None = None, request_id: str | None = None) -> tts_pb2.SynthesizeRequest:
+    """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
+    request = tts_pb2.SynthesizeRequest(text=text)
+    if voice is not None:
+        request.voice = voice
+    if sample_rate is not None:
+        request.sample_rate = sample_rate
+    parsed_encoding = parse_encoding(encoding)
+    if parsed_encoding is not None:
+        request.encoding = parsed_encoding
+    if request_id is not None:
+        request.request_id = request_id
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
+                "repetition_penalty": repetition_penalty, "max_tokens": max_tokens, "min_tokens": min_tokens,
+                "seed": seed}
+    given = {name: value for name, value in sampling.items() if value is not None}
+    if given:
+        request.sampling.CopyFrom(tts_pb2.SamplingParams(**given))
+    return request
+
+
+def sample_width(encoding: int) -> int:
+    """Bytes per sample; an unspecified encoding means PCM16 (see the AudioEncoding docs)."""
+    if encoding == tts_pb2.AUDIO_ENCODING_UNSPECIFIED:
+        return SAMPLE_WIDTH[PCM16]
+    if encoding not in SAMPLE_WIDTH:
+        raise TTSError.protocol_violation(f"unknown audio encoding {encoding}")
+    return SAMPLE_WIDTH[encoding]
+
+
+def decode_samples(data: bytes, encoding: int) -> np.ndarray:
+    """AudioFrames.data -> float32 samples in [-1, 1]."""
+    if len(data) % sample_width(encoding):
+        raise TTSError.protocol_violation(
+            f"{len(data)} bytes of audio is not a whole number of {sample_width(encoding)}-byte samples")
+    if encoding == FLOAT32:
+        return np.clip(np.frombuffer(data, dtype="<f4"), -1.0, 1.0).astype(np.float32)
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / np.float32(32768.0)
+
+
+def float_to_pcm16(samples: np.ndarray) -> np.ndarray:
+    """float samples -> int16; exactly undoes ``decode_samples`` of PCM16 data."""
+    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype(np.int16)
+
+
+def encode_samples(samples: np.ndarray, encoding: int) -> bytes:
+    """float samples -> little-endian bytes in ``encoding`` (the wire layout, for raw output)."""
+    if encoding == FLOAT32:
+        return samples.astype("<f4").tobytes()
+    return float_to_pcm16(samples).astype("<i2").tobytes()
+
+
+def usage_from_proto(usage: tts_pb2.Usage) -> Usage:
+    return Usage(prompt_tokens=usage.prompt_tokens, generated_tokens=usage.generated_tokens,
+                 audio_seconds=usage.audio_seconds, time_to_first_audio_seconds=usage.time_to_first_audio_seconds,
+                 generation_seconds=usage.generation_seconds)
+
+
+def voice_from_proto(voice: tts_pb2.Voice) -> Voice:
+    return Voice(name=voice.name, description=voice.description, language=voice.language,
+                 is_default=voice.is_default)
+
+
+class StreamReader:
+    """Reads one Synthesize stream in order: format first, audio chunks 0, 1, 2, ..., complete last.
+
+    ``read`` returns None for the format message and an AudioStreamChunk for audio and completion
+    messages; anything out of order raises TTSError (INTERNAL, "protocol violation: ...").
+    """
+
+    def __init__(self) -> None:
+        self.format: tts_pb2.AudioFormat | None = None
+        self.request_id: str | None = None
+        self.audio_chunks = 0
+        self.complete = False
+
+    def read(self, message: tts_pb2.AudioChunk) -> AudioStreamChunk | None:
+        kind = message.WhichOneof("content")
+        if self.complete:
+            raise TTSError.protocol_violation(f"a {kind or 'empty'} message arrived after the completion message")
+        if self.request_id is None:
+            self.request_id = message.request_id
+        elif message.request_id != self.request_id:
+            raise TTSError.protocol_violation(
+                f"request id changed from {self.request_id!r} to {message.request_id!r} within one stream")
+        if kind == "format":
+            return self._read_format(message.format)
+        if self.format is None:
+            raise TTSError.protocol_violation(f"a {kind or 'empty'} message arrived before the format message")
+        if kind == "audio":
+            return self._read_audio(message.audio)
+        if kind == "complete":
+            self.complete = True
+            return AudioStreamChunk(samples=np.zeros(0, dtype=np.float32), sample_rate=self.format.sample_rate,
+                                    index=self.audio_chunks, final=True,
+                                    usage=usage_from_proto(message.complete.usage),
+                                    stop_reason=STOP_REASON_NAMES.get(message.complete.stop_reason, "unspecified"),
+                                    request_id=self.request_id)
+        raise TTSError.protocol_violation("a message with no content arrived")
+
+    @property
+    def started(self) -> bool:
+        """Whether audio or the completion has been read: from then on a failed call must not be retried."""
+        return self.audio_chunks > 0 or self.complete
+
+    def end(self) -> None:
+        """The server closed the stream with OK status: it must have sent the completion message."""
+        if not self.complete:
+            raise TTSError.protocol_violation("the stream ended without a completion message")
+
+    def _read_format(self, audio_format: tts_pb2.AudioFormat) -> None:
+        if self.format is not None:
+            raise TTSError.protocol_violation("a second format message arrived")
+        if audio_format.sample_rate <= 0:
+            raise TTSError.protocol_violation("the format message has no sample rate")
+        if audio_format.channels != 1:
+            raise TTSError.protocol_violation(f"expected mono audio, the format says {audio_format.channels} channels")
+        sample_width(audio_format.encoding)
+        self.format = audio_format
+        return None
+
+    def _read_audio(self, frames: tts_pb2.AudioFrames) -> AudioStreamChunk:
+        if frames.chunk_index != self.audio_chunks:
+            raise TTSError.protocol_violation(
+                f"audio chunk {frames.chunk_index} arrived where chunk {self.audio_chunks} was expected")
+        samples = decode_samples(frames.data, self.format.encoding)
+        if samples.size != frames.num_samples:
+            raise TTSError.protocol_violation(
+                f"audio chunk {frames.chunk_index} says {frames.num_samples} samples but carries {samples.size}")
+        self.audio_chunks += 1
+        return AudioStreamChunk(samples=samples, sample_rate=self.format.sample_rate, index=frames.chunk_index,
+                                request_id=self.request_id)
+
+
+def result_from_chunks(chunks: list[AudioStreamChunk]) -> SynthesisResult:
+    """The whole synthesis from a complete stream (audio chunks then the final chunk)."""
+    final = chunks[-1]
+    audio = [chunk.samples for chunk in chunks[:-1]]
+    samples = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
+    return SynthesisResult(samples=samples, sample_rate=final.sample_rate, usage=final.usage,
+                           stop_reason=final.stop_reason, request_id=final.request_id)

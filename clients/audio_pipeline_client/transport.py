@@ -1,0 +1,167 @@
+"""What the sync and async clients share about the connection: channel set-up, retries, deadlines, health."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+
+from audio_pipeline_client._proto import tts_pb2
+from audio_pipeline_client.types import TTSError
+
+TTS_SERVICE_NAME = tts_pb2.DESCRIPTOR.services_by_name["TextToSpeech"].full_name
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+HEALTH_SERVING = 1
+HEALTH_STATUS_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+INITIAL_BACKOFF_SECONDS = 0.2
+HEALTH_POLL_SECONDS = 0.1
+USER_AGENT = "audio-pipeline-client/0.1.0"
+
+TLSOption = bool | bytes | str | os.PathLike
+
+
+def channel_credentials(tls: TLSOption) -> grpc.ChannelCredentials | None:
+    """None for plaintext; TLS with the system roots (True) or with given root certificates (bytes or a path)."""
+    if tls is False or tls is None:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, bytes):
+        return grpc.ssl_channel_credentials(root_certificates=tls)
+    return grpc.ssl_channel_credentials(root_certificates=Path(tls).read_bytes())
+
+
+def channel_options(options: Mapping[str, object] | Sequence[tuple[str, object]] | None) -> list[tuple[str, object]]:
+    """grpc channel arguments from a mapping or pairs, with this library's user agent unless one is given."""
+    pairs = list(options.items()) if isinstance(options, Mapping) else list(options or ())
+    if not any(key == "grpc.primary_user_agent" for key, _ in pairs):
+        pairs.append(("grpc.primary_user_agent", USER_AGENT))
+    return pairs
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    return (("authorization", f"Bearer {token}"),) if token else None
+
+
+class Deadline:
+    """The one deadline of a call across its retries (None: no deadline)."""
+
+    def __init__(self, timeout: float | None):
+        self.expires = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> float | None:
+        return None if self.expires is None else max(0.0, self.expires - time.monotonic())
+
+
+def retry_delay(code: grpc.StatusCode, attempt: int, retries: int, deadline: Deadline) -> float | None:
+    """Seconds to wait before retry ``attempt + 1`` of a call that failed with ``code``, or None to give up.
+
+    Only UNAVAILABLE is retried (server warming up, restarting, or not reachable yet): every other code
+    is an answer that a retry would repeat. Callers also give up once any audio has arrived.
+    """
+    if code != grpc.StatusCode.UNAVAILABLE or attempt >= retries:
+        return None
+    delay = INITIAL_BACKOFF_SECONDS * 2**attempt
+    remaining = deadline.remaining()
+    if remaining is not None and remaining <= delay:
+        return None
+    return delay
+
+
+def encode_health_request(service: str) -> bytes:
+    """A grpc.health.v1.HealthCheckRequest (field 1: service name), encoded by hand.
+
+    The client library does not depend on grpcio-health-checking; the message is one string field.
+    """
+    name = service.encode()
+    return b"\x0a" + _encode_varint(len(name)) + name if name else b""
+
+
+def decode_health_status(data: bytes) -> int:
+    """The ``status`` (field 1, an enum) of an encoded grpc.health.v1.HealthCheckResponse; 0 when absent."""
+    status = 0
+    position = 0
+    while position < len(data):
+        key, position = _decode_varint(data, position)
+        field_number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, position = _decode_varint(data, position)
+            if field_number == 1:
+                status = value
+        elif wire_type == 2:
+            length, position = _decode_varint(data, position)
+            position += length
+        elif wire_type in (1, 5):
+            position += 8 if wire_type == 1 else 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire_type}")
+    if position > len(data):
+        raise ValueError("truncated health check response")
+    return status
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _decode_varint(data: bytes, position: int) -> tuple[int, int]:
+    value = 0
+    for shift in range(0, 64, 7):
+        if position >= len(data):
+            raise ValueError("truncated varint in health check response")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+    raise ValueError("varint too long in health check response")
+
+
+class ReadinessProbe:
+    """The state of one ``wait_ready``: which service to ask about, what it said last, when to give up.
+
+    It asks about the TextToSpeech service, and about the whole server ("") if the health service
+    does not know that name. The sync and async clients drive it with their own calls and sleeps.
+    """
+
+    def __init__(self, target: str, timeout: float):
+        self.target = target
+        self.timeout = timeout
+        self.deadline = Deadline(timeout)
+        self.service = TTS_SERVICE_NAME
+        self.last_answer = "no answer"
+
+    def request(self) -> bytes:
+        return encode_health_request(self.service)
+
+    def ready(self, reply: bytes) -> bool:
+        status = decode_health_status(reply)
+        self.last_answer = HEALTH_STATUS_NAMES.get(status, f"status {status}")
+        return status == HEALTH_SERVING
+
+    def failed(self, error: grpc.RpcError) -> None:
+        """Notes a failed check; raises TTSError when waiting longer cannot help."""
+        code = error.code()
+        if code == grpc.StatusCode.NOT_FOUND and self.service:
+            self.service = ""
+            return
+        if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED):
+            raise TTSError(code, f"health check of {self.target} failed: {error.details() or ''}")
+        self.last_answer = str(TTSError.from_rpc_error(error))
+
+    def next_wait(self) -> float:
+        """Seconds to sleep before the next check; raises TTSError (DEADLINE_EXCEEDED) once out of time."""
+        remaining = self.deadline.remaining()
+        if remaining <= 0:
+            raise TTSError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                           f"{self.target} not ready after {self.timeout:g} s (last answer: {self.last_answer})")
+        return min(HEALTH_POLL_SECONDS, remaining)

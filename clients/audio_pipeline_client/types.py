@@ -1,0 +1,83 @@
+"""The values the client hands back: synthesis results, stream chunks, voices, usage, and TTSError."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Figures the server reports for one finished synthesis (mirrors ``audio_pipeline.v1.Usage``)."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    audio_seconds: float
+    time_to_first_audio_seconds: float
+    generation_seconds: float
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A voice the server can speak with."""
+
+    name: str
+    description: str
+    language: str
+    is_default: bool
+
+
+@dataclass(frozen=True)
+class AudioStreamChunk:
+    """One item of ``TTSClient.stream``.
+
+    Audio items come first (``index`` 0, 1, ..., ``final`` False). The stream then ends with exactly
+    one extra item with ``final`` True, empty ``samples``, ``index`` equal to the number of audio items,
+    and ``usage`` and ``stop_reason`` set. A separate final item (rather than marking the last audio
+    item) means no audio is held back waiting for the completion message.
+    """
+
+    samples: np.ndarray
+    sample_rate: int
+    index: int
+    final: bool = False
+    usage: Usage | None = None
+    stop_reason: str | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """The whole audio of one synthesis: float32 mono samples in [-1, 1] whatever the wire encoding."""
+
+    samples: np.ndarray
+    sample_rate: int
+    usage: Usage
+    stop_reason: str
+    request_id: str
+
+    @property
+    def duration_seconds(self) -> float:
+        return self.samples.size / self.sample_rate
+
+
+class TTSError(Exception):
+    """A failed call: the gRPC status ``code`` and its ``details``. ``str()`` is one line, ``CODE: details``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self.code = code
+        self.details = " ".join(details.split())
+        super().__init__(f"{code.name}: {self.details}" if self.details else code.name)
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> TTSError:
+        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        details = error.details() if hasattr(error, "details") else str(error)
+        return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+    @classmethod
+    def protocol_violation(cls, what: str) -> TTSError:
+        """The server broke the Synthesize stream contract (order, indices, sizes)."""
+        return cls(grpc.StatusCode.INTERNAL, f"protocol violation: {what}")

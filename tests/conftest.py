@@ -1,0 +1,63 @@
+"""Shared fixtures: a tiny random Orpheus-layout model written to disk, and a real server on a free port."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Built-in models and anything else cached go to a throwaway folder, never the user's cache.
+os.environ.setdefault("AUDIO_PIPELINE_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                           f"audio-pipeline-test-cache-{os.getuid()}"))
+
+#: Small enough to keep tests fast, large enough for several chunks.
+TEST_MAX_TOKENS = 140
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+
+    return write_tiny_orpheus_model(tmp_path_factory.mktemp("tiny-orpheus"), seed=0)
+
+
+def make_config(model_dir, *flags, **overrides):
+    from audio_pipeline.config import AudioGenerationConfig
+
+    model = {"model_path": str(model_dir), "device": "cpu", **overrides.pop("model", {})}
+    return AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=28,56", f"sampling.max_tokens={TEST_MAX_TOKENS}",
+                                                           "grace_period_s=5", *flags], model=model, **overrides)
+
+
+@pytest.fixture(scope="session")
+def tts_server(tiny_model_dir):
+    """A real server (gRPC on a free port) running the tiny model; ``.target``, ``.engine``."""
+    from audio_pipeline.server.background import BackgroundServer
+
+    server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def idle_server(tts_server):
+    """The shared server, checked to hold no request or KV reservation before and after the test."""
+    wait_idle(tts_server.engine)
+    yield tts_server
+    wait_idle(tts_server.engine)
+
+
+def wait_idle(engine, timeout=60.0):
+    """Waits until the engine holds nothing; fails naming what is still held."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        load = engine.generation.load
+        kv = engine.model.kv_manager
+        if load == (0, 0) and kv.active_requests == 0 and kv.reserved_tokens == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine not idle: (queued, running)={load}, KV caches={kv.active_requests}, "
+                                 f"reserved tokens={kv.reserved_tokens}")
+        time.sleep(0.02)

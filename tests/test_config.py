@@ -1,0 +1,555 @@
+"""Configuration: seed defaults, every source and its precedence, flag parsing, resolve() rules."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from audio_pipeline import config as config_module
+from audio_pipeline.config import (
+    DEFAULT_MODEL,
+    NOT_IMPLEMENTED,
+    AudioGenerationConfig,
+    KVCacheConfig,
+    LoRAConfig,
+    MAXModelConfig,
+    ModelConfig,
+    PipelineConfig,
+    PipelineRole,
+    PrependPromptSpeechTokens,
+    PrometheusMetricsMode,
+    SamplingConfig,
+)
+from audio_pipeline.decoders import AudioDecoder, register_audio_decoder
+
+
+class _TestDecoder(AudioDecoder):
+    @classmethod
+    def load(cls, weights: str, config: dict[str, Any] | None = None, **kwargs: Any) -> AudioDecoder:
+        raise NotImplementedError
+
+    def decode(self, codes):  # pragma: no cover - never loaded
+        raise NotImplementedError
+
+
+@register_audio_decoder
+class Frame7Decoder(_TestDecoder):
+    name = "test-config-frame7"
+    tokens_per_frame = 7
+
+
+@register_audio_decoder
+class Frame1Decoder(_TestDecoder):
+    name = "test-config-frame1"
+    tokens_per_frame = 1
+
+
+@register_audio_decoder
+class CausalDecoder(_TestDecoder):
+    name = "test-config-causal"
+    tokens_per_frame = 7
+    supports_block_causal = True
+
+
+D7 = Frame7Decoder.name
+
+
+def make(**fields: Any) -> AudioGenerationConfig:
+    return AudioGenerationConfig(**{"audio_decoder": D7, **fields})
+
+
+# --- defaults -------------------------------------------------------------------------------------
+
+SEED_PIPELINE_FIELDS = """config_file section_name max_length pipeline_role max_batch_size max_queue_size_tg
+    min_batch_size_tg ep_size ce_delay_ms enable_prioritize_first_decode enable_chunked_prefill
+    enable_in_flight_batching max_num_steps max_batch_input_tokens enable_echo pool_embeddings chat_template
+    use_experimental_kernels use_vendor_blas pdl_level custom_architectures zmq_endpoint_base
+    execute_empty_batches max_batch_total_tokens force kvcache_ce_watermark enable_overlap_scheduler
+    use_legacy_module defer_resolve model draft_model sampling profiling lora speculative""".split()
+SEED_AUDIO_FIELDS = """audio_decoder audio_decoder_weights chunk_size buffer block_causal prepend_prompt_speech_tokens
+    prepend_prompt_speech_tokens_causal run_model_test_mode prometheus_metrics_mode audio_decoder_config""".split()
+
+
+def test_every_seed_field_exists():
+    assert set(SEED_PIPELINE_FIELDS) <= set(PipelineConfig.model_fields)
+    assert set(SEED_PIPELINE_FIELDS + SEED_AUDIO_FIELDS) <= set(AudioGenerationConfig.model_fields)
+
+
+def test_every_field_is_documented():
+    models = [AudioGenerationConfig, KVCacheConfig, ModelConfig, SamplingConfig, LoRAConfig,
+              config_module.ProfilingConfig, config_module.SpeculativeConfig]
+    for model in models:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+
+
+def test_defaults_equal_the_seed():
+    config = make()
+    assert config.config_file is None and config.section_name is None and config.max_length is None
+    assert config.pipeline_role is PipelineRole.PrefillAndDecode
+    assert config.max_batch_size is None and config.max_queue_size_tg is None and config.min_batch_size_tg is None
+    assert config.ep_size == 1 and config.ce_delay_ms == 0.0
+    assert config.enable_prioritize_first_decode is False
+    assert config.enable_chunked_prefill is True
+    assert config.enable_in_flight_batching is False
+    assert config.max_num_steps == -1
+    assert config.max_batch_input_tokens == 8192
+    assert config.enable_echo is False and config.pool_embeddings is True and config.chat_template is None
+    assert (config.use_experimental_kernels, config.use_vendor_blas, config.pdl_level) == ("false", "false", "0")
+    assert config.custom_architectures == [] and isinstance(config.zmq_endpoint_base, str)
+    assert config.execute_empty_batches is False and config.max_batch_total_tokens is None
+    assert config.force is False
+    assert config.kvcache_ce_watermark == 0.95
+    assert config.enable_overlap_scheduler is False and config.use_legacy_module is True
+    assert config.defer_resolve is False
+    assert config.draft_model is None and config.lora is None and config.speculative is None
+    assert config.audio_decoder_weights == "" and config.chunk_size is None and config.buffer == 0
+    assert config.block_causal is False
+    assert config.prepend_prompt_speech_tokens is PrependPromptSpeechTokens.NEVER
+    assert config.prepend_prompt_speech_tokens_causal is False and config.run_model_test_mode is False
+    assert config.prometheus_metrics_mode is PrometheusMetricsMode.INSTRUMENT_ONLY
+    assert config.audio_decoder_config == {}
+    assert config.voices_dir is None and config.grace_period_s == 10.0
+    assert AudioGenerationConfig.model_fields["audio_decoder"].default == "snac"
+
+
+def test_nested_defaults():
+    config = make()
+    assert MAXModelConfig is ModelConfig
+    model = config.model
+    assert (model.model_path, model.dtype, model.device) == (DEFAULT_MODEL, "auto", "auto")
+    assert DEFAULT_MODEL == "builtin:tiny-orpheus"
+    assert model.served_model_name is None and model.weight_path == [] and model.trust_remote_code is False
+    assert model.kv_cache == KVCacheConfig(kv_cache_page_size=128, enable_prefix_caching=True,
+                                           device_memory_utilization=0.9)
+    assert model.kv_cache.kv_cache_memory_bytes is None and model.kv_cache.cache_dtype is None
+    sampling = config.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (0.6, 0.95, -1, 0.0)
+    assert (sampling.repetition_penalty, sampling.max_tokens, sampling.max_tokens_limit) == (1.1, 1200, 4096)
+    assert sampling.min_tokens == 0 and sampling.seed is None and sampling.max_text_chars == 2000
+    assert config.profiling.gpu_profiling == "off"
+    assert LoRAConfig().max_lora_rank == 16 and config_module.SpeculativeConfig().num_speculative_tokens == 2
+
+
+def test_enums_are_strings_with_the_seed_values():
+    assert [m.value for m in PrependPromptSpeechTokens] == ["never", "once", "rolling"]
+    assert [m.value for m in PrometheusMetricsMode] == ["instrument_only", "launch_server", "launch_multiproc_server"]
+    assert PipelineRole("decode_only") is PipelineRole.DecodeOnly
+    assert PrependPromptSpeechTokens.ROLLING == "rolling" and str(PrependPromptSpeechTokens.ROLLING) == "rolling"
+
+
+def test_default_decoder_resolves_once_snac_exists():
+    pytest.importorskip("audio_pipeline.decoders.snac")
+    assert AudioGenerationConfig().audio_decoder == "snac"
+
+
+# --- field validation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, field_name", [
+    ({"chunk_size": [7, 0]}, "chunk_size"),
+    ({"chunk_size": []}, "chunk_size"),
+    ({"buffer": -7}, "buffer"),
+    ({"max_batch_size": 0}, "max_batch_size"),
+    ({"kvcache_ce_watermark": 0.0}, "kvcache_ce_watermark"),
+    ({"kvcache_ce_watermark": 1.5}, "kvcache_ce_watermark"),
+    ({"max_num_steps": 0}, "max_num_steps"),
+    ({"grace_period_s": -1}, "grace_period_s"),
+    ({"sampling": {"top_k": 0}}, "top_k"),
+    ({"sampling": {"top_p": 0}}, "top_p"),
+    ({"sampling": {"temperature": -0.1}}, "temperature"),
+    ({"model": {"device": "gpu"}}, "device"),
+    ({"model": {"dtype": "int8"}}, "dtype"),
+    ({"model": {"kv_cache": {"device_memory_utilization": 1.2}}}, "device_memory_utilization"),
+    ({"not_a_field": 1}, "not_a_field"),
+    ({"sampling": {"not_a_field": 1}}, "not_a_field"),
+])
+def test_field_validation_names_the_field(fields, field_name):
+    with pytest.raises(ValueError, match=field_name):
+        make(**fields)
+
+
+def test_valid_edges_are_accepted():
+    config = make(kvcache_ce_watermark=1.0, max_num_steps=3, model={"device": "cuda:1"}, sampling={"top_k": 1})
+    assert config.kvcache_ce_watermark == 1.0 and config.model.device == "cuda:1"
+
+
+def test_assignment_is_validated():
+    config = make()
+    with pytest.raises(ValueError, match="buffer"):
+        config.buffer = -1
+    with pytest.raises(ValueError, match="temperature"):
+        config.sampling.temperature = -1
+
+
+# --- from_flags -----------------------------------------------------------------------------------
+
+def flags(*audio_flags: str, **config_flags: Any) -> AudioGenerationConfig:
+    return AudioGenerationConfig.from_flags(audio_flags, **{"audio_decoder": D7, **config_flags})
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("28,56,112", [28, 56, 112]), (" 7 , 14 ", [7, 14]), ("none", None), ("None", None), ("", None)])
+def test_flag_chunk_size(text, expected):
+    assert flags(f"chunk_size={text}").chunk_size == expected
+
+
+@pytest.mark.parametrize("text, expected", [("true", True), ("TRUE", True), ("False", False)])
+def test_flag_booleans(text, expected):
+    assert flags(f"force={text}").force is expected
+
+
+@pytest.mark.parametrize("text", ["yes", "1", "on", ""])
+def test_flag_booleans_are_strict(text):
+    with pytest.raises(ValueError, match=r"force.*expected true or false"):
+        flags(f"force={text}")
+
+
+def test_flag_enums_by_value():
+    config = flags("prepend_prompt_speech_tokens=rolling", "buffer=7", "prometheus_metrics_mode=launch_server",
+                   defer_resolve=True)
+    assert config.prepend_prompt_speech_tokens is PrependPromptSpeechTokens.ROLLING
+    assert config.prometheus_metrics_mode is PrometheusMetricsMode.LAUNCH_SERVER
+    with pytest.raises(ValueError, match=r"prepend_prompt_speech_tokens.*never, once, rolling"):
+        flags("prepend_prompt_speech_tokens=ROLLING_ALWAYS")
+
+
+def test_flag_names_take_dash_or_underscore():
+    config = flags("max-batch-size=4", "max_queue_size_tg=8", "sampling.max-tokens=100")
+    assert (config.max_batch_size, config.max_queue_size_tg, config.sampling.max_tokens) == (4, 8, 100)
+
+
+def test_flag_dotted_names_reach_nested_fields():
+    config = flags("sampling.temperature=0.5", "model.dtype=float32", "model.kv_cache.kv_cache_page_size=64",
+                   "model.model_path=/models/x", "model.max_length=4096")
+    assert config.sampling.temperature == 0.5 and config.model.dtype == "float32"
+    assert config.model.kv_cache.kv_cache_page_size == 64 and config.model.model_path == "/models/x"
+    assert config.model.max_length == 4096 and config.sampling.top_p == 0.95
+
+
+def test_flag_decoder_settings_are_json_or_strings():
+    config = flags("audio_decoder_config.hop=512", "audio_decoder_config.window=hann",
+                   "audio_decoder_config.causal=true", 'audio_decoder_config.sizes=[1, 2]')
+    assert config.audio_decoder_config == {"hop": 512, "window": "hann", "causal": True, "sizes": [1, 2]}
+
+
+def test_flag_values_parse_strictly():
+    with pytest.raises(ValueError, match=r"buffer.*expected an integer"):
+        flags("buffer=7.0")
+    with pytest.raises(ValueError, match=r"chunk_size.*expected an integer"):
+        flags("chunk_size=28,abc")
+    with pytest.raises(ValueError, match=r"sampling\.temperature.*expected a number"):
+        flags("sampling.temperature=warm")
+    with pytest.raises(ValueError, match=r"model\.dtype.*auto, float32"):
+        flags("model.dtype=fp8")
+    with pytest.raises(ValueError, match=r"for model .*model\.NAME=VALUE"):
+        flags("model=/models/x")
+
+
+def test_flag_unknown_key_and_missing_equals_name_the_key():
+    with pytest.raises(ValueError, match=r"unknown configuration key 'chunk_sizes'.*audio flag"):
+        flags("chunk_sizes=28")
+    with pytest.raises(ValueError, match=r"unknown configuration key 'sampling\.temp'"):
+        flags("sampling.temp=0.5")
+    with pytest.raises(ValueError, match=r"buffer.*no fields"):
+        flags("buffer.size=7")
+    with pytest.raises(ValueError, match=r"'buffer' has no '='"):
+        flags("buffer")
+
+
+def test_flags_as_a_mapping_and_precedence_over_config_flags():
+    config = AudioGenerationConfig.from_flags({"buffer": "14", "max-batch-size": 3, "model": {"dtype": "float16"}},
+                                              audio_decoder=D7, buffer=7, max_batch_size=2)
+    assert (config.buffer, config.max_batch_size, config.model.dtype) == (14, 3, "float16")
+    assert flags(buffer=21).buffer == 21
+
+
+# --- sources and precedence -----------------------------------------------------------------------
+
+YAML_TEXT = """
+audio_decoder: test-config-frame7
+buffer: 7
+max_batch_size: 4
+sampling:
+  temperature: 0.3
+  top_p: 0.9
+model:
+  model_path: /models/from-file
+"""
+
+TOML_TEXT = """
+audio_decoder = "test-config-frame7"
+chunk_size = [14, 28]
+
+[sampling]
+temperature = 0.4
+
+[serve]
+audio_decoder = "test-config-frame1"
+buffer = 3
+
+[serve.model]
+dtype = "float32"
+"""
+
+
+@pytest.fixture
+def yaml_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(YAML_TEXT)
+    return path
+
+
+@pytest.fixture
+def toml_file(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(TOML_TEXT)
+    return path
+
+
+def test_yaml_file(yaml_file):
+    config = AudioGenerationConfig.load(config_file=str(yaml_file), env={})
+    assert (config.buffer, config.max_batch_size, config.model.model_path) == (7, 4, "/models/from-file")
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.top_k) == (0.3, 0.9, -1)
+    assert config.config_file == str(yaml_file)
+
+
+def test_toml_file_and_section_name(toml_file):
+    with pytest.raises(ValueError, match=r"unknown configuration key 'serve'.*config\.toml"):
+        AudioGenerationConfig.load(config_file=str(toml_file), env={})
+    section = AudioGenerationConfig.load(config_file=str(toml_file), section_name="serve", env={})
+    assert (section.audio_decoder, section.buffer, section.model.dtype) == ("test-config-frame1", 3, "float32")
+    assert section.chunk_size is None and section.sampling.temperature == 0.6
+    plain = toml_file.with_name("plain.toml")
+    plain.write_text(TOML_TEXT.split("[serve]")[0])
+    whole = AudioGenerationConfig(config_file=str(plain))
+    assert whole.chunk_size == [14, 28] and whole.sampling.temperature == 0.4
+
+
+def test_missing_section_names_it(toml_file):
+    with pytest.raises(ValueError, match=r"section_name 'prod' is not a section.*'serve'"):
+        AudioGenerationConfig.load(config_file=str(toml_file), section_name="prod", env={})
+
+
+def test_section_name_without_file_is_an_error():
+    with pytest.raises(ValueError, match="section_name 'serve' is set but config_file is not"):
+        make(section_name="serve")
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("missing.yaml", None, "cannot be read"),
+    ("broken.yaml", "buffer: [7\n", "cannot be parsed"),
+    ("broken.toml", "buffer = = 7\n", "cannot be parsed"),
+    ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+    ("config.json", "{}", "unsupported file type"),
+])
+def test_bad_files_name_the_path(tmp_path, name, text, message):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=rf"config_file '.*{name}'.*{message}|{message}.*{name}"):
+        AudioGenerationConfig.load(config_file=str(path), env={})
+
+
+def test_unknown_key_in_file_names_key_and_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("audio_decoder: test-config-frame7\nsampling:\n  temprature: 0.5\n")
+    with pytest.raises(ValueError, match=r"unknown configuration key 'temprature'.*c\.yaml.*sampling"):
+        AudioGenerationConfig.load(config_file=str(path), env={})
+
+
+def test_environment_mapping():
+    env = {"AUDIO_PIPELINE_AUDIO_DECODER": D7, "AUDIO_PIPELINE_BUFFER": "14",
+           "AUDIO_PIPELINE_CHUNK_SIZE": "7,21", "AUDIO_PIPELINE_MODEL__MODEL_PATH": "/models/env",
+           "AUDIO_PIPELINE_SAMPLING__TEMPERATURE": "0.2", "AUDIO_PIPELINE_MODEL__KV_CACHE__ENABLE_PREFIX_CACHING": "false",
+           "AUDIO_PIPELINE_AUDIO_DECODER_CONFIG__HOP": "256",
+           "AUDIO_PIPELINE_CACHE": "/tmp/cache", "HOME": "/root", "OTHER_BUFFER": "x"}
+    config = AudioGenerationConfig.load(env=env)
+    assert (config.buffer, config.chunk_size, config.model.model_path) == (14, [7, 21], "/models/env")
+    assert config.sampling.temperature == 0.2 and config.model.kv_cache.enable_prefix_caching is False
+    assert config.audio_decoder_config == {"hop": 256}
+
+
+def test_environment_errors_name_the_variable():
+    with pytest.raises(ValueError, match=r"unknown configuration key 'bufer'.*AUDIO_PIPELINE_BUFER"):
+        AudioGenerationConfig.load(env={"AUDIO_PIPELINE_BUFER": "7"})
+    with pytest.raises(ValueError, match=r"buffer.*AUDIO_PIPELINE_BUFFER.*integer"):
+        AudioGenerationConfig.load(env={"AUDIO_PIPELINE_BUFFER": "seven"})
+
+
+def test_process_environment_is_the_default(monkeypatch, yaml_file):
+    monkeypatch.setenv("AUDIO_PIPELINE_CONFIG_FILE", str(yaml_file))
+    monkeypatch.setenv("AUDIO_PIPELINE_SAMPLING__TOP_P", "0.5")
+    config = AudioGenerationConfig.load()
+    assert config.buffer == 7 and config.sampling.top_p == 0.5 and config.sampling.temperature == 0.3
+
+
+def test_environment_picks_the_file_and_section(toml_file):
+    env = {"AUDIO_PIPELINE_CONFIG_FILE": str(toml_file), "AUDIO_PIPELINE_SECTION_NAME": "serve"}
+    assert AudioGenerationConfig.load(env=env).audio_decoder == "test-config-frame1"
+
+
+def test_precedence_defaults_file_env_keywords_flags(yaml_file):
+    env = {"AUDIO_PIPELINE_BUFFER": "14", "AUDIO_PIPELINE_MAX_BATCH_SIZE": "5", "AUDIO_PIPELINE_SAMPLING__TOP_P": "0.8"}
+    config = AudioGenerationConfig.load(config_file=str(yaml_file), env=env, max_batch_size=6, buffer=21,
+                                        audio_flags=["buffer=28"])
+    assert config.buffer == 28                      # flag > keyword > env > file
+    assert config.max_batch_size == 6               # keyword > env > file
+    assert config.sampling.top_p == 0.8             # env > file, nested keys merge
+    assert config.sampling.temperature == 0.3       # file > default
+    assert config.sampling.max_tokens == 1200       # default
+    assert config.model.model_path == "/models/from-file"
+
+
+def test_overrides_take_nested_dotted_and_dunder_keys():
+    config = AudioGenerationConfig.load(env={}, audio_decoder=D7, model={"dtype": "float16"},
+                                        model__model_path="/models/a", **{"sampling.temperature": 0.1})
+    assert (config.model.dtype, config.model.model_path, config.sampling.temperature) == ("float16", "/models/a", 0.1)
+    with pytest.raises(ValueError, match=r"unknown configuration key 'model__modle_path'.*keyword"):
+        AudioGenerationConfig.load(env={}, audio_decoder=D7, model__modle_path="/x")
+
+
+def test_flags_can_name_the_file(yaml_file):
+    config = AudioGenerationConfig.load(env={}, audio_flags=[f"config-file={yaml_file}"])
+    assert config.buffer == 7
+
+
+def test_config_file_in_constructor_sits_below_the_arguments(yaml_file):
+    config = AudioGenerationConfig(config_file=str(yaml_file), buffer=0, sampling={"top_p": 0.7})
+    assert config.buffer == 0 and config.sampling.top_p == 0.7 and config.sampling.temperature == 0.3
+
+
+# --- resolve() ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, message", [
+    ({"chunk_size": [7, 10]}, r"chunk_size \[7, 10\].*multiple of .*7 tokens per frame"),
+    ({"buffer": 5}, r"buffer \(5\) must be a multiple"),
+    ({"audio_decoder": "no-such-decoder"}, r"audio_decoder 'no-such-decoder'"),
+    ({"block_causal": True}, r"block_causal=true is not supported by audio_decoder"),
+    ({"prepend_prompt_speech_tokens": "once", "prepend_prompt_speech_tokens_causal": True},
+     r"prepend_prompt_speech_tokens_causal=true is not supported"),
+    ({"audio_decoder": CausalDecoder.name, "prepend_prompt_speech_tokens_causal": True},
+     r"prepend_prompt_speech_tokens_causal=true has no effect"),
+    ({"prepend_prompt_speech_tokens": "rolling"}, r"rolling needs buffer > 0: .*buffer=0 leaves none"),
+    ({"max_batch_size": 9000}, r"max_batch_size \(9000\) exceeds max_batch_input_tokens \(8192\)"),
+    ({"max_batch_size": 4, "min_batch_size_tg": 5}, r"min_batch_size_tg \(5\) exceeds max_batch_size \(4\)"),
+    ({"max_batch_size": 4, "max_queue_size_tg": 2}, r"max_queue_size_tg \(2\) is below max_batch_size \(4\)"),
+    ({"max_batch_total_tokens": 100}, r"max_batch_total_tokens \(100\) is below max_batch_input_tokens"),
+    ({"sampling": {"max_tokens": 5000}}, r"sampling\.max_tokens \(5000\) exceeds sampling\.max_tokens_limit"),
+    ({"sampling": {"min_tokens": 50, "max_tokens": 40}}, r"sampling\.min_tokens \(50\) exceeds sampling\.max_tokens"),
+    ({"max_length": 100, "model": {"max_length": 200}}, r"max_length \(100\) and model\.max_length \(200\) differ"),
+    ({"max_length": 1200}, r"sampling\.max_tokens \(1200\) leaves no room .*max_length \(1200\)"),
+    ({"enable_in_flight_batching": True, "enable_chunked_prefill": False},
+     r"enable_in_flight_batching needs enable_chunked_prefill"),
+])
+def test_resolve_rules(fields, message):
+    with pytest.raises(ValueError, match=message):
+        make(**fields)
+
+
+def test_resolve_accepts_consistent_settings():
+    config = make(chunk_size=[28, 56, 112], buffer=14, max_batch_size=4, min_batch_size_tg=2, max_queue_size_tg=4,
+                  max_batch_total_tokens=8192, max_length=2048, sampling={"max_tokens": 1000, "min_tokens": 10})
+    assert config.resolve() is config
+    assert make(audio_decoder=Frame1Decoder.name, chunk_size=[3, 5], buffer=1).chunk_size == [3, 5]
+    assert make(prepend_prompt_speech_tokens="once", defer_resolve=True).chunk_size is None
+
+
+def test_resolve_lists_every_broken_rule():
+    with pytest.raises(ValueError, match=r"(?s)invalid configuration:.*chunk_size.*buffer"):
+        make(chunk_size=[5], buffer=3)
+
+
+def test_defer_resolve_postpones_the_rules():
+    config = make(buffer=5, defer_resolve=True)
+    with pytest.raises(ValueError, match="buffer"):
+        config.resolve()
+    config.buffer = 7
+    assert config.resolve() is config
+
+
+def test_permanent_rules_come_before_not_implemented():
+    with pytest.raises(ValueError, match="block_causal=true is not supported") as info:
+        make(block_causal=True)
+    assert "not implemented yet" not in str(info.value)
+
+
+# --- not implemented ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, name", [
+    ({"enable_echo": True}, "enable_echo"),
+    ({"enable_overlap_scheduler": True}, "enable_overlap_scheduler"),
+    ({"enable_chunked_prefill": False}, "enable_chunked_prefill"),
+    ({"pipeline_role": "decode_only"}, "pipeline_role"),
+    ({"lora": {"enable_lora": True}}, "lora"),
+    ({"model": {"trust_remote_code": True}}, r"model\.trust_remote_code"),
+    ({"sampling": {"enable_structured_output": True}}, r"sampling\.enable_structured_output"),
+    ({"profiling": {"gpu_profiling": "on"}}, r"profiling\.gpu_profiling"),
+    ({"audio_decoder": CausalDecoder.name, "block_causal": True}, "block_causal"),
+    ({"prepend_prompt_speech_tokens": "once"}, "prepend_prompt_speech_tokens"),
+    ({"prometheus_metrics_mode": "launch_multiproc_server"}, "prometheus_metrics_mode=launch_multiproc_server"),
+])
+def test_not_implemented_fields_are_rejected(fields, name):
+    with pytest.raises(ValueError, match=rf"{name} is not implemented yet by this engine \(.+\)"):
+        make(**fields)
+
+
+def test_honoured_values_are_accepted():
+    config = make(prometheus_metrics_mode="launch_server", use_legacy_module=False, zmq_endpoint_base="ipc:///x",
+                  force=True, ce_delay_ms=5.0, enable_prioritize_first_decode=True, max_num_steps=4,
+                  voices_dir="/voices", grace_period_s=1.5, audio_decoder_weights="/w",
+                  model={"served_model_name": "tts", "kv_cache": {"kv_cache_memory_bytes": 1 << 20}})
+    assert config.prometheus_metrics_mode is PrometheusMetricsMode.LAUNCH_SERVER
+
+
+def test_removing_an_entry_enables_the_field(monkeypatch):
+    monkeypatch.delitem(NOT_IMPLEMENTED, "enable_echo")
+    assert make(enable_echo=True).enable_echo is True
+
+
+def test_every_not_implemented_entry_names_a_field():
+    for entry in NOT_IMPLEMENTED:
+        dotted, _, value = entry.partition("=")
+        model: Any = AudioGenerationConfig
+        *parents, name = dotted.split(".")
+        for parent in parents:
+            model = {"model": ModelConfig, "sampling": SamplingConfig,
+                     "profiling": config_module.ProfilingConfig}[parent]
+        assert name in model.model_fields, entry
+
+
+# --- display and logging --------------------------------------------------------------------------
+
+def test_to_display_dict_is_json():
+    config = make(chunk_size=[28], chat_template=None, audio_decoder_config={"hop": 1}, defer_resolve=True)
+    shown = json.loads(json.dumps(config.to_display_dict()))
+    assert shown["chunk_size"] == [28] and shown["prepend_prompt_speech_tokens"] == "never"
+    assert shown["model"]["kv_cache"]["kv_cache_page_size"] == 128 and shown["audio_decoder_config"] == {"hop": 1}
+
+
+def test_log_basic_config(caplog):
+    config = make(chunk_size=[28, 56], buffer=14, max_batch_size=8, model={"model_path": "/models/m", "dtype": "bfloat16"})
+    with caplog.at_level(logging.INFO, logger="audio_pipeline.config"):
+        config.log_basic_config()
+    text = caplog.text
+    for expected in ["/models/m", "dtype=bfloat16", "device=auto", D7, "weights from the model",
+                     "chunk_size=[28, 56]", "buffer=14", "block_causal=False", "prepend_prompt_speech_tokens=never",
+                     "max_batch_size=8", "max_queue_size_tg", "page_size=128", "temperature=0.6",
+                     "max_tokens=1200", "instrument_only"]:
+        assert expected in text, expected
+    assert all(record.levelno == logging.INFO for record in caplog.records)
+
+
+def test_log_basic_config_to_a_given_logger(caplog):
+    with caplog.at_level(logging.INFO, logger="custom"):
+        make().log_basic_config(logging.getLogger("custom"))
+    assert {record.name for record in caplog.records} == {"custom"}
+
+
+def test_pipeline_config_alone_needs_no_decoder():
+    config = PipelineConfig(max_batch_size=2)
+    assert config.max_batch_size == 2 and "audio_decoder" not in config.to_display_dict()
+    with pytest.raises(ValueError, match="buffer"):
+        PipelineConfig(buffer=7)

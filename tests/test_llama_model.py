@@ -1,0 +1,103 @@
+"""Our Llama implementation against transformers' own forward, on a tiny random checkpoint."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+from transformers import LlamaForCausalLM as ReferenceLlama
+
+from audio_pipeline.models.llama import LlamaForCausalLM, RaggedBatch
+from audio_pipeline.models.tiny import write_tiny_orpheus_model
+from audio_pipeline.models.weights import load_safetensors_into
+
+# float32 on CPU; the two implementations order a few reductions differently.
+LOGITS_ATOL = 1e-4
+
+
+class ListKV:
+    """Minimal per-sequence KV storage for driving the model directly."""
+
+    def __init__(self):
+        self.keys, self.values = {}, {}
+
+    def append(self, layer, k, v):
+        self.keys[layer] = torch.cat([self.keys.get(layer, k[:0]), k])
+        self.values[layer] = torch.cat([self.values.get(layer, v[:0]), v])
+        return self.keys[layer], self.values[layer]
+
+
+def load_ours(model_dir):
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    load_safetensors_into(model, model_dir, torch.float32, torch.device("cpu"))
+    model.reset_rotary(torch.device("cpu"))
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["tied", "untied_llama3_rope"])
+def model_dir(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    overrides = {}
+    if request.param == "untied_llama3_rope":
+        overrides = dict(tie_word_embeddings=False, max_position_embeddings=16384,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    return write_tiny_orpheus_model(path, seed=3, with_decoder=False, **overrides)
+
+
+def test_logits_match_transformers_for_a_ragged_batch(model_dir):
+    ours = load_ours(model_dir)
+    reference = ReferenceLlama.from_pretrained(model_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(0, 150000, (n,), generator=generator) for n in (5, 17, 2, 9)]
+    splits = [len(s) - min(3, len(s) - 1) for s in sequences]  # both passes non-empty
+    caches = [ListKV() for _ in sequences]
+    got = [[] for _ in sequences]
+    with torch.no_grad():
+        expected = [reference(s[None]).logits[0] for s in sequences]
+        # Two ragged batches: every sequence's prefix, then the rest of each on top of the cache.
+        for spans in ([(0, k) for k in splits], [(k, len(s)) for k, s in zip(splits, sequences)]):
+            tokens = torch.cat([s[a:b] for s, (a, b) in zip(sequences, spans)])
+            positions = torch.cat([torch.arange(a, b) for a, b in spans])
+            lengths = [b - a for a, b in spans]
+            starts = [sum(lengths[:i]) for i in range(len(lengths))]
+            logits = ours.compute_logits(ours(tokens, positions, RaggedBatch(starts, lengths, caches)))
+            for i, (start, length) in enumerate(zip(starts, lengths)):
+                got[i].append(logits[start:start + length])
+    for want, parts in zip(expected, got):
+        torch.testing.assert_close(torch.cat(parts), want, atol=LOGITS_ATOL, rtol=0)
+
+
+def test_sharded_checkpoint_loads_identically(model_dir, tmp_path):
+    state = load_file(str(model_dir / "model.safetensors"))
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for shard, keys in shards.items():
+        save_file({k: state[k] for k in keys}, str(tmp_path / shard))
+        weight_map.update({k: shard for k in keys})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (tmp_path / "config.json").write_text((model_dir / "config.json").read_text())
+    whole, sharded = load_ours(model_dir), load_ours(tmp_path)
+    for (name, a), (_, b) in zip(whole.state_dict().items(), sharded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_mismatched_checkpoint_is_a_clear_error(model_dir, tmp_path):
+    state = load_file(str(model_dir / "model.safetensors"))
+    state.pop("model.norm.weight")
+    state["model.extra.weight"] = torch.zeros(2)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((model_dir / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\].*unexpected \['model.extra.weight'\]"):
+        load_ours(tmp_path)
+
+
+def test_no_weights_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        load_safetensors_into(torch.nn.Linear(1, 1), tmp_path, torch.float32, torch.device("cpu"))
