@@ -196,7 +196,7 @@ class WavSink:
             with open(self.temporary_path, "xb"):  # fail before the server does any work
                 pass
         except OSError as error:
-            raise CommandError(describe_os_error(error, "write the output")) from error
+            raise CommandError(f"cannot write the output {path}: {error.strerror or error}") from error
         self.file: soundfile.SoundFile | None = None
 
     def write(self, chunk: AudioStreamChunk) -> None:
@@ -213,7 +213,7 @@ class WavSink:
             self.file.close()
             os.replace(self.temporary_path, self.path)
         except OSError as error:
-            raise CommandError(describe_os_error(error, "write the output")) from error
+            raise CommandError(f"cannot write the output {self.path}: {error.strerror or error}") from error
 
     def discard(self) -> None:
         if self.file is not None and not self.file.closed:

@@ -1,0 +1,96 @@
+"""The `audio-pipeline` command: config, synthesize (in-process) and serve (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+import soundfile as sf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from audio_pipeline.cli import main
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+
+
+def run_cli(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "audio_pipeline.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_config_prints_the_resolved_configuration_from_every_source(tmp_path, capsys):
+    config_file = tmp_path / "tts.yaml"
+    config_file.write_text("production:\n  buffer: 14\n  sampling:\n    temperature: 0.3\n")
+    code = main(["config", "--config-file", str(config_file), "--section-name", "production",
+                 "--task-arg", "chunk_size=28,56", "--task-arg", "sampling.top-k=50", "--dtype", "float32"])
+    assert code == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["chunk_size"] == [28, 56] and shown["buffer"] == 14
+    assert shown["sampling"]["temperature"] == 0.3 and shown["sampling"]["top_k"] == 50
+    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:tiny-orpheus"
+    assert shown["prepend_prompt_speech_tokens"] == "never"
+
+
+@pytest.mark.parametrize("flag, named", [("no_such_field=1", "no_such_field"), ("buffer=lots", "buffer"),
+                                         ("chunk_size=28,x", "chunk_size"), ("block_causal=yes", "block_causal")])
+def test_a_bad_task_arg_exits_non_zero_with_one_line_naming_it(flag, named, capsys):
+    assert main(["config", "--task-arg", flag]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("audio-pipeline: error:") and named in err
+
+
+def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
+    out = tmp_path / "hello.wav"
+    result = run_cli("synthesize", "--text", "Hello there.", "--output", str(out), "--max-tokens", "70",
+                     "--seed", "3", "--sample-rate", "16000")
+    assert result.returncode == 0, result.stderr
+    audio, rate = sf.read(out)
+    assert rate == 16000 and abs(len(audio) - 10 * 2048 * 2 / 3) <= 2 and abs(audio).max() > 0
+
+
+def test_synthesize_reports_a_missing_model_directory(tmp_path, capsys):
+    code = main(["synthesize", "--model", str(tmp_path / "nope"), "--text", "Hi", "--output", str(tmp_path / "x.wav")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "model.model_path" in err and "\n" not in err
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
+    server = subprocess.Popen([sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1",
+                               "--port", "0", "--model", str(tiny_model_dir), "--device", "cpu",
+                               "--task-arg", "chunk_size=28", "--task-arg", "grace_period_s=60"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in server.stderr:
+            if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+                port = int(match.group(1))
+                break
+        assert port, "the server never printed its port"
+        target = f"127.0.0.1:{port}"
+        with grpc.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 120
+            while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, "never became SERVING"
+                time.sleep(0.1)
+            stream = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(
+                text="A longer sentence to keep the server busy.",
+                sampling=tts_pb2.SamplingParams(max_tokens=700, min_tokens=700)), timeout=300)
+            assert next(stream).HasField("format")
+            assert next(stream).HasField("audio")
+            server.send_signal(signal.SIGTERM)
+            rest = list(stream)
+        assert rest[-1].HasField("complete") and rest[-1].complete.usage.generated_tokens == 700
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        server.stderr.close()
