@@ -69,22 +69,23 @@ class TTSContext:
     def unprocessed_tokens(self) -> list[int]:
         return self.all_tokens[self.processed:]
 
-    def allowed_next_tokens(self) -> torch.Tensor:
-        """Ids the next token may take: the next frame slot's codebook, and end-of-speech when allowed."""
-        position = len(self.generated)
-        start, end = self.layout.token_range(position)
-        ids = torch.arange(start, end)
-        on_boundary = position % self.layout.tokens_per_frame == 0
-        if on_boundary and position >= self.sampling.min_tokens and position > 0:
-            ids = torch.cat([ids, torch.tensor([self.layout.end_of_speech])])
-        return ids
+    def candidate_ids(self) -> torch.Tensor:
+        """The ids the next token is chosen from: the next frame slot's codebook, then end-of-speech."""
+        start, end = self.layout.token_range(len(self.generated))
+        return torch.cat([torch.arange(start, end), torch.tensor([self.layout.end_of_speech])])
 
-    def recent_token_counts(self, candidate_ids: torch.Tensor) -> torch.Tensor:
-        """How often each candidate id was generated before (0 for end-of-speech)."""
+    def candidate_mask(self) -> torch.Tensor:
+        """Which candidates are allowed now: end-of-speech only on a frame boundary after min_tokens."""
+        position = len(self.generated)
+        mask = torch.ones(self.layout.codebook_size + 1, dtype=torch.bool)
+        mask[-1] = (position % self.layout.tokens_per_frame == 0 and position > 0
+                    and position >= self.sampling.min_tokens)
+        return mask
+
+    def candidate_counts(self) -> torch.Tensor:
+        """How often each candidate was generated before (what repetition penalties look at)."""
         counts = self._slot_counts[len(self.generated) % self.layout.tokens_per_frame]
-        if candidate_ids.numel() > counts.numel():
-            counts = torch.cat([counts, torch.zeros(candidate_ids.numel() - counts.numel())])
-        return counts
+        return torch.cat([counts, torch.zeros(1)])
 
     def append_token(self, token_id: int) -> None:
         """Records a sampled token and stops the request on end-of-speech or when out of budget."""

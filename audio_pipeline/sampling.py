@@ -61,42 +61,46 @@ class SamplingParams:
 
 
 def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"]) -> list[int]:
-    """One speech token per context from ``logits`` ([batch, vocab]).
+    """One speech token per context from ``logits`` ([batch, vocab]), all rows at once.
 
     Each row only considers the ids its next frame slot allows (plus end-of-speech on a frame
-    boundary once min_tokens are out), so a stream can never hold a broken frame.
+    boundary once min_tokens are out), so a stream can never hold a broken frame. Every row draws
+    one uniform number from its own request's generator, so a request's tokens do not depend on
+    what else is in the batch.
     """
-    chosen = []
-    for row, context in enumerate(contexts):
-        candidate_ids = context.allowed_next_tokens()
-        scores = logits[row, candidate_ids].float()
-        chosen.append(int(candidate_ids[_sample_row(scores, candidate_ids, context)]))
-    return chosen
+    if not contexts:
+        return []
+    candidate_ids = torch.stack([c.candidate_ids() for c in contexts]).to(logits.device)  # [B, C]
+    allowed = torch.stack([c.candidate_mask() for c in contexts]).to(logits.device)
+    scores = logits.float().gather(1, candidate_ids)
+    counts = torch.stack([c.candidate_counts() for c in contexts]).to(logits.device)
+    params = [c.sampling for c in contexts]
 
+    def column(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=logits.device)[:, None]
 
-def _sample_row(scores: torch.Tensor, candidate_ids: torch.Tensor, context: "TTSContext") -> int:
-    params = context.sampling
-    counts = context.recent_token_counts(candidate_ids)
     seen = counts > 0
-    if params.repetition_penalty != 1.0:
-        penalised = torch.where(scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty)
-        scores = torch.where(seen, penalised, scores)
-    if params.frequency_penalty:
-        scores = scores - params.frequency_penalty * counts
-    if params.presence_penalty:
-        scores = scores - params.presence_penalty * seen.float()
-    if params.temperature == 0:
-        return int(scores.argmax())
-    scores = scores / params.temperature
-    if params.top_k > 0 and params.top_k < scores.numel():
-        kth = scores.topk(params.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.min_p > 0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        cumulative = sorted_probs.cumsum(0)
-        drop = cumulative - sorted_probs > params.top_p  # keep the smallest prefix reaching top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    return int(torch.multinomial(probs, 1, generator=context.generator))
+    penalty = column("repetition_penalty")
+    scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
+    scores = scores - column("frequency_penalty") * counts - column("presence_penalty") * seen.float()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+
+    greedy = column("temperature")[:, 0] == 0
+    chosen = scores.argmax(dim=1)
+    if not bool(greedy.all()):
+        scores = scores / column("temperature").clamp_min(1e-6)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else scores.shape[1] for p in params], device=logits.device)
+        ordered, order = scores.sort(dim=1, descending=True)
+        ranks = torch.arange(scores.shape[1], device=logits.device)[None, :]
+        ordered = ordered.masked_fill(ranks >= top_k[:, None], float("-inf"))
+        probs = torch.softmax(ordered, dim=1)
+        probs = probs.masked_fill(probs < column("min_p") * probs[:, :1], 0.0)
+        before = probs.cumsum(dim=1) - probs  # probability mass ranked above each candidate
+        probs = probs.masked_fill(before > column("top_p"), 0.0)
+        probs[:, 0] = torch.where(probs[:, 0] > 0, probs[:, 0], torch.ones_like(probs[:, 0]))
+        cumulative = probs.cumsum(dim=1)
+        uniform = torch.cat([torch.rand(1, generator=c.generator) for c in contexts]).to(logits.device)
+        picks = torch.searchsorted(cumulative, (uniform * cumulative[:, -1])[:, None]).clamp_max(scores.shape[1] - 1)
+        sampled = order.gather(1, picks)[:, 0]
+        chosen = torch.where(greedy, chosen, sampled)
+    return candidate_ids.gather(1, chosen[:, None])[:, 0].tolist()

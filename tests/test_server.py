@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.server.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
@@ -127,16 +128,19 @@ def test_client_cancel_mid_stream_ends_generation(idle_server, stub):
         seen += message.HasField("audio")
         if seen == 2:
             break
+    cancelled = idle_server.engine.generation.stop_reasons[StopReason.CANCELLED]
     call.cancel()
     wait_idle(idle_server.engine)  # generation stopped and everything it held is released
-    assert idle_server.engine.generation.load == (0, 0)
+    assert idle_server.engine.generation.stop_reasons[StopReason.CANCELLED] == cancelled + 1
 
 
 def test_deadline_stops_generation(idle_server, stub):
+    cancelled = idle_server.engine.generation.stop_reasons[StopReason.CANCELLED]
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Synthesize(request(max_tokens=4000, min_tokens=4000), timeout=1.0))
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_idle(idle_server.engine)
+    assert idle_server.engine.generation.stop_reasons[StopReason.CANCELLED] == cancelled + 1
 
 
 def test_concurrent_streams_equal_the_same_requests_one_at_a_time(stub):

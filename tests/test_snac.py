@@ -130,10 +130,10 @@ def test_traits_and_registry(tiny):
 @pytest.mark.parametrize("fmt", ["bin", "st"])
 def test_decode_matches_reference(tiny, fmt):
     ref, bin_dir, st_dir = tiny
-    dec = SNACDecoder.load(bin_dir if fmt == "bin" else st_dir, {"noise_seed": 7})
+    dec = SNACDecoder.load(bin_dir if fmt == "bin" else st_dir)
     for frames in (1, 3, 8):
         codes = _random_codes(frames, seed=frames)
-        out = dec.decode(codes)
+        out = dec.decode(codes, generator=torch.Generator().manual_seed(7))
         expected = _ref_decode(ref, codes, seed=7)
         assert out.dtype == torch.float32 and out.device.type == "cpu"
         assert out.shape == (frames * 2048,)
@@ -174,9 +174,10 @@ def test_decode_with_generator_and_without_noise(tiny):
 
 def test_attention_model_matches_reference(tiny_attn):
     ref, d = tiny_attn
-    dec = SNACDecoder.load(d, {"noise_seed": 3}, with_encoder=True)
+    dec = SNACDecoder.load(d, with_encoder=True)
     codes = _random_codes(4, seed=5)
-    torch.testing.assert_close(dec.decode(codes), _ref_decode(ref, codes, seed=3), atol=ATOL, rtol=0)
+    out = dec.decode(codes, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(out, _ref_decode(ref, codes, seed=3), atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="window"):
         dec.decode(_random_codes(3))  # 12 latent steps, window 8
     wav = 0.3 * torch.sin(torch.arange(20000) * 0.05) + 0.05 * torch.randn(20000, generator=torch.Generator().manual_seed(0))
@@ -243,10 +244,43 @@ def test_decode_batch_equals_per_item(tiny):
         assert len(outs) == len(batch)
         for codes, out in zip(batch, outs):
             torch.testing.assert_close(out, dec.decode(codes), atol=ATOL, rtol=0)
+    small_runs = SNACDecoder.load(tiny[1], {"max_batch_frames": 4})  # the 3-frame group: 3 runs
+    for codes, out in zip(batch, small_runs.decode_batch(batch)):
+        torch.testing.assert_close(out, small_runs.decode(codes), atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="max_batch_frames"):
+        SNACDecoder.load(tiny[1], {"max_batch_frames": 0})
     dec = SNACDecoder.load(tiny[1])
     gens = [torch.Generator().manual_seed(s) for s in (1, 2)]
-    outs = dec.decode_batch(batch[:2], generators=gens)
-    torch.testing.assert_close(outs[0], dec.decode(batch[0], generator=torch.Generator().manual_seed(1)), atol=ATOL, rtol=0)
+    outs = dec.decode_batch(batch[:3], generators=gens + [torch.Generator().manual_seed(3)])
+    torch.testing.assert_close(outs[2], dec.decode(batch[2], generator=torch.Generator().manual_seed(3)), atol=ATOL, rtol=0)
+    offsets = [0, 5, 9, 2, 700, 0]
+    for codes, off, out in zip(batch, offsets, dec.decode_batch(batch, frame_offsets=offsets)):
+        torch.testing.assert_close(out, dec.decode(codes, frame_offset=off), atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="offset"):
+        dec.decode_batch(batch, frame_offsets=[0])
+    with pytest.raises(ValueError, match="offset"):
+        dec.decode(batch[0], frame_offset=-1)
+
+
+def test_positional_noise_makes_windows_match_one_shot(tiny):
+    """A window decoded with its frame offset reproduces the one-shot audio away from its edges."""
+    dec = SNACDecoder.load(tiny[1])
+    rf, spf, frames = dec.receptive_field_frames, dec.samples_per_frame, 20
+    codes = _random_codes(frames, seed=11)
+    whole = dec.decode(codes)
+    start, stop = 5, 16
+    window = dec.decode(codes[7 * start: 7 * stop], frame_offset=start)
+    inner = slice((start + rf) * spf, (stop - rf) * spf)
+    torch.testing.assert_close(window[rf * spf: (stop - start - rf) * spf], whole[inner], atol=ATOL, rtol=0)
+    # The noise matters: without the offset, or without noise, the window differs.
+    shifted = dec.decode(codes[7 * start: 7 * stop])
+    assert (shifted[rf * spf: (stop - start - rf) * spf] - whole[inner]).abs().max() > 1e-3
+    # The positional tables repeat after NOISE_PERIOD_FRAMES frames.
+    from audio_pipeline.decoders.snac import NOISE_PERIOD_FRAMES
+
+    assert torch.equal(dec.decode(codes, frame_offset=NOISE_PERIOD_FRAMES), whole)
+    other_seed = SNACDecoder.load(tiny[1], {"noise_seed": 1})
+    assert not torch.equal(other_seed.decode(codes), whole)
 
 
 def test_receptive_field_is_respected(tiny):
@@ -323,12 +357,14 @@ def test_save_random_checkpoint(tmp_path, use_safetensors):
         ref = snac.SNAC(**json.loads((d / "config.json").read_text())).eval()
         ref.load_state_dict(torch.load(d / "pytorch_model.bin", weights_only=True))
         codes = _random_codes(4)
-        torch.testing.assert_close(dec.decode(codes), _ref_decode(ref, codes, seed=0), atol=ATOL, rtol=0)
-    # Same seed, same weights.
-    again = save_random_snac_checkpoint(tmp_path / "again", seed=4, safetensors=use_safetensors, **TINY_SNAC_CONFIG)
-    name = "model.safetensors" if use_safetensors else "pytorch_model.bin"
-    if use_safetensors:
-        assert (again / name).read_bytes() == (d / name).read_bytes()
+        out = dec.decode(codes, generator=torch.Generator().manual_seed(0))
+        torch.testing.assert_close(out, _ref_decode(ref, codes, seed=0), atol=ATOL, rtol=0)
+    # Same seed, same model; another seed, another model.
+    again = SNACDecoder.load(save_random_snac_checkpoint(tmp_path / "again", seed=4, **TINY_SNAC_CONFIG))
+    other = SNACDecoder.load(save_random_snac_checkpoint(tmp_path / "other", seed=5, **TINY_SNAC_CONFIG))
+    codes = _random_codes(2)
+    assert torch.equal(again.decode(codes), dec.decode(codes))
+    assert not torch.equal(other.decode(codes), dec.decode(codes))
 
 
 def test_lower_precision_load(tiny):

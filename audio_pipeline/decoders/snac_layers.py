@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: The decoder's noise: ``(batch, length, device, dtype) -> (batch, 1, length)`` tensor, or None
-#: for no noise at all.
-NoiseFn = Callable[[int, int, torch.device, torch.dtype], torch.Tensor]
+#: The decoder's noise: ``(stage, batch, length, device, dtype) -> (batch, 1, length)`` tensor
+#: (``stage``: index of the upsampling stage asking), or None for no noise at all.
+NoiseFn = Callable[[int, int, int, torch.device, torch.dtype], torch.Tensor]
 
 ATTENTION_HEAD_DIM = 64
 RESIDUAL_DILATIONS = (1, 3, 9)
@@ -139,14 +139,15 @@ class NoiseInjection(CheckpointLeaf):
     CKPT_NAMES = {"proj": "linear.weight"}
     WEIGHT_NORMED = frozenset({"proj"})
 
-    def __init__(self, channels: int, ckpt_prefix: str):
+    def __init__(self, channels: int, stage: int, ckpt_prefix: str):
         super().__init__(ckpt_prefix)
+        self.stage = stage
         self.proj = nn.Parameter(torch.empty(channels, channels, 1))
 
     def forward(self, x: torch.Tensor, noise: NoiseFn | None) -> torch.Tensor:
         if noise is None:
             return x
-        n = noise(x.shape[0], x.shape[-1], x.device, x.dtype)
+        n = noise(self.stage, x.shape[0], x.shape[-1], x.device, x.dtype)
         return x + n * F.conv1d(x, self.proj)
 
 
@@ -234,12 +235,13 @@ def _residual_stack(channels: int, groups: int, ckpt_prefix: str, first_index: i
 class UpStage(nn.Module):
     """Decoder stage: Snake, x``stride`` transposed conv, optional noise, residual stack."""
 
-    def __init__(self, in_ch: int, out_ch: int, stride: int, noise: bool, groups: int, ckpt_prefix: str):
+    def __init__(self, in_ch: int, out_ch: int, stride: int, noise: bool, groups: int, ckpt_prefix: str,
+                 stage: int = 0):
         super().__init__()
         self.act = Snake(in_ch, f"{ckpt_prefix}.block.0")
         self.up = Conv(in_ch, out_ch, 2 * stride, f"{ckpt_prefix}.block.1", stride=stride,
                        padding=math.ceil(stride / 2), output_padding=stride % 2, transposed=True)
-        self.noise = NoiseInjection(out_ch, f"{ckpt_prefix}.block.2") if noise else None
+        self.noise = NoiseInjection(out_ch, stage, f"{ckpt_prefix}.block.2") if noise else None
         self.residuals = _residual_stack(out_ch, groups, ckpt_prefix, 3 if noise else 2)
 
     def forward(self, x: torch.Tensor, noise: NoiseFn | None) -> torch.Tensor:
@@ -293,9 +295,10 @@ class SNACSynthesis(nn.Module):
             idx += 1
         self.stages = nn.ModuleList()
         width = channels
-        for stride in rates:
+        for stage, stride in enumerate(rates):
             out = width // 2
-            self.stages.append(UpStage(width, out, stride, noise, out if depthwise else 1, f"{ckpt_prefix}.{idx}"))
+            self.stages.append(UpStage(width, out, stride, noise, out if depthwise else 1, f"{ckpt_prefix}.{idx}",
+                                       stage))
             width, idx = out, idx + 1
         self.final_act = Snake(width, f"{ckpt_prefix}.{idx}")
         self.to_wave = Conv(width, 1, 7, f"{ckpt_prefix}.{idx + 1}", padding=3)  # tanh follows: no params

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -80,6 +80,8 @@ class AudioGenerationEngine:
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Finished requests by stop reason, since start (cancellations included).
+        self.stop_reasons: Counter[StopReason] = Counter()
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -233,6 +235,7 @@ class AudioGenerationEngine:
         context = request.context
         self.pipeline.release(context.request_id)
         context.finish_time = time.monotonic()
+        self.stop_reasons[context.stop_reason] += 1
         first_audio = context.first_audio_time or context.finish_time
         usage = Usage(prompt_tokens=len(context.prompt_ids), generated_tokens=len(context.generated),
                       audio_samples=request.audio_samples,

@@ -20,7 +20,7 @@ SERVER_ENVIRONMENT = "AUDIO_PIPELINE_SERVER"
 TOKEN_ENVIRONMENT = "AUDIO_PIPELINE_TOKEN"
 USAGE = f"""\
 {PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) (--output FILE.wav | --raw) [options]
-       {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--tls] [--ca-file PEM] [--token T]"""
+       {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--wait-ready S] [--tls] [--ca-file PEM] [--token T]"""
 PROGRESS_LINE_SECONDS = 2.0
 PROGRESS_REDRAW_SECONDS = 0.1
 
@@ -60,6 +60,8 @@ def connection_arguments() -> argparse.ArgumentParser:
     parser.add_argument("--ca-file", metavar="PEM", help="connect with TLS, trusting these root certificates")
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENVIRONMENT),
                         help=f"bearer token sent as authorization metadata (default: ${TOKEN_ENVIRONMENT})")
+    parser.add_argument("--wait-ready", type=positive_float, metavar="S",
+                        help="first wait up to S seconds for the server to report SERVING (e.g. right after start)")
     return parser
 
 
@@ -118,9 +120,16 @@ def positive_float(value: str) -> float:
 
 def connect(args: argparse.Namespace) -> TTSClient:
     try:
-        return TTSClient(args.server, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token)
+        client = TTSClient(args.server, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token)
     except OSError as error:
         raise CommandError(describe_os_error(error, "read the CA file")) from error
+    if args.wait_ready:
+        try:
+            client.wait_ready(args.wait_ready)
+        except TTSError as error:
+            client.close()
+            raise CommandError(f"server {args.server} not ready after {args.wait_ready:g} s: {error}") from error
+    return client
 
 
 def describe_os_error(error: OSError, action: str) -> str:
