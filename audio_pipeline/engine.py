@@ -21,7 +21,6 @@ from audio_pipeline.decoders.chunker import ChunkSchedule
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, MAX_REQUEST_ID_CHARS
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError
 from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
-from audio_pipeline.models.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, Usage
 from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
 from audio_pipeline.sampling import SamplingParams
@@ -85,11 +84,11 @@ class TTSEngine:
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
         hf_config = AutoConfig.from_pretrained(self.model_dir)
-        if hf_config.vocab_size < MIN_VOCAB_SIZE:
+        self.layout = self.manifest.make_layout(self.model_dir)
+        if hf_config.vocab_size < self.layout.min_vocab_size:
             raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "
-                             f"Orpheus speech tokens (needs {MIN_VOCAB_SIZE})")
+                             f"speech tokens of the {self.manifest.family} layout (needs {self.layout.min_vocab_size})")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.layout = OrpheusLayout()
         self.model = LlamaPipelineModel(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
                                         kv_cache_config=config.model.kv_cache)
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
@@ -98,7 +97,7 @@ class TTSEngine:
                                           config.audio_decoder_config, device=device)
         if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
             raise ValueError(f"audio_decoder: {config.audio_decoder!r} takes {self.decoder.tokens_per_frame}-code "
-                             f"frames; the Orpheus layout makes {self.layout.tokens_per_frame}-token frames")
+                             f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
         self.generation = AudioGenerationEngine(
             TextGenerationPipeline(config, self.model), self.decoder, ChunkSchedule(config.chunk_size, config.buffer),
@@ -151,8 +150,7 @@ class TTSEngine:
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
-        text_ids = self.tokenizer(self.layout.prompt_text(text, voice)).input_ids
-        prompt = self.layout.prompt_ids(text_ids)
+        prompt = self.layout.build_prompt(self.tokenizer, text, voice)
         if len(prompt) > self.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
                                   f"({self.config.max_batch_input_tokens})", field="text")

@@ -49,3 +49,12 @@ class ModelManifest:
         if manifest.default_voice is not None and manifest.default_voice not in names:
             raise ValueError(f"{path}: default_voice {manifest.default_voice!r} is not one of its voices {names}")
         return manifest
+
+    def make_layout(self, model_dir: Path) -> "orpheus.OrpheusLayout":
+        """The speech-token layout of this model's family (prompt format, token ids <-> codes).
+
+        A layout provides: ``tokens_per_frame``, ``codebook_size``, ``end_of_speech``,
+        ``min_vocab_size``, ``token_range(position)``, ``token_to_code``, ``tokens_to_codes``,
+        ``codes_to_tokens`` and ``build_prompt(tokenizer, text, voice)``.
+        """
+        return orpheus.OrpheusLayout()

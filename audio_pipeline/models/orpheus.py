@@ -36,6 +36,15 @@ class OrpheusLayout:
     tokens_per_frame: int = TOKENS_PER_FRAME
     end_of_speech: int = END_OF_SPEECH
 
+    @property
+    def min_vocab_size(self) -> int:
+        """Smallest LM vocabulary that holds every speech token id of this layout."""
+        return self.audio_token_base + self.tokens_per_frame * self.codebook_size
+
+    def build_prompt(self, tokenizer, text: str, voice: str | None) -> list[int]:
+        """The LM prompt ids for ``text`` spoken by ``voice`` (the engine's only entry point)."""
+        return self.prompt_ids(tokenizer(self.prompt_text(text, voice)).input_ids)
+
     def prompt_ids(self, text_ids: Sequence[int]) -> list[int]:
         """The full LM prompt around already tokenized ``"{voice}: {text}"`` ids."""
         return [START_OF_HUMAN, *text_ids, END_OF_TEXT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH]
