@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
     serve.add_argument("--port", type=int, default=50051, help="gRPC port (default: 50051; 0 picks a free one)")
     serve.add_argument("--metrics-port", type=int, metavar="PORT",
-                       help="serve Prometheus /metrics on PORT (sets prometheus_metrics_mode=launch_server)")
+                       help="serve Prometheus /metrics on PORT (default 8001 when prometheus_metrics_mode launches a server)")
     _add_config_flags(serve)
 
     synth = commands.add_parser("synthesize", help="synthesize text to a WAV file in-process (no server)")
@@ -79,8 +79,6 @@ def load_config(args: argparse.Namespace):
         overrides["audio_decoder"] = args.audio_decoder
     if args.audio_decoder_weights:
         overrides["audio_decoder_weights"] = args.audio_decoder_weights
-    if getattr(args, "metrics_port", None) is not None:
-        overrides["prometheus_metrics_mode"] = "launch_server"
     return AudioGenerationConfig.load(config_file=args.config_file, section_name=args.section_name,
                                       audio_flags=args.task_arg, **overrides)
 

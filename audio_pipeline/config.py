@@ -33,9 +33,6 @@ DEFAULT_MODEL = "builtin:tiny-orpheus"
 NOT_IMPLEMENTED: dict[str, str] = {
     "pipeline_role": "disaggregated prefill/decode serving",
     "ep_size": "expert parallelism (no mixture-of-experts model is supported)",
-    "enable_chunked_prefill": "scheduling whole prompts without chunking",
-    "enable_in_flight_batching": "mixing prefill into decode batches",
-    "enable_overlap_scheduler": "the overlap scheduler (prepare step n+1 while step n runs)",
     "enable_echo": "echoing prompt tokens",
     "pool_embeddings": "the embeddings task (a speech engine has none)",
     "chat_template": "chat templates (the model family builds the prompt)",
@@ -54,7 +51,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "block_causal": "block-causal streaming decode",
     "prepend_prompt_speech_tokens": "sending prompt speech tokens to the decoder",
     "prepend_prompt_speech_tokens_causal": "sending prompt speech tokens to the decoder",
-    "prometheus_metrics_mode=launch_multiproc_server": "the multiprocess Prometheus server",
     "run_model_test_mode": "model test mode",
 }
 
@@ -152,6 +148,8 @@ class SamplingConfig(BaseModel):
     max_tokens_limit: int = Field(4096, ge=1, description="The largest max_tokens a request may ask for.")
     min_tokens: int = Field(0, ge=0, description="Speech tokens generated before end of speech is allowed.")
     seed: int | None = Field(None, description="Seed of the default random generator; None = nondeterministic.")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="Extra token ids that end the speech (end-of-speech always does).")
     max_text_chars: int = Field(2000, ge=1, description="Longest request text, in characters.")
     enable_structured_output: bool = Field(False, description="Constrain output to a grammar.")
 
@@ -203,13 +201,16 @@ class PipelineConfig(BaseModel):
     max_length: int | None = Field(None, ge=1, description="Longest sequence (prompt + output); None = the model's.")
     pipeline_role: PipelineRole = Field(PipelineRole.PrefillAndDecode, description="Phases this process runs.")
     max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = fit KV memory.")
-    max_queue_size_tg: int | None = Field(None, ge=1, description="Most requests in decode; None = max_batch_size.")
+    max_queue_size_tg: int | None = Field(
+        None, ge=1, description="Most requests admitted to decode (holding KV blocks) at once; None = max_batch_size.")
+    max_queue_size: int | None = Field(
+        None, ge=1, description="Most requests waiting for admission; more get RESOURCE_EXHAUSTED. None = 256.")
     min_batch_size_tg: int | None = Field(
         None, ge=1, description="Soft floor of the decode batch: below it, prefill is preferred; None = no floor.")
     ep_size: int = Field(1, ge=1, description="Expert-parallel degree.")
     ce_delay_ms: float = Field(0.0, ge=0, description="Wait this long for more prompts before a prefill step.")
     enable_prioritize_first_decode: bool = Field(False, description="Decode right after prefill: faster first audio.")
-    enable_chunked_prefill: bool = Field(True, description="Split prompts longer than max_batch_input_tokens.")
+    enable_chunked_prefill: bool = Field(True, description="Split prompts that do not fit a step's token budget across steps.")
     enable_in_flight_batching: bool = Field(False, description="Mix prefill tokens into decode steps.")
     max_num_steps: int = Field(-1, description="Decode steps per scheduling round; -1 = the engine chooses.")
     max_batch_input_tokens: int = Field(8192, ge=1, description="Most prompt tokens prefilled in one step.")
@@ -316,8 +317,12 @@ class PipelineConfig(BaseModel):
         if self.max_batch_total_tokens is not None and self.max_batch_total_tokens < self.max_batch_input_tokens:
             problems.append(f"max_batch_total_tokens ({self.max_batch_total_tokens}) is below "
                             f"max_batch_input_tokens ({self.max_batch_input_tokens})")
+        if self.enable_overlap_scheduler and self.max_num_steps > 1:
+            problems.append(f"max_num_steps ({self.max_num_steps}) must be -1 or 1 with enable_overlap_scheduler "
+                            "(the overlap pipeline runs one decode step per batch)")
         if self.enable_in_flight_batching and not self.enable_chunked_prefill:
-            problems.append("enable_in_flight_batching needs enable_chunked_prefill")
+            problems.append("enable_in_flight_batching needs enable_chunked_prefill (prompts must split to fit "
+                            "beside decode tokens)")
         sampling = self.sampling
         if sampling.max_tokens > sampling.max_tokens_limit:
             problems.append(f"sampling.max_tokens ({sampling.max_tokens}) exceeds sampling.max_tokens_limit "

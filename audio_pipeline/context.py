@@ -37,7 +37,10 @@ class TTSContext:
     #: Audio chunks decoded so far.
     chunks_decoded: int = 0
     stop_reason: StopReason | None = None
+    #: Tokens (from ``processed`` on) the current step computes; set by the pipeline per step.
+    active_length: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
     first_audio_time: float | None = None
     finish_time: float | None = None
 
@@ -69,30 +72,51 @@ class TTSContext:
     def unprocessed_tokens(self) -> list[int]:
         return self.all_tokens[self.processed:]
 
-    def candidate_ids(self) -> torch.Tensor:
-        """The ids the next token is chosen from: the next frame slot's codebook, then end-of-speech."""
-        start, end = self.layout.token_range(len(self.generated))
-        return torch.cat([torch.arange(start, end), torch.tensor([self.layout.end_of_speech])])
+    def active_tokens(self) -> list[int]:
+        """The tokens this step computes: ``active_length`` from ``processed`` (all unprocessed if 0)."""
+        end = self.processed + self.active_length if self.active_length else self.total_length
+        return self.all_tokens[self.processed:end]
 
-    def candidate_mask(self) -> torch.Tensor:
-        """Which candidates are allowed now: end-of-speech only on a frame boundary after min_tokens."""
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end the speech: the layout's end-of-speech, then the request's extra stop ids."""
+        extra = tuple(t for t in self.sampling.stop_token_ids if t != self.layout.end_of_speech)
+        return (self.layout.end_of_speech, *extra)
+
+    def candidate_ids(self, width: int | None = None) -> torch.Tensor:
+        """The ids the next token is chosen from: the next frame slot's codebook, then the stop ids
+        (padded to ``width`` candidates with end-of-speech, masked off by candidate_mask)."""
+        start, end = self.layout.token_range(len(self.generated))
+        stops = list(self.stop_ids)
+        width = width or self.layout.codebook_size + len(stops)
+        stops += [self.layout.end_of_speech] * (width - self.layout.codebook_size - len(stops))
+        return torch.cat([torch.arange(start, end), torch.tensor(stops, dtype=torch.long)])
+
+    def candidate_mask(self, width: int | None = None) -> torch.Tensor:
+        """Which candidates are allowed now: stop ids only on a frame boundary after min_tokens."""
         position = len(self.generated)
-        mask = torch.ones(self.layout.codebook_size + 1, dtype=torch.bool)
-        mask[-1] = (position % self.layout.tokens_per_frame == 0 and position > 0
-                    and position >= self.sampling.min_tokens)
+        stops = len(self.stop_ids)
+        width = width or self.layout.codebook_size + stops
+        mask = torch.zeros(width, dtype=torch.bool)
+        mask[: self.layout.codebook_size] = True
+        mask[self.layout.codebook_size: self.layout.codebook_size + stops] = (
+            position % self.layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens)
         return mask
 
-    def candidate_counts(self) -> torch.Tensor:
+    def candidate_counts(self, width: int | None = None) -> torch.Tensor:
         """How often each candidate was generated before (what repetition penalties look at)."""
         counts = self._slot_counts[len(self.generated) % self.layout.tokens_per_frame]
-        return torch.cat([counts, torch.zeros(1)])
+        width = width or self.layout.codebook_size + len(self.stop_ids)
+        return torch.cat([counts, torch.zeros(width - self.layout.codebook_size)])
 
     def append_token(self, token_id: int) -> None:
-        """Records a sampled token and stops the request on end-of-speech or when out of budget."""
-        if token_id == self.layout.end_of_speech:
+        """Records a sampled token and stops the request on a stop id or when out of budget."""
+        position = len(self.generated)
+        may_stop = (position % self.layout.tokens_per_frame == 0 and position > 0
+                    and position >= self.sampling.min_tokens)
+        if token_id == self.layout.end_of_speech or (may_stop and token_id in self.stop_ids):
             self.stop_reason = StopReason.END_OF_SPEECH
             return
-        position = len(self.generated)
         code = self.layout.token_to_code(token_id, position)
         self._slot_counts[position % self.layout.tokens_per_frame, code] += 1
         self.generated.append(token_id)

@@ -3,6 +3,7 @@ requests into validated contexts. The server and the in-process `synthesize` com
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -20,9 +21,11 @@ from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.decoders.chunker import ChunkSchedule
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, MAX_REQUEST_ID_CHARS
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError
+from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
+from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, Usage
-from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
+from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
 from audio_pipeline.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -92,18 +95,26 @@ class TTSEngine:
         self.model = LlamaPipelineModel(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
                                         kv_cache_config=config.model.kv_cache)
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-        self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
+        kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
         self.decoder = load_audio_decoder(config.audio_decoder, self._decoder_weights(),
                                           config.audio_decoder_config, device=device)
         if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
             raise ValueError(f"audio_decoder: {config.audio_decoder!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
-        self.generation = AudioGenerationEngine(
-            TextGenerationPipeline(config, self.model), self.decoder, ChunkSchedule(config.chunk_size, config.buffer),
-            max_batch_size=self.max_batch_size,
-            max_queue_size=config.max_queue_size_tg or DEFAULT_MAX_QUEUE_SIZE,
-            max_batch_input_tokens=config.max_batch_input_tokens)
+        self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
+        if config.enable_overlap_scheduler:
+            pipeline = OverlapTextGenerationPipeline(config, self.model, self.tokenizer)
+        else:
+            pipeline = TextGenerationPipeline(config, self.model, self.tokenizer)
+        self.pipeline = pipeline
+        scheduler_config = SchedulerConfig.from_config(
+            config, max_batch_size=self.max_batch_size, max_queue_size=config.max_queue_size or DEFAULT_MAX_QUEUE_SIZE)
+        if config.enable_overlap_scheduler:  # the overlap pipeline runs one decode step per batch
+            scheduler_config = dataclasses.replace(scheduler_config, max_num_steps=1)
+        self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
+        self.generation = AudioGenerationEngine(pipeline, self.decoder, ChunkSchedule(config.chunk_size, config.buffer),
+                                                self.scheduler, metrics=self.metrics)
 
     def _decoder_weights(self) -> str:
         if self.config.audio_decoder_weights:
@@ -151,9 +162,9 @@ class TTSEngine:
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
         prompt = self.layout.build_prompt(self.tokenizer, text, voice)
-        if len(prompt) > self.config.max_batch_input_tokens:
+        if not self.config.enable_chunked_prefill and len(prompt) > self.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
-                                  f"({self.config.max_batch_input_tokens})", field="text")
+                                  f"({self.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
         budget = sampling.max_tokens - sampling.max_tokens % self.layout.tokens_per_frame
         if len(prompt) + budget > self.max_seq_len:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "

@@ -29,14 +29,20 @@ class SamplingParams:
     max_tokens: int = 1200
     min_tokens: int = 0
     seed: int | None = None
+    #: Extra ids that end the speech (the layout's end-of-speech always does), on frame boundaries.
+    stop_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, config: "SamplingConfig") -> "SamplingParams":
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+        return cls(**{f.name: tuple(getattr(config, f.name)) if f.name == "stop_token_ids" else getattr(config, f.name)
+                      for f in fields(cls)})
 
     def with_overrides(self, *, max_tokens_limit: int, tokens_per_frame: int, **overrides) -> "SamplingParams":
         """A copy with the given (non-None) overrides, validated; InvalidArgument names the field."""
-        params = replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if "stop_token_ids" in overrides:
+            overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
+        params = replace(self, **overrides)
         params.validate(max_tokens_limit=max_tokens_limit, tokens_per_frame=tokens_per_frame)
         return params
 
@@ -53,6 +59,8 @@ class SamplingParams:
         check(tokens_per_frame <= self.max_tokens <= max_tokens_limit, "max_tokens",
               f"must be between {tokens_per_frame} (one audio frame) and the server limit {max_tokens_limit}")
         check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be between 0 and max_tokens")
+        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+              "must be non-negative token ids")
         check(self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)")
 
     def make_generator(self) -> torch.Generator:
@@ -70,10 +78,11 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"]) -
     """
     if not contexts:
         return []
-    candidate_ids = torch.stack([c.candidate_ids() for c in contexts]).to(logits.device)  # [B, C]
-    allowed = torch.stack([c.candidate_mask() for c in contexts]).to(logits.device)
+    width = max(c.layout.codebook_size + len(c.stop_ids) for c in contexts)
+    candidate_ids = torch.stack([c.candidate_ids(width) for c in contexts]).to(logits.device)  # [B, C]
+    allowed = torch.stack([c.candidate_mask(width) for c in contexts]).to(logits.device)
     scores = logits.float().gather(1, candidate_ids)
-    counts = torch.stack([c.candidate_counts() for c in contexts]).to(logits.device)
+    counts = torch.stack([c.candidate_counts(width) for c in contexts]).to(logits.device)
     params = [c.sampling for c in contexts]
 
     def column(name: str) -> torch.Tensor:

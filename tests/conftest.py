@@ -48,16 +48,16 @@ def idle_server(tts_server):
 
 
 def wait_idle(engine, timeout=60.0):
-    """Waits until the engine holds nothing; fails naming what is still held."""
+    """Waits until the engine holds nothing (no request, no KV block); fails naming what is still held."""
     import time
 
     deadline = time.monotonic() + timeout
     while True:
         load = engine.generation.load
-        kv = engine.model.kv_manager
-        if load == (0, 0) and kv.active_requests == 0 and kv.reserved_tokens == 0:
+        blocks = engine.scheduler.block_manager
+        if load == (0, 0) and not blocks.sequences and blocks.num_used_blocks == 0:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"engine not idle: (queued, running)={load}, KV caches={kv.active_requests}, "
-                                 f"reserved tokens={kv.reserved_tokens}")
+            raise AssertionError(f"engine not idle: (queued, running)={load}, KV sequences={blocks.sequences}, "
+                                 f"blocks used={blocks.num_used_blocks}")
         time.sleep(0.02)

@@ -480,8 +480,6 @@ def test_permanent_rules_come_before_not_implemented():
 
 @pytest.mark.parametrize("fields, name", [
     ({"enable_echo": True}, "enable_echo"),
-    ({"enable_overlap_scheduler": True}, "enable_overlap_scheduler"),
-    ({"enable_chunked_prefill": False}, "enable_chunked_prefill"),
     ({"pipeline_role": "decode_only"}, "pipeline_role"),
     ({"lora": {"enable_lora": True}}, "lora"),
     ({"model": {"trust_remote_code": True}}, r"model\.trust_remote_code"),
@@ -489,7 +487,6 @@ def test_permanent_rules_come_before_not_implemented():
     ({"profiling": {"gpu_profiling": "on"}}, r"profiling\.gpu_profiling"),
     ({"audio_decoder": CausalDecoder.name, "block_causal": True}, "block_causal"),
     ({"prepend_prompt_speech_tokens": "once"}, "prepend_prompt_speech_tokens"),
-    ({"prometheus_metrics_mode": "launch_multiproc_server"}, "prometheus_metrics_mode=launch_multiproc_server"),
 ])
 def test_not_implemented_fields_are_rejected(fields, name):
     with pytest.raises(ValueError, match=rf"{name} is not implemented yet by this engine \(.+\)"):

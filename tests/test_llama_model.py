@@ -8,7 +8,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers import LlamaForCausalLM as ReferenceLlama
 
-from audio_pipeline.models.llama import LlamaForCausalLM, RaggedBatch
+from audio_pipeline.config import KVCacheConfig
+from audio_pipeline.kv_cache import PagedKVCacheManager
+from audio_pipeline.models.llama import LlamaForCausalLM
+from audio_pipeline.models.llama_model import LlamaPipelineModel
 from audio_pipeline.models.tiny import write_tiny_orpheus_model
 from audio_pipeline.models.weights import load_safetensors_into
 
@@ -16,16 +19,10 @@ from audio_pipeline.models.weights import load_safetensors_into
 LOGITS_ATOL = 1e-4
 
 
-class ListKV:
-    """Minimal per-sequence KV storage for driving the model directly."""
-
-    def __init__(self):
-        self.keys, self.values = {}, {}
-
-    def append(self, layer, k, v):
-        self.keys[layer] = torch.cat([self.keys.get(layer, k[:0]), k])
-        self.values[layer] = torch.cat([self.values.get(layer, v[:0]), v])
-        return self.keys[layer], self.values[layer]
+def paged_manager(config, block_size=4, num_blocks=64):
+    """A real paged KV cache for driving the model directly (small blocks: sequences span several)."""
+    params = LlamaPipelineModel.get_kv_params(config, 1, KVCacheConfig(kv_cache_page_size=block_size), torch.float32)
+    return PagedKVCacheManager(params, torch.device("cpu"), num_blocks, enable_prefix_caching=False)
 
 
 def load_ours(model_dir):
@@ -54,7 +51,11 @@ def test_logits_match_transformers_for_a_ragged_batch(model_dir):
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(0, 150000, (n,), generator=generator) for n in (5, 17, 2, 9)]
     splits = [len(s) - min(3, len(s) - 1) for s in sequences]  # both passes non-empty
-    caches = [ListKV() for _ in sequences]
+    kv = paged_manager(ours.config)
+    ids = [f"seq{i}" for i in range(len(sequences))]
+    for seq_id, s in zip(ids, sequences):
+        kv.claim(seq_id)
+        kv.block_manager.alloc(seq_id, len(s))
     got = [[] for _ in sequences]
     with torch.no_grad():
         expected = [reference(s[None]).logits[0] for s in sequences]
@@ -64,7 +65,8 @@ def test_logits_match_transformers_for_a_ragged_batch(model_dir):
             positions = torch.cat([torch.arange(a, b) for a, b in spans])
             lengths = [b - a for a, b in spans]
             starts = [sum(lengths[:i]) for i in range(len(lengths))]
-            logits = ours.compute_logits(ours(tokens, positions, RaggedBatch(starts, lengths, caches)))
+            batch = kv.batch(ids, [a for a, _ in spans], lengths)
+            logits = ours.compute_logits(ours(tokens, positions, batch))
             for i, (start, length) in enumerate(zip(starts, lengths)):
                 got[i].append(logits[start:start + length])
     for want, parts in zip(expected, got):

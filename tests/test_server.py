@@ -197,7 +197,7 @@ def test_health_is_not_serving_until_warm_up_is_done(tiny_model_dir):
 
 
 def test_a_full_queue_answers_resource_exhausted(tiny_model_dir):
-    config = make_config(tiny_model_dir, "max_batch_size=1", "max_queue_size_tg=1")
+    config = make_config(tiny_model_dir, "max_batch_size=1", "max_queue_size=1")
     with BackgroundServer(config) as server, grpc.insecure_channel(server.target) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
         long = request(max_tokens=4000, min_tokens=4000)

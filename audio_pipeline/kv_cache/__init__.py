@@ -1,5 +1,17 @@
-"""KV cache managers and the cache tensors they hand to the model."""
+"""The paged KV cache: torch-free block bookkeeping (with prefix caching) and the cache tensors.
 
-from audio_pipeline.kv_cache.contiguous import ContiguousKVCacheManager, SequenceKVCache
+The block manager imports no torch; the tensor side (``PagedKVCache``, ``PagedKVCacheManager``,
+``PagedBatch``) loads on first use.
+"""
 
-__all__ = ["ContiguousKVCacheManager", "SequenceKVCache"]
+from audio_pipeline.kv_cache.block_manager import BlockManager, KVCacheFull, PrefixCacheStats
+
+__all__ = ["BlockManager", "KVCacheFull", "PagedBatch", "PagedKVCache", "PagedKVCacheManager", "PrefixCacheStats"]
+
+
+def __getattr__(name: str):
+    if name in ("PagedBatch", "PagedKVCache", "PagedKVCacheManager"):
+        from audio_pipeline.kv_cache import paged
+
+        return getattr(paged, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,30 +5,20 @@ Parameter names follow the Hugging Face checkpoint layout, so a safetensors stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audio_pipeline_kernels import causal_attention_reference
 
 
-class SequenceKV(Protocol):
-    """KV storage of one sequence, as the attention layers see it."""
+class AttentionBatch(Protocol):
+    """Where a step's new tokens belong and how they attend: the KV cache's view of one step."""
 
-    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stores the new tokens' keys and values of ``layer``; returns all keys and values so far."""
-
-
-@dataclass
-class RaggedBatch:
-    """Where each sequence's new tokens sit in the flattened batch, and its KV storage."""
-
-    query_starts: list[int]
-    query_lengths: list[int]
-    caches: list[SequenceKV]
+    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Stores the new tokens' keys/values of ``layer``; returns their causal attention output
+        ([T, heads, head_dim] from query [T, heads, head_dim] and keys/values [T, kv_heads, head_dim])."""
 
 
 class RMSNorm(nn.Module):
@@ -80,7 +70,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: RaggedBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         tokens = x.shape[0]
         q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
@@ -88,11 +78,7 @@ class Attention(nn.Module):
         cos, sin = cos[:, None, :], sin[:, None, :]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        out = torch.empty_like(q)
-        for start, length, cache in zip(batch.query_starts, batch.query_lengths, batch.caches):
-            span = slice(start, start + length)
-            keys, values = cache.append(self.layer, k[span], v[span])
-            out[span] = causal_attention_reference(q[span], keys, values)
+        out = batch.attend(self.layer, q, k, v)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
@@ -161,7 +147,7 @@ class LlamaForCausalLM(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         return (angles.cos() * self.rope_scaling).to(dtype), (angles.sin() * self.rope_scaling).to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: RaggedBatch) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states (after the final norm) of every token in ``input_ids`` ([T] -> [T, hidden])."""
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)

@@ -11,8 +11,8 @@ import torch
 
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
 from audio_pipeline.interfaces import KVCacheParams, ModelInputs, ModelOutputs, PipelineModel
-from audio_pipeline.kv_cache import ContiguousKVCacheManager
-from audio_pipeline.models.llama import LlamaForCausalLM, RaggedBatch
+from audio_pipeline.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
+from audio_pipeline.models.llama import LlamaForCausalLM
 from audio_pipeline.models.weights import checkpoint_files, load_safetensors_into
 
 if TYPE_CHECKING:
@@ -22,17 +22,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class LlamaInputs(ModelInputs):
-    """A flat batch: every sequence's new tokens back to back."""
+    """A flat batch: every sequence's new tokens back to back, and the paged KV view of the step."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
-    #: Row of the flat batch whose logits predict each sequence's next token.
+    #: Rows of the flat batch whose logits are wanted (the last token of each sampling sequence).
     logit_indices: torch.Tensor
-    batch: RaggedBatch
+    batch: PagedBatch
+    request_ids: list[str] | None = None
 
 
 class LlamaPipelineModel(PipelineModel["TTSContext"]):
-    """Llama-family causal LM over per-request KV caches."""
+    """Llama-family causal LM over the paged KV cache."""
 
     def __init__(self, pipeline_config: "PipelineConfig", huggingface_config: Any, model_dir: Path, *,
                  devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig"):
@@ -45,7 +46,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         load_safetensors_into(self.model, model_dir, dtype, self.devices[0])
         self.model.reset_rotary(self.devices[0])
         self.model.eval()
-        self.kv_manager: ContiguousKVCacheManager | None = None
+        self.kv_manager: PagedKVCacheManager | None = None
 
     # --- sizes -----------------------------------------------------------------------------------
 
@@ -87,7 +88,10 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
     def estimate_kv_cache_size(cls, pipeline_config: "PipelineConfig", available_cache_memory: int,
                                devices: Sequence[torch.device], huggingface_config: Any,
                                kv_cache_config: "KVCacheConfig", cache_dtype: torch.dtype) -> int:
-        """Bytes for the cache: what max_batch_size full-length sequences need, capped by memory."""
+        """Bytes for the cache: what max_batch_size full-length sequences need, capped by the memory
+        available (an explicit kv_cache_memory_bytes is taken as is)."""
+        if kv_cache_config.kv_cache_memory_bytes is not None:
+            return kv_cache_config.kv_cache_memory_bytes
         params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype)
         batch = pipeline_config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
         wanted = batch * cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
@@ -100,53 +104,71 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         per_sequence = cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
         return max(1, available_cache_memory // per_sequence)
 
-    def load_kv_manager(self, available_cache_memory: int | None) -> ContiguousKVCacheManager:
+    def load_kv_manager(self, available_cache_memory: int | None = None) -> PagedKVCacheManager:
+        """Builds the paged cache: sized from ``available_cache_memory`` bytes, or from the memory
+        measured free now (after the weights are loaded) times device_memory_utilization."""
         params = self.get_kv_params(self.huggingface_config, len(self.devices), self.kv_cache_config, self.dtype)
         if available_cache_memory is None:
             available_cache_memory = available_memory(self.devices[0], self.kv_cache_config.device_memory_utilization)
         size = self.estimate_kv_cache_size(self.pipeline_config, available_cache_memory, self.devices,
                                            self.huggingface_config, self.kv_cache_config, self.dtype)
-        self.kv_manager = ContiguousKVCacheManager(params, self.devices[0], size // params.bytes_per_token)
+        blocks = size // PagedKVCache.bytes_per_block(params)
+        self.kv_manager = PagedKVCacheManager(params, self.devices[0], blocks,
+                                              enable_prefix_caching=self.kv_cache_config.enable_prefix_caching)
         return self.kv_manager
 
     # --- execution -------------------------------------------------------------------------------
 
     def prepare_initial_token_inputs(self, context_batch: Sequence["TTSContext"], kv_cache_inputs: Any = None,
-                                     return_n_logits: int = 1) -> LlamaInputs:
+                                     return_n_logits: int = 1, *, sample_rows: Sequence[bool] | None = None,
+                                     ) -> LlamaInputs:
+        """Each context's active tokens (``active_length`` from ``processed``; all unprocessed when
+        0) in one flat batch. Logits are computed for the last token of the contexts in
+        ``sample_rows`` (default: all)."""
         if self.kv_manager is None:
             raise RuntimeError("load_kv_manager() must run before execution")
         tokens: list[int] = []
         positions: list[int] = []
-        starts, lengths, caches, last_rows = [], [], [], []
-        for context in context_batch:
-            new = context.unprocessed_tokens()
-            starts.append(len(tokens))
+        starts, lengths, rows = [], [], []
+        sample_rows = sample_rows if sample_rows is not None else [True] * len(context_batch)
+        for context, sample in zip(context_batch, sample_rows):
+            new = context.active_tokens()
+            if not new:
+                raise ValueError(f"request {context.request_id}: no tokens to compute")
+            starts.append(context.processed)
             lengths.append(len(new))
-            caches.append(self.kv_manager.get(context.request_id))
             positions.extend(range(context.processed, context.processed + len(new)))
             tokens.extend(new)
-            last_rows.append(len(tokens) - 1)
+            if sample:
+                rows.append(len(tokens) - 1)
+        request_ids = [c.request_id for c in context_batch]
         device = self.devices[0]
         return LlamaInputs(
             tokens=torch.tensor(tokens, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
-            logit_indices=torch.tensor(last_rows, dtype=torch.long, device=device),
-            batch=RaggedBatch(starts, lengths, caches))
+            logit_indices=torch.tensor(rows, dtype=torch.long, device=device),
+            batch=self.kv_manager.batch(request_ids, starts, lengths), request_ids=request_ids)
 
     def prepare_next_token_inputs(self, next_tokens: torch.Tensor, prev_model_inputs: LlamaInputs) -> LlamaInputs:
-        count = next_tokens.shape[0]
+        """One new token per sequence that sampled in the previous step (their KV must be allocated)."""
         prev = prev_model_inputs
+        count = next_tokens.shape[0]
+        if count != prev.logit_indices.shape[0]:
+            raise ValueError("next_tokens must hold one token per sampled row of the previous step")
+        lengths = prev.batch.seq_lens.tolist()
+        ends = [prev.batch.query_starts[i] + prev.batch.query_lengths[i] - 1 for i in range(len(lengths))]
+        sampled = [ends.index(row) for row in prev.logit_indices.tolist()]
+        request_ids = [prev.request_ids[i] for i in sampled]
         return LlamaInputs(
             tokens=next_tokens.to(prev.tokens.device),
             positions=prev.positions[prev.logit_indices] + 1,
             logit_indices=torch.arange(count, device=prev.tokens.device),
-            batch=RaggedBatch(list(range(count)), [1] * count, prev.batch.caches))
+            batch=self.kv_manager.batch(request_ids, [lengths[i] for i in sampled], [1] * count),
+            request_ids=request_ids)
 
     @torch.inference_mode()
     def execute(self, model_inputs: LlamaInputs) -> ModelOutputs:
         hidden = self.model(model_inputs.tokens, model_inputs.positions, model_inputs.batch)
-        for cache in model_inputs.batch.caches:
-            cache.commit()
         logits = self.model.compute_logits(hidden[model_inputs.logit_indices])
         offsets = torch.arange(logits.shape[0] + 1, device=logits.device)
         return ModelOutputs(logits=logits, next_token_logits=logits, logit_offsets=offsets)

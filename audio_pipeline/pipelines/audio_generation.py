@@ -1,6 +1,6 @@
 """The audio generation engine: queue, admission, the generation loop, chunked decoding, delivery.
 
-One background thread owns the model, the KV cache and the decoder. Callers submit a context with
+One background thread owns the scheduler, the model, the KV cache and the decoder. Callers submit a context with
 a sink (a thread-safe callback) and receive AudioEvents through it; cancel() may come from any
 thread. Every request ends with exactly one `complete` or `error` event, and whatever it held is
 released before that event is sent.
@@ -21,8 +21,10 @@ import torch
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.chunker import ChunkSchedule, DecodeWindow
-from audio_pipeline.errors import ResourceExhausted, Unavailable
+from audio_pipeline.errors import InvalidArgument, ResourceExhausted, Unavailable
+from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.pipelines.text_generation import TextGenerationInputs, TextGenerationPipeline
+from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -63,25 +65,27 @@ class _Request:
 class AudioGenerationEngine:
     """Continuous batching of speech-token generation plus chunked, batched audio decoding."""
 
-    def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, schedule: ChunkSchedule, *,
-                 max_batch_size: int, max_queue_size: int, max_batch_input_tokens: int,
+    def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, schedule: ChunkSchedule,
+                 scheduler: AudioGenerationScheduler, *, metrics: EngineMetrics | None = None,
                  on_step: Callable[["AudioGenerationEngine"], None] | None = None):
         self.pipeline = pipeline
         self.decoder = decoder
         self.schedule = schedule
-        self.max_batch_size = max_batch_size
-        self.max_queue_size = max_queue_size
-        self.max_batch_input_tokens = max_batch_input_tokens
+        self.scheduler = scheduler
+        self.metrics = metrics or EngineMetrics()
         self.on_step = on_step
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
+        self._requests: dict[str, _Request] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Condition()
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Scheduled batches whose outputs the pipeline has not returned yet (overlap).
+        self._in_flight: deque[SchedulerOutput] = deque()
+        self._prefix_seen = (0, 0)
         #: Finished requests by stop reason, since start (cancellations included).
         self.stop_reasons: Counter[StopReason] = Counter()
+        self.metrics.kv_blocks_total.set(scheduler.block_manager.total_num_blocks)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -90,6 +94,7 @@ class AudioGenerationEngine:
             if self._thread is not None:
                 return
             self._accepting = True
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="audio-generation", daemon=True)
             self._thread.start()
 
@@ -103,21 +108,29 @@ class AudioGenerationEngine:
         self.stop_accepting()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while (self._waiting or self._running) and (deadline is None or time.monotonic() < deadline):
+            while self._requests and (deadline is None or time.monotonic() < deadline):
                 self._lock.wait(timeout=0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
-            for request in [*self._waiting, *self._running]:
-                self._cancelled.add(request.context.request_id)
+            self._cancelled.update(self._requests)
             self._stopping = True
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        close = getattr(self.pipeline, "close", None)
+        if close is not None:
+            close()
 
     @property
     def load(self) -> tuple[int, int]:
         """(queued, running) request counts."""
         with self._lock:
-            return len(self._waiting), len(self._running)
+            return self.scheduler.num_waiting, self.scheduler.num_running
+
+    @property
+    def idle(self) -> bool:
+        """No request queued or running, and no KV block held."""
+        with self._lock:
+            return not self._requests and self.scheduler.block_manager.num_used_blocks == 0
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -126,90 +139,144 @@ class AudioGenerationEngine:
         with self._lock:
             if not self._accepting:
                 raise Unavailable("the server is not accepting requests (starting up or shutting down)")
-            if len(self._waiting) >= self.max_queue_size:
-                raise ResourceExhausted(f"the request queue is full ({self.max_queue_size} waiting); retry later")
-            if any(r.context.request_id == context.request_id for r in [*self._waiting, *self._running]):
+            if context.request_id in self._requests:
                 raise ValueError(f"request_id {context.request_id!r} is already in flight")
-            self._waiting.append(_Request(context, sink))
+            try:
+                self.scheduler.add(context)
+            except QueueFull as exc:
+                raise ResourceExhausted(str(exc)) from None
+            except ValueError as exc:
+                raise InvalidArgument(str(exc), field="sampling.max_tokens") from None
+            self._requests[context.request_id] = _Request(context, sink)
+            self._update_load()
             self._lock.notify_all()
 
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request; its sink gets a `complete` event with CANCELLED."""
         with self._lock:
-            self._cancelled.add(request_id)
-            self._lock.notify_all()
+            if request_id in self._requests:
+                self._cancelled.add(request_id)
+                self._lock.notify_all()
 
     # --- the loop --------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not (self._waiting or self._running or self._stopping):
+                while not (self._requests or self._stopping or self._in_flight):
                     self._lock.wait()
-                if self._stopping and not (self._waiting or self._running):
+                if self._stopping and not self._requests and not self._in_flight:
                     return
-                self._drop_cancelled()
-                self._admit()
-                batch = list(self._running)
-            if batch:
-                self._step(batch)
+                self._apply_cancellations()
+                output = self.scheduler.schedule()
+                for request, reason in output.failed:
+                    request.stop_reason = StopReason.FAILED
+                    self._finish(self._requests[request.request_id], event_kind="error", error=reason)
+                self._update_load()
+            if output.preempted:
+                self.metrics.preemptions.inc(len(output.preempted))
+            if not output.items and not self._in_flight and not self._decode_ready():
+                with self._lock:
+                    if not self._finish_ready() and not self._cancelled:
+                        self._lock.wait(timeout=output.wait_s or 0.005)
+                continue
+            self._step(output)
             with self._lock:
                 self._lock.notify_all()
             if self.on_step is not None:
                 self.on_step(self)
 
-    def _drop_cancelled(self) -> None:
-        if not self._cancelled:
-            return
-        for queue in (self._waiting, self._running):
-            for request in [r for r in queue if r.context.request_id in self._cancelled]:
-                queue.remove(request)
+    def _apply_cancellations(self) -> None:
+        for request_id in list(self._cancelled):
+            request = self._requests.get(request_id)
+            if request is not None and not request.context.is_done:
                 request.context.stop_reason = StopReason.CANCELLED
-                self._finish(request, event_kind="complete")
-        live = {r.context.request_id for r in [*self._waiting, *self._running]}
-        self._cancelled &= live
+        self._cancelled.clear()
+        self._finish_ready()
 
-    def _admit(self) -> None:
-        kv = self.pipeline.kv_manager
-        input_tokens = len(self._running)
-        while self._waiting and len(self._running) < self.max_batch_size:
-            context = self._waiting[0].context
-            prompt = len(context.prompt_ids)
-            if input_tokens + prompt > self.max_batch_input_tokens and self._running:
-                break
-            if not kv.can_claim(context.max_length):
-                break
-            request = self._waiting.popleft()
-            kv.claim(context.request_id, context.max_length, initial_length=prompt + 64)
-            self._running.append(request)
-            input_tokens += prompt
+    def _finish_ready(self) -> bool:
+        """Finishes done requests that have nothing in flight; True if any finished."""
+        finished = False
+        for request in list(self._requests.values()):
+            context = request.context
+            if not context.is_done or self.scheduler.is_in_flight(context.request_id):
+                continue
+            if context.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) and \
+                    context.decoded_index < len(context.generated):
+                continue  # audio still to decode
+            self.scheduler.remove(context.request_id)
+            self._finish(request, event_kind="complete")
+            finished = True
+        return finished
 
-    def _step(self, batch: list[_Request]) -> None:
+    def _step(self, output: SchedulerOutput) -> None:
+        if output.items:
+            self._in_flight.append(output)
+            self.metrics.batch_size.labels(output.kind).observe(output.batch_size)
+        batch = [item.request for item in output.items]
         try:
-            self.pipeline.execute(TextGenerationInputs([r.context for r in batch]))
-            windows = [(r, self._next_window(r)) for r in batch]
+            for item in output.items:
+                if not item.sample or item.start < len(item.request.prompt_ids):
+                    self.metrics.input_tokens.inc(item.num_tokens)
+            results = {}
+            if output.items or self._in_flight:
+                results = self.pipeline.execute(TextGenerationInputs(output.items, output.num_steps))
+            done_batches = len(self._in_flight) - (1 if self.pipeline.has_pending_outputs() else 0)
+            for _ in range(done_batches):
+                self.scheduler.batch_done(self._in_flight.popleft())
+            now = time.monotonic()
+            for request_id, result in results.items():
+                request = self._requests.get(request_id)
+                if request is None or not result.tokens:
+                    continue
+                self.metrics.output_tokens.inc(len(result.tokens))
+                if request.context.first_token_time is None:
+                    request.context.first_token_time = now
+                    self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
+            with self._lock:
+                active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
+            windows = [(r, self._next_window(r)) for r in active]
             self._decode([(r, w) for r, w in windows if w is not None])
             # A request may need several windows at the end (a long remainder after the last chunk).
-            while pending := [(r, w) for r in batch if r.context.is_done and (w := self._next_window(r))]:
+            while pending := [(r, w) for r in active if r.context.is_done and (w := self._next_window(r))]:
                 self._decode(pending)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not take the engine down
             logger.exception("generation step failed; failing its %d request(s)", len(batch))
-            with self._lock:
-                for request in batch:
-                    if request in self._running:
-                        self._running.remove(request)
-                        request.context.stop_reason = StopReason.FAILED
-                        self._finish(request, event_kind="error", error=f"generation failed: {exc}")
+            self._recover_from_failure(batch, exc)
             return
         with self._lock:
-            for request in batch:
-                context = request.context
-                if context.is_done and context.decoded_index == len(context.generated) and request in self._running:
-                    self._running.remove(request)
-                    self._finish(request, event_kind="complete")
+            self._finish_ready()
+            self._update_load()
+
+    def _recover_from_failure(self, batch: list[TTSContext], exc: Exception) -> None:
+        with self._lock:
+            drain = getattr(self.pipeline, "_drain", None)
+            try:
+                if drain is not None:
+                    drain()
+            except Exception:  # noqa: BLE001 - the failed batch's result is the same error
+                pass
+            while self._in_flight:
+                failed = self._in_flight.popleft()
+                batch.extend(item.request for item in failed.items)
+                self.scheduler.batch_done(failed)
+            for context in batch:
+                request = self._requests.get(context.request_id)
+                if request is None:
+                    continue
+                context.stop_reason = StopReason.FAILED
+                self.scheduler.remove(context.request_id)
+                self._finish(request, event_kind="error", error=f"generation failed: {exc}")
+            self._update_load()
+
+    def _decode_ready(self) -> bool:
+        with self._lock:
+            return any(self._next_window(r) is not None for r in self._requests.values())
 
     def _next_window(self, request: _Request) -> DecodeWindow | None:
         context = request.context
+        if context.stop_reason in (StopReason.CANCELLED, StopReason.FAILED):
+            return None
         return self.schedule.next_window(len(context.generated), context.decoded_index,
                                          context.chunks_decoded, finished=context.is_done)
 
@@ -227,15 +294,34 @@ class AudioGenerationEngine:
             context.chunks_decoded += 1
             if context.first_audio_time is None:
                 context.first_audio_time = time.monotonic()
+                self.metrics.time_to_first_audio.observe(context.first_audio_time - context.arrival_time)
             request.audio_samples += samples.shape[0]
+            self.metrics.audio_seconds.inc(samples.shape[0] / self.decoder.sample_rate)
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
 
+    def _update_load(self) -> None:
+        metrics, scheduler = self.metrics, self.scheduler
+        metrics.requests_queued.set(scheduler.num_waiting)
+        metrics.requests_running.set(scheduler.num_running)
+        manager = scheduler.block_manager
+        metrics.kv_blocks_used.set(manager.num_used_blocks)
+        stats = manager.prefix_stats
+        queried, hits = self._prefix_seen
+        if stats.queried_tokens > queried:
+            metrics.prefix_cache_queried_tokens.inc(stats.queried_tokens - queried)
+        if stats.hit_tokens > hits:
+            metrics.prefix_cache_hit_tokens.inc(stats.hit_tokens - hits)
+        self._prefix_seen = (stats.queried_tokens, stats.hit_tokens)
+        metrics.prefix_cache_hit_rate.set(stats.hit_rate)
+
     def _finish(self, request: _Request, *, event_kind: str, error: str | None = None) -> None:
         context = request.context
-        self.pipeline.release(context.request_id)
+        self._requests.pop(context.request_id, None)
+        self.scheduler.remove(context.request_id)
         context.finish_time = time.monotonic()
         self.stop_reasons[context.stop_reason] += 1
+        self.metrics.requests.labels(context.stop_reason.value if context.stop_reason else "unknown").inc()
         first_audio = context.first_audio_time or context.finish_time
         usage = Usage(prompt_tokens=len(context.prompt_ids), generated_tokens=len(context.generated),
                       audio_samples=request.audio_samples,
@@ -249,4 +335,5 @@ class AudioGenerationEngine:
             request.sink(event)
         except Exception:  # noqa: BLE001 - a broken sink only affects its own request
             logger.exception("delivering %s event for %s failed", event.kind, event.request_id)
-            self._cancelled.add(request.context.request_id)
+            with self._lock:
+                self._cancelled.add(request.context.request_id)

@@ -24,6 +24,10 @@ SERVICE_NAME = tts_pb2.DESCRIPTOR.services_by_name["TextToSpeech"].full_name
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
+#: Where /metrics is served when prometheus_metrics_mode launches a server and no --metrics-port is given.
+DEFAULT_METRICS_PORT = 8001
+
+
 @dataclass
 class ServerOptions:
     host: str = "0.0.0.0"
@@ -44,7 +48,7 @@ class RunningServer:
         self.config = config
         self.engine = engine
         self.options = options
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(engine.metrics)
         self.servicer = TextToSpeechServicer(engine, self.metrics)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -65,30 +69,23 @@ class RunningServer:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
-    def update_load_metrics(self, _engine=None) -> None:
-        queued, running = self.engine.generation.load
-        kv = self.engine.model.kv_manager
-        self.metrics.requests_queued.set(queued)
-        self.metrics.requests_running.set(running)
-        self.metrics.kv_tokens_reserved.set(kv.reserved_tokens)
-        self.metrics.kv_tokens_total.set(kv.total_tokens)
-
-
 async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: TTSEngine | None = None) -> None:
     """Runs the server until SIGINT/SIGTERM (or ``options.stop_event``), then drains and stops."""
     if engine is None:
         loop = asyncio.get_running_loop()
         engine = await loop.run_in_executor(None, TTSEngine, config)
     running = RunningServer(config, engine, options)
-    engine.generation.on_step = running.update_load_metrics
     await running.set_serving(False)
     await running.server.start()
     logger.info("listening on %s:%d (warming up)", options.host, running.port)
     if options.on_listening is not None:
         options.on_listening(running.port)
-    if config.prometheus_metrics_mode == PrometheusMetricsMode.LAUNCH_SERVER and options.metrics_port is not None:
-        running.metrics_http = running.metrics.serve_http(options.metrics_port)
-        logger.info("metrics on http://%s:%d/metrics", options.host, options.metrics_port)
+    metrics_port = options.metrics_port
+    if metrics_port is None and config.prometheus_metrics_mode != PrometheusMetricsMode.INSTRUMENT_ONLY:
+        metrics_port = DEFAULT_METRICS_PORT
+    if metrics_port is not None:  # --metrics-port alone also serves /metrics
+        running.metrics_http = running.metrics.serve_http(metrics_port)
+        logger.info("metrics on http://%s:%d/metrics", options.host, metrics_port)
     stop = options.stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     if options.install_signal_handlers:
@@ -97,7 +94,6 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
     try:
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
-        running.update_load_metrics()
         running.servicer.ready = True
         await running.set_serving(True)
         options.ready.set()

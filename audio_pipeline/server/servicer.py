@@ -93,10 +93,6 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                     usage = event.usage
                     audio_seconds = sent_samples / output.sample_rate
                     self.metrics.requests.labels("ok").inc()
-                    self.metrics.prompt_tokens.inc(usage.prompt_tokens)
-                    self.metrics.generated_tokens.inc(usage.generated_tokens)
-                    self.metrics.audio_seconds.inc(audio_seconds)
-                    self.metrics.time_to_first_audio.observe(usage.time_to_first_audio_seconds)
                     yield tts_pb2.AudioChunk(request_id=request_id, complete=tts_pb2.SynthesisComplete(
                         stop_reason=STOP_REASONS.get(event.stop_reason, tts_pb2.STOP_REASON_UNSPECIFIED),
                         usage=tts_pb2.Usage(

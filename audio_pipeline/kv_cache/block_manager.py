@@ -1,0 +1,220 @@
+"""Paged KV cache bookkeeping without torch: which blocks each sequence holds, and the prefix cache.
+
+A sequence's token ``t`` lives in block ``table[t // block_size]`` at offset ``t % block_size``.
+
+Lifecycle of a sequence (the names follow the seed pages):
+
+- ``claim(seq_id, tokens)``: register it; with prefix caching, full blocks of ``tokens`` that another
+  sequence already computed are attached (shared, read-only) and their count is returned.
+- ``alloc(seq_id, total_tokens)``: make room for the KV of its first ``total_tokens`` tokens.
+- ``step(seq_id, tokens)``: the KV of ``tokens`` (the sequence's tokens so far) is now written; the
+  blocks they fill become reusable by later sequences with the same prefix.
+- ``release(seq_id)``: drop its blocks. Blocks that hold a complete, hashed prefix stay cached
+  (evictable, least recently used first) until another allocation needs the space.
+
+Only whole blocks are shared, and a sequence never writes into a block it did not allocate, so a
+shared block is never modified.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+
+class KVCacheFull(RuntimeError):
+    """Not enough free KV blocks for an allocation."""
+
+
+@dataclass
+class _Sequence:
+    blocks: list[int] = field(default_factory=list)
+    #: Tokens whose keys and values are written (committed by step()).
+    num_tokens: int = 0
+    #: Prefix-cache key of each full, committed block, in order.
+    keys: list[Hashable] = field(default_factory=list)
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up in the prefix cache, and how many were found there."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class BlockManager:
+    """Allocates fixed-size KV blocks to sequences; shares full prompt blocks between sequences."""
+
+    def __init__(self, total_num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+        if total_num_blocks < 1:
+            raise ValueError(f"total_num_blocks must be at least 1, got {total_num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        self.total_num_blocks = total_num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._free: deque[int] = deque(range(total_num_blocks))
+        self._ref_counts = [0] * total_num_blocks
+        #: Prefix key -> block holding it; and the reverse.
+        self._cached: dict[Hashable, int] = {}
+        self._block_key: dict[int, Hashable] = {}
+        #: Cached blocks no sequence holds, least recently released first.
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._sequences: dict[str, _Sequence] = {}
+        self.prefix_stats = PrefixCacheStats()
+
+    # --- facts -----------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now (never used, or cached but unreferenced)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one sequence."""
+        return self.total_num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that hold a reusable prefix (held or evictable)."""
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.total_num_blocks
+
+    def __contains__(self, seq_id: str) -> bool:
+        return seq_id in self._sequences
+
+    @property
+    def sequences(self) -> list[str]:
+        return list(self._sequences)
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return list(self._sequences[seq_id].blocks)
+
+    def num_tokens(self, seq_id: str) -> int:
+        """Tokens of ``seq_id`` whose KV is written (including attached prefix blocks)."""
+        return self._sequences[seq_id].num_tokens
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def claim(self, seq_id: str, tokens: Sequence[int] = ()) -> int:
+        """Registers ``seq_id``; returns how many leading ``tokens`` are already cached.
+
+        At least the last token is always left uncached, so the model computes the logits that
+        follow the prompt.
+        """
+        if seq_id in self._sequences:
+            raise ValueError(f"sequence {seq_id!r} is already claimed")
+        sequence = _Sequence()
+        self._sequences[seq_id] = sequence
+        if not self.enable_prefix_caching or not tokens:
+            return 0
+        reusable_blocks = (len(tokens) - 1) // self.block_size
+        self.prefix_stats.queried_tokens += len(tokens)
+        parent: Hashable = None
+        for index in range(reusable_blocks):
+            key = self._key(parent, tokens[index * self.block_size:(index + 1) * self.block_size])
+            block = self._cached.get(key)
+            if block is None:
+                break
+            if self._ref_counts[block] == 0:
+                del self._evictable[block]
+            self._ref_counts[block] += 1
+            sequence.blocks.append(block)
+            sequence.keys.append(key)
+            parent = key
+        sequence.num_tokens = len(sequence.blocks) * self.block_size
+        self.prefix_stats.hit_tokens += sequence.num_tokens
+        return sequence.num_tokens
+
+    def can_alloc(self, seq_id: str | None, total_tokens: int, *, watermark: float = 1.0) -> bool:
+        """Whether ``alloc(seq_id, total_tokens)`` would succeed and keep usage within ``watermark``."""
+        held = len(self._sequences[seq_id].blocks) if seq_id is not None and seq_id in self._sequences else 0
+        needed = max(0, self.blocks_for(total_tokens) - held)
+        if needed > self.num_free_blocks:
+            return False
+        return self.num_used_blocks + needed <= watermark * self.total_num_blocks
+
+    def alloc(self, seq_id: str, total_tokens: int) -> None:
+        """Grows ``seq_id``'s block table to hold ``total_tokens`` tokens; KVCacheFull if it cannot."""
+        sequence = self._sequences[seq_id]
+        needed = self.blocks_for(total_tokens) - len(sequence.blocks)
+        if needed <= 0:
+            return
+        if needed > self.num_free_blocks:
+            raise KVCacheFull(f"sequence {seq_id!r} needs {needed} more KV blocks, {self.num_free_blocks} free")
+        for _ in range(needed):
+            sequence.blocks.append(self._take_block())
+
+    def step(self, seq_id: str, tokens: Sequence[int]) -> None:
+        """Records that the KV of ``tokens`` (the sequence's first len(tokens) tokens) is written."""
+        sequence = self._sequences.get(seq_id)
+        if sequence is None:  # released while its last batch was in flight
+            return
+        if len(tokens) > len(sequence.blocks) * self.block_size:
+            raise ValueError(f"sequence {seq_id!r}: {len(tokens)} tokens committed but only "
+                             f"{len(sequence.blocks)} blocks allocated")
+        sequence.num_tokens = max(sequence.num_tokens, len(tokens))
+        if not self.enable_prefix_caching:
+            return
+        full = len(tokens) // self.block_size
+        parent = sequence.keys[-1] if sequence.keys else None
+        for index in range(len(sequence.keys), full):
+            key = self._key(parent, tokens[index * self.block_size:(index + 1) * self.block_size])
+            block = sequence.blocks[index]
+            if key not in self._cached and block not in self._block_key:
+                self._cached[key] = block
+                self._block_key[block] = key
+            sequence.keys.append(key)
+            parent = key
+
+    def release(self, seq_id: str) -> None:
+        """Frees what ``seq_id`` holds (no error if it holds nothing)."""
+        sequence = self._sequences.pop(seq_id, None)
+        if sequence is None:
+            return
+        for block in reversed(sequence.blocks):  # the deepest block is evicted first
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] > 0:
+                continue
+            if block in self._block_key:
+                self._evictable[block] = None
+                self._evictable.move_to_end(block)
+            else:
+                self._free.append(block)
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached prefix (blocks in use stay allocated)."""
+        for block in list(self._evictable):
+            self._free.append(block)
+        self._evictable.clear()
+        self._cached.clear()
+        self._block_key.clear()
+
+    # --- internals -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(parent: Hashable, tokens: Sequence[int]) -> Hashable:
+        # The parent key is hashed, the block's own tokens compared exactly.
+        return (hash(parent), tuple(tokens))
+
+    def _take_block(self) -> int:
+        if self._free:
+            block = self._free.popleft()
+        else:
+            block, _ = self._evictable.popitem(last=False)
+            del self._cached[self._block_key.pop(block)]
+        self._ref_counts[block] = 1
+        return block

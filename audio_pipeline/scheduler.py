@@ -1,0 +1,426 @@
+"""AudioGenerationScheduler: decides, step by step, which requests prefill (CE) and which decode (TG).
+
+Torch-free. It owns the request queue and the admission to the paged KV cache (through the
+:class:`~audio_pipeline.kv_cache.BlockManager`), and hands the pipeline a list of
+``(request, start, num_tokens)`` items per step. The knobs, all from the configuration:
+
+- ``max_batch_size``: most requests in one step.
+- ``max_queue_size_tg``: most requests admitted (holding KV blocks, in decode) at once; default
+  ``max_batch_size``. When larger, decode batches rotate over the admitted requests.
+- ``min_batch_size_tg``: soft floor on the decode batch. While fewer requests decode, waiting
+  prompts are prefilled first; at or above it, decoding goes on and prompts wait. Default: the
+  admission limit, i.e. prefill whenever a prompt waits and there is room.
+- ``max_batch_input_tokens``: most tokens computed in one step (prompt tokens plus decode tokens).
+- ``ce_delay_ms``: a new prompt waits up to this long for others to join its prefill batch
+  (decoding goes on meanwhile); a full batch of prompts starts at once.
+- ``enable_prioritize_first_decode``: after a prefill batch, the next step is a decode step, so
+  new requests get their first tokens (and first audio) sooner.
+- ``enable_chunked_prefill``: a prompt longer than the step's remaining token budget is split
+  across steps; when off, a prompt only goes into a step whose budget holds all of it.
+- ``enable_in_flight_batching``: prefill chunks ride along in decode steps (one mixed batch) instead
+  of alternating prefill and decode steps.
+- ``max_num_steps``: decode steps per scheduling round (multi-step); -1 lets the scheduler choose
+  (4 when no prompt waits, else 1).
+- ``kvcache_ce_watermark``: a prompt is admitted only while the projected KV usage, with its whole
+  prompt allocated, stays within this fraction of the cache.
+
+When a decode step cannot get a KV block, the most recently admitted other request is preempted:
+its blocks are released and it goes back to the front of the queue, to be recomputed (its prompt
+plus the tokens it generated; prefix caching makes that cheap) when memory frees up.
+
+Requests are duck-typed: ``request_id``, ``arrival_time``, ``all_tokens`` (prompt plus generated so
+far), ``total_length``, ``max_length`` (the most tokens it may ever hold) and ``is_done``, plus a
+writable ``processed`` (tokens whose KV is in the cache), which the scheduler resets on preemption.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from audio_pipeline.kv_cache.block_manager import BlockManager
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at ``max_queue_size``."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 32
+    max_queue_size: int = 256
+    max_queue_size_tg: int | None = None
+    min_batch_size_tg: int | None = None
+    max_batch_input_tokens: int = 8192
+    ce_delay_ms: float = 0.0
+    enable_prioritize_first_decode: bool = False
+    enable_chunked_prefill: bool = True
+    enable_in_flight_batching: bool = False
+    max_num_steps: int = -1
+    kvcache_ce_watermark: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_batch_input_tokens < 1:
+            raise ValueError("max_batch_size, max_queue_size and max_batch_input_tokens must be at least 1")
+        if self.max_num_steps == 0 or self.max_num_steps < -1:
+            raise ValueError(f"max_num_steps must be -1 or at least 1, got {self.max_num_steps}")
+        if not 0 < self.kvcache_ce_watermark <= 1:
+            raise ValueError(f"kvcache_ce_watermark must be in (0, 1], got {self.kvcache_ce_watermark}")
+
+    @classmethod
+    def from_config(cls, config: Any, *, max_batch_size: int, max_queue_size: int) -> "SchedulerConfig":
+        """From an AudioGenerationConfig (with the engine's resolved batch and queue sizes)."""
+        return cls(max_batch_size=max_batch_size, max_queue_size=max_queue_size,
+                   max_queue_size_tg=config.max_queue_size_tg, min_batch_size_tg=config.min_batch_size_tg,
+                   max_batch_input_tokens=config.max_batch_input_tokens, ce_delay_ms=config.ce_delay_ms,
+                   enable_prioritize_first_decode=config.enable_prioritize_first_decode,
+                   enable_chunked_prefill=config.enable_chunked_prefill,
+                   enable_in_flight_batching=config.enable_in_flight_batching,
+                   max_num_steps=config.max_num_steps, kvcache_ce_watermark=config.kvcache_ce_watermark)
+
+    @property
+    def admission_limit(self) -> int:
+        return max(self.max_queue_size_tg or self.max_batch_size, self.max_batch_size)
+
+    @property
+    def tg_floor(self) -> int:
+        return self.min_batch_size_tg if self.min_batch_size_tg is not None else self.admission_limit
+
+
+@dataclass(eq=False)
+class _Entry:
+    request: Any
+    #: Position of the next token to schedule (tokens before it are computed or in flight).
+    next_pos: int = 0
+    #: Tokens the request will have known once its in-flight steps are done.
+    expected_len: int = 0
+    #: Scheduled steps whose outputs are not applied yet.
+    in_flight: int = 0
+    admitted_order: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def unscheduled(self) -> int:
+        return self.expected_len - self.next_pos
+
+
+@dataclass(frozen=True)
+class ScheduledItem:
+    """Compute tokens [start, start + num_tokens) of ``request``; sample after them if ``sample``."""
+
+    request: Any
+    start: int
+    num_tokens: int
+    sample: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work. ``kind`` is 'ce' (prefill), 'tg' (decode), 'mixed' or 'idle'."""
+
+    kind: str = "idle"
+    items: list[ScheduledItem] = field(default_factory=list)
+    #: Decode steps to run (> 1 only for pure decode batches).
+    num_steps: int = 1
+    #: Requests that went back to the queue this step (their KV was released).
+    preempted: list[Any] = field(default_factory=list)
+    #: Requests that can never run, with the reason; the caller fails them.
+    failed: list[tuple[Any, str]] = field(default_factory=list)
+    #: When idle with work waiting (ce_delay_ms), seconds until something can be scheduled.
+    wait_s: float | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.items)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.items)
+
+    @property
+    def requests(self) -> list[Any]:
+        return [item.request for item in self.items]
+
+
+class AudioGenerationScheduler:
+    """Continuous batching over a paged KV cache; see the module docstring for the knobs."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.block_manager = block_manager
+        self.clock = clock
+        self._waiting: deque[_Entry] = deque()
+        self._running: list[_Entry] = []
+        self._by_id: dict[str, _Entry] = {}
+        self._admissions = 0
+        self._rotation = 0
+        self._last_kind = "idle"
+        #: Preemptions since start.
+        self.num_preemptions = 0
+
+    # --- queue -----------------------------------------------------------------------------------
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.block_manager.total_num_blocks * self.block_manager.block_size
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> list[Any]:
+        return [e.request for e in self._waiting]
+
+    @property
+    def running(self) -> list[Any]:
+        return [e.request for e in self._running]
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    def add(self, request: Any) -> None:
+        """Queues ``request``; QueueFull when the queue is full, ValueError when it can never fit."""
+        if request.request_id in self._by_id:
+            raise ValueError(f"request_id {request.request_id!r} is already in flight")
+        if len(self._waiting) >= self.config.max_queue_size:
+            raise QueueFull(f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
+        if request.max_length > self.capacity_tokens:
+            raise ValueError(f"the request may need {request.max_length} KV tokens, more than the whole cache "
+                             f"({self.capacity_tokens}); lower max_tokens or give the KV cache more memory")
+        entry = _Entry(request)
+        self._waiting.append(entry)
+        self._by_id[request.request_id] = entry
+
+    def remove(self, request_id: str) -> Any | None:
+        """Takes a request out (finished, cancelled or failed) and releases its KV blocks."""
+        entry = self._by_id.pop(request_id, None)
+        if entry is None:
+            return None
+        if entry in self._running:
+            self._running.remove(entry)
+        else:
+            self._waiting.remove(entry)
+        self.block_manager.release(request_id)
+        return entry.request
+
+    def is_in_flight(self, request_id: str) -> bool:
+        entry = self._by_id.get(request_id)
+        return entry is not None and entry.in_flight > 0
+
+    def batch_done(self, output: SchedulerOutput) -> None:
+        """The pipeline applied ``output``'s results: commits the written KV to the prefix cache."""
+        for item in output.items:
+            entry = self._by_id.get(item.request.request_id)
+            if entry is None:
+                continue
+            entry.in_flight -= 1
+            request = entry.request
+            if request.request_id in self.block_manager:
+                self.block_manager.step(request.request_id, request.all_tokens[:request.processed])
+
+    # --- scheduling ------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """The next step's work (possibly idle)."""
+        self._drop_done()
+        config = self.config
+        decode = [e for e in self._running if e.unscheduled == 1 and self._can_grow(e)]
+        prefill = [e for e in self._running if e.unscheduled > 1]
+        if config.enable_in_flight_batching:
+            output = self._mixed(decode, prefill)
+        else:
+            output = SchedulerOutput()
+            prefer_ce = (prefill or self._waiting) and len(decode) < config.tg_floor and not (
+                config.enable_prioritize_first_decode and self._last_kind == "ce" and decode)
+            if prefer_ce or not decode:
+                output = self._prefill(prefill, budget=config.max_batch_input_tokens, slots=config.max_batch_size)
+            if not output.items and decode:
+                output = self._decode(decode)
+        if not output.items and self._waiting and output.wait_s is None and not self._running:
+            # Nothing runs and the head of the queue cannot be admitted: it can never fit.
+            head = self._waiting[0]
+            if self.block_manager.num_used_blocks == 0 and not self._delay_left():
+                self.remove(head.request_id)
+                output.failed.append((head.request, "the request does not fit in the KV cache"))
+        self._last_kind = output.kind
+        return output
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _drop_done(self) -> None:
+        for entry in [e for e in self._running if e.request.is_done and e.in_flight == 0]:
+            self.remove(entry.request_id)
+
+    def _can_grow(self, entry: _Entry) -> bool:
+        return entry.expected_len < entry.request.max_length and not entry.request.is_done
+
+    def _num_steps(self) -> int:
+        if self.config.max_num_steps != -1:
+            return self.config.max_num_steps
+        return 1 if self._waiting else 4
+
+    def _delay_left(self) -> float:
+        """Seconds the oldest waiting prompt should still wait for company (ce_delay_ms)."""
+        if not self._waiting or self.config.ce_delay_ms <= 0:
+            return 0.0
+        free_slots = self.config.admission_limit - len(self._running)
+        if len(self._waiting) >= min(free_slots, self.config.max_batch_size):
+            return 0.0
+        waited = self.clock() - self._waiting[0].request.arrival_time
+        return max(0.0, self.config.ce_delay_ms / 1000.0 - waited)
+
+    def _take(self, entry: _Entry, num_tokens: int, output: SchedulerOutput) -> None:
+        start = entry.next_pos
+        sample = start + num_tokens == entry.expected_len
+        entry.next_pos += num_tokens
+        entry.in_flight += 1
+        if sample:
+            entry.expected_len += 1
+        output.items.append(ScheduledItem(entry.request, start, num_tokens, sample))
+
+    def _prefill_chunk(self, entry: _Entry, budget: int, first: bool) -> int:
+        """Tokens of ``entry``'s prompt to compute within ``budget`` (0: none fit)."""
+        remaining = entry.unscheduled
+        if remaining <= budget:
+            return remaining
+        if self.config.enable_chunked_prefill:
+            return budget
+        # Unchunked: a whole prompt or nothing, except an oversize one alone in its step.
+        return remaining if first and budget == self.config.max_batch_input_tokens else 0
+
+    def _prefill(self, prefill: list[_Entry], *, budget: int, slots: int, output: SchedulerOutput | None = None,
+                 ) -> SchedulerOutput:
+        output = output or SchedulerOutput()
+        manager = self.block_manager
+        watermark = self.config.kvcache_ce_watermark
+        for entry in prefill:  # prompts already admitted and partly computed go first
+            if len(output.items) >= slots or budget <= 0:
+                break
+            if entry not in self._running:  # preempted earlier in this step
+                continue
+            count = self._prefill_chunk(entry, budget, first=not output.items)
+            if count <= 0:
+                continue
+            while not manager.can_alloc(entry.request_id, entry.next_pos + count):
+                if not self._preempt_for(entry, protected=[], output=output):
+                    break
+            if not manager.can_alloc(entry.request_id, entry.next_pos + count):
+                continue
+            manager.alloc(entry.request_id, entry.next_pos + count)
+            self._take(entry, count, output)
+            budget -= count
+        delay = self._delay_left()
+        if delay > 0:
+            if not output.items:
+                output.wait_s = delay
+        else:
+            while (self._waiting and len(output.items) < slots and budget > 0
+                   and len(self._running) < self.config.admission_limit):
+                entry = self._waiting[0]
+                request = entry.request
+                tokens = request.all_tokens
+                cached = manager.claim(request.request_id, tokens)
+                entry.next_pos = cached
+                entry.expected_len = len(tokens)
+                count = self._prefill_chunk(entry, budget, first=not output.items)
+                if (count <= 0 or not manager.can_alloc(request.request_id, len(tokens), watermark=watermark)
+                        or not manager.can_alloc(request.request_id, cached + count)):
+                    manager.release(request.request_id)
+                    manager.prefix_stats.queried_tokens -= len(tokens)
+                    manager.prefix_stats.hit_tokens -= cached
+                    break
+                self._waiting.popleft()
+                request.processed = cached
+                self._admissions += 1
+                entry.admitted_order = self._admissions
+                self._running.append(entry)
+                manager.alloc(request.request_id, cached + count)
+                self._take(entry, count, output)
+                budget -= count
+        if output.items and output.kind == "idle":
+            output.kind = "ce"
+        return output
+
+    def _decode(self, decode: list[_Entry], *, multi_step: bool = True) -> SchedulerOutput:
+        output = SchedulerOutput()
+        pure = multi_step
+        steps = self._num_steps() if pure else 1
+        slots = self.config.max_batch_size - len(output.items)
+        if len(decode) > slots:  # rotate so every admitted request gets its turn
+            self._rotation %= len(decode)
+            decode = decode[self._rotation:] + decode[:self._rotation]
+            self._rotation += slots
+        chosen: list[_Entry] = []
+        for entry in decode:
+            if len(chosen) >= slots:
+                break
+            if entry.request.is_done or entry not in self._running:
+                continue
+            need = min(entry.next_pos + steps, entry.request.max_length)
+            while not self.block_manager.can_alloc(entry.request_id, need):
+                if not self._preempt_for(entry, protected=chosen, output=output):
+                    break
+            if self.block_manager.can_alloc(entry.request_id, need):
+                self.block_manager.alloc(entry.request_id, need)
+                chosen.append(entry)
+        if pure and chosen:
+            steps = min(steps, min(e.request.max_length - e.next_pos for e in chosen))
+            steps = max(steps, 1)
+        for entry in chosen:
+            if pure and steps > 1:
+                start = entry.next_pos
+                entry.next_pos += steps
+                entry.expected_len += steps
+                entry.in_flight += 1
+                output.items.append(ScheduledItem(entry.request, start, 1, True))
+            else:
+                self._take(entry, 1, output)
+        if chosen:
+            output.num_steps = steps if pure else 1
+            output.kind = "tg"
+        return output
+
+    def _mixed(self, decode: list[_Entry], prefill: list[_Entry]) -> SchedulerOutput:
+        """In-flight batching: decode tokens first, then prefill chunks in the remaining budget."""
+        output = SchedulerOutput()
+        if decode:
+            output = self._decode(decode, multi_step=False)
+            output.kind = "tg" if output.items else "idle"
+        budget = self.config.max_batch_input_tokens - len(output.items)
+        before = len(output.items)
+        self._prefill(prefill, budget=budget, slots=self.config.max_batch_size, output=output)
+        if before and len(output.items) > before:
+            output.kind = "mixed"
+        elif len(output.items) > before:
+            output.kind = "ce"
+        return output
+
+    def _preempt_for(self, entry: _Entry, *, protected: list[_Entry], output: SchedulerOutput) -> bool:
+        """Frees blocks for ``entry`` by sending the newest request admitted after it (not in flight) back
+        to the queue. Only newer requests are preempted, so the oldest one always makes progress."""
+        candidates = [e for e in self._running
+                      if e.admitted_order > entry.admitted_order and e not in protected and e.in_flight == 0
+                      and e.request not in output.requests]
+        if not candidates:
+            return False
+        victim = max(candidates, key=lambda e: e.admitted_order)
+        self._running.remove(victim)
+        self.block_manager.release(victim.request_id)
+        victim.request.processed = 0
+        victim.next_pos = 0
+        victim.expected_len = victim.request.total_length
+        self._waiting.appendleft(victim)
+        self.num_preemptions += 1
+        output.preempted.append(victim.request)
+        return True

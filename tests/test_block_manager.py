@@ -1,0 +1,106 @@
+"""The torch-free paged block manager: allocation, release, prefix sharing, eviction, watermark."""
+
+import sys
+
+import pytest
+
+from audio_pipeline.kv_cache.block_manager import BlockManager, KVCacheFull
+
+
+def test_the_block_manager_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, audio_pipeline.kv_cache.block_manager, audio_pipeline.scheduler; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_alloc_grows_by_whole_blocks_and_release_frees_everything():
+    manager = BlockManager(10, 4, enable_prefix_caching=False)
+    manager.claim("a")
+    manager.alloc("a", 5)
+    assert len(manager.block_table("a")) == 2 and manager.num_used_blocks == 2
+    manager.alloc("a", 8)  # still fits in two blocks
+    assert manager.num_used_blocks == 2
+    manager.alloc("a", 9)
+    assert manager.num_used_blocks == 3
+    manager.claim("b")
+    manager.alloc("b", 28)
+    assert manager.num_free_blocks == 0
+    with pytest.raises(KVCacheFull, match="needs 1 more KV blocks, 0 free"):
+        manager.alloc("a", 13)
+    manager.release("a")
+    manager.release("b")
+    manager.release("b")  # idempotent
+    assert manager.num_used_blocks == 0 and manager.num_free_blocks == 10 and manager.sequences == []
+
+
+def test_shared_prompt_prefix_is_reused_and_counted():
+    manager = BlockManager(16, 4)
+    prompt = list(range(100, 111))  # 11 tokens: two full blocks and a partial one
+    assert manager.claim("a", prompt) == 0
+    manager.alloc("a", len(prompt))
+    manager.step("a", prompt)
+    assert manager.num_cached_blocks == 2
+
+    other = prompt[:8] + [7, 7, 7, 7]  # the same first two blocks, then different
+    assert manager.claim("b", other) == 8
+    assert manager.block_table("b")[:2] == manager.block_table("a")[:2]
+    manager.alloc("b", len(other))
+    assert manager.num_used_blocks == 3 + 1  # a: 3 blocks; b: shares 2, owns 1 more
+    assert manager.prefix_stats.queried_tokens == len(prompt) + len(other)
+    assert manager.prefix_stats.hit_tokens == 8
+    assert manager.prefix_stats.hit_rate == pytest.approx(8 / 23)
+
+    manager.release("a")
+    assert manager.num_used_blocks == 3  # b still holds the two shared blocks and its own
+    manager.release("b")
+    assert manager.num_used_blocks == 0
+
+
+def test_a_prompt_never_reuses_its_own_last_token():
+    manager = BlockManager(8, 4)
+    prompt = list(range(8))  # exactly two blocks
+    manager.claim("a", prompt)
+    manager.alloc("a", 8)
+    manager.step("a", prompt)
+    manager.release("a")
+    # Reusing both blocks would leave nothing to compute the next-token logits from.
+    assert manager.claim("b", prompt) == 4
+
+
+def test_released_prefix_stays_cached_until_space_is_needed_lru_first():
+    manager = BlockManager(4, 2)
+    for name, base in (("a", 0), ("b", 100)):
+        tokens = [base, base + 1, base + 2]
+        manager.claim(name, tokens)
+        manager.alloc(name, 4)
+        manager.step(name, tokens)
+        manager.release(name)
+    assert manager.num_used_blocks == 0 and manager.num_cached_blocks == 2
+    assert manager.claim("a2", [0, 1, 2]) == 2  # a's block came back from the evictable pool
+    manager.release("a2")
+    # Filling the cache evicts the least recently released cached block first: b's.
+    manager.claim("c", [])
+    manager.alloc("c", 6)
+    assert manager.claim("b2", [100, 101, 102]) == 0
+    assert manager.claim("a3", [0, 1, 2]) == 2
+
+
+def test_watermark_limits_projected_usage():
+    manager = BlockManager(10, 4)
+    manager.claim("a")
+    manager.alloc("a", 32)  # 8 of 10 blocks
+    assert manager.can_alloc("b", 4)
+    assert not manager.can_alloc("b", 4, watermark=0.85)
+    assert manager.can_alloc("b", 4, watermark=0.9)
+    assert not manager.can_alloc("b", 12)
+
+
+def test_step_refuses_tokens_beyond_the_allocation():
+    manager = BlockManager(4, 4)
+    manager.claim("a")
+    manager.alloc("a", 4)
+    with pytest.raises(ValueError, match="5 tokens committed but only 1 blocks allocated"):
+        manager.step("a", [1, 2, 3, 4, 5])
+    manager.step("gone", [1])  # a released sequence's late commit is ignored

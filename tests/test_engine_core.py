@@ -1,0 +1,248 @@
+"""The engine core on a tiny random Llama: batching equals one-at-a-time, chunked prefill equals
+unchunked, overlap and in-flight batching change nothing, no KV block outlives its request."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+
+import pytest
+import torch
+
+from audio_pipeline.context import StopReason
+from audio_pipeline.engine import TTSEngine
+from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
+from conftest import make_config, wait_idle
+
+TEXTS = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
+         "Numbers: one two three four five.", "Short.", "Another prompt, of middling length."]
+GREEDY = dict(temperature=0.0, max_tokens=70)
+
+
+def build(model_dir, *flags, **overrides) -> TTSEngine:
+    engine = TTSEngine(make_config(model_dir, *flags, **overrides))
+    engine.start()
+    return engine
+
+
+def run(engine: TTSEngine, texts, **kwargs) -> list:
+    """Submits every text at once; returns the finished contexts (in order)."""
+    events: queue.Queue = queue.Queue()
+    contexts = [engine.create_context(t, **kwargs) for t in texts]
+    for context in contexts:
+        engine.submit(context, events.put)
+    finished = 0
+    while finished < len(contexts):
+        event = events.get(timeout=120)
+        assert event.kind != "error", event.error
+        finished += event.kind == "complete"
+    return contexts
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(tiny_model_dir):
+    """Each text run alone (batch of one), greedy."""
+    engine = build(tiny_model_dir, "max_batch_size=1")
+    try:
+        return [run(engine, [t], **GREEDY)[0].generated for t in TEXTS]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("flags", [
+    pytest.param((), id="continuous-batching"),
+    pytest.param(("max_batch_input_tokens=16",), id="chunked-prefill"),
+    pytest.param(("enable_in_flight_batching=true", "max_batch_input_tokens=24"), id="in-flight-batching"),
+    pytest.param(("enable_overlap_scheduler=true",), id="overlap"),
+    pytest.param(("max_num_steps=4",), id="multi-step"),
+    pytest.param(("enable_prioritize_first_decode=true", "ce_delay_ms=5", "min_batch_size_tg=2"), id="knobs"),
+])
+def test_concurrent_greedy_requests_equal_the_same_requests_one_at_a_time(tiny_model_dir, reference_tokens, flags):
+    engine = build(tiny_model_dir, *flags)
+    try:
+        contexts = run(engine, TEXTS, **GREEDY)
+        assert [c.generated for c in contexts] == reference_tokens
+        assert all(c.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) for c in contexts)
+        wait_idle(engine)
+    finally:
+        engine.stop()
+
+
+def test_preemption_recomputes_and_gives_the_same_tokens(tiny_model_dir, reference_tokens):
+    # 12 blocks of 16 tokens: the six requests (prompt + 70 tokens each) cannot all stay resident.
+    engine = build(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
+                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 512}})
+    try:
+        assert engine.scheduler.block_manager.total_num_blocks == 12
+        contexts = run(engine, TEXTS, **GREEDY)
+        assert engine.scheduler.num_preemptions > 0
+        assert [c.generated for c in contexts] == reference_tokens
+        wait_idle(engine)
+    finally:
+        engine.stop()
+
+
+def test_sampled_requests_do_not_depend_on_their_batch(tiny_model_dir):
+    kwargs = dict(temperature=0.9, top_p=0.9, top_k=200, max_tokens=56, seed=1234)
+    engine = build(tiny_model_dir)
+    try:
+        alone = run(engine, [TEXTS[0]], **kwargs)[0].generated
+        batched = run(engine, TEXTS[:4], **kwargs)[0].generated
+        assert batched == alone
+    finally:
+        engine.stop()
+
+
+def test_shared_prompt_prefixes_hit_the_prefix_cache(tiny_model_dir):
+    engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 8}})
+    try:
+        run(engine, ["The same fairly long preamble text, then one."], **GREEDY)
+        run(engine, ["The same fairly long preamble text, then two."], **GREEDY)
+        stats = engine.scheduler.block_manager.prefix_stats
+        assert stats.hit_tokens >= 32 and 0 < stats.hit_rate < 1
+        rendered = engine.metrics.render().decode()
+        assert f"tts_prefix_cache_hit_rate {stats.hit_rate}" in rendered
+        wait_idle(engine)
+    finally:
+        engine.stop()
+
+
+def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir):
+    engine = build(tiny_model_dir)
+    try:
+        events: queue.Queue = queue.Queue()
+        contexts = [engine.create_context(t, temperature=0.0, max_tokens=700) for t in TEXTS]
+        for context in contexts:
+            engine.submit(context, events.put)
+        while not any(c.generated for c in contexts):
+            threading.Event().wait(0.01)
+        for context in contexts:
+            engine.cancel(context.request_id)
+        kinds = [events.get(timeout=60) for _ in range(len(contexts) * 50) if not _all_done(contexts)]
+        assert all(c.stop_reason == StopReason.CANCELLED for c in contexts), [c.stop_reason for c in contexts]
+        assert kinds is not None
+        wait_idle(engine)
+
+        # A step that fails (a broken decoder here) fails its requests and frees their blocks.
+        original = engine.decoder.decode_batch
+        engine.decoder.decode_batch = lambda codes: (_ for _ in ()).throw(RuntimeError("decoder exploded"))
+        try:
+            events = queue.Queue()
+            context = engine.create_context("fail me", temperature=0.0, max_tokens=70)
+            engine.submit(context, events.put)
+            while (event := events.get(timeout=60)).kind == "audio":
+                pass
+            assert event.kind == "error" and "decoder exploded" in event.error
+            assert context.stop_reason == StopReason.FAILED
+        finally:
+            engine.decoder.decode_batch = original
+        wait_idle(engine)
+        # ... and the engine goes on serving.
+        assert run(engine, ["still alive"], **GREEDY)[0].generated
+    finally:
+        engine.stop()
+
+
+def _all_done(contexts):
+    return all(c.is_done for c in contexts)
+
+
+def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, reference_tokens):
+    engine = TTSEngine(make_config(tiny_model_dir))
+    pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
+    contexts = [engine.create_context(t, **GREEDY) for t in TEXTS[:3]]
+    outputs = pipeline.generate(contexts)
+    assert [o.tokens[: len(r)] for o, r in zip(outputs, reference_tokens)] == [
+        r + ([] if len(o.tokens) == len(r) else o.tokens[len(r):]) for o, r in zip(outputs, reference_tokens)]
+    assert [c.generated for c in contexts] == reference_tokens[:3]
+    again = [engine.create_context(t, **GREEDY) for t in TEXTS[:2]]
+    asyncio.run(pipeline.generate_async(again))
+    assert [c.generated for c in again] == reference_tokens[:2]
+    assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_overlap_pipeline_returns_the_previous_batch(tiny_model_dir):
+    from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationInputs
+
+    engine = TTSEngine(make_config(tiny_model_dir))
+    pipeline = OverlapTextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
+    manager = engine.scheduler.block_manager
+    try:
+        context = engine.create_context("overlap", **GREEDY)
+        manager.claim(context.request_id)
+        manager.alloc(context.request_id, context.total_length + 1)
+        assert pipeline.overlap_active and not pipeline.has_pending_outputs()
+        first = pipeline.execute(TextGenerationInputs.from_contexts([context]))
+        assert first == {} and pipeline.has_pending_outputs()
+        second = pipeline.execute(TextGenerationInputs())
+        assert list(second) == [context.request_id] and len(second[context.request_id].tokens) == 1
+        assert not pipeline.has_pending_outputs() and len(context.generated) == 1
+
+        synchronous = OverlapTextGenerationPipeline(engine.config, engine.model, engine.tokenizer,
+                                                    disable_overlap=True)
+        assert not synchronous.overlap_active
+        out = synchronous.execute(TextGenerationInputs.from_contexts([context]))
+        assert list(out) == [context.request_id] and len(context.generated) == 2
+        synchronous.close()
+    finally:
+        pipeline.close()
+        manager.release(context.request_id)
+
+
+def test_stop_token_ids_end_the_speech(tiny_model_dir):
+    engine = build(tiny_model_dir)
+    try:
+        plain = run(engine, [TEXTS[1]], **GREEDY)[0]
+        # A frame-start token that did not occur before: as a stop id, generation ends right there.
+        frame = engine.layout.tokens_per_frame
+        cut = next(i for i in range(frame, len(plain.generated), frame)
+                   if plain.generated[i] not in plain.generated[:i])
+        stopped = run(engine, [TEXTS[1]], stop_token_ids=[plain.generated[cut]], **GREEDY)[0]
+        assert stopped.stop_reason == StopReason.END_OF_SPEECH
+        assert stopped.generated == plain.generated[:cut]
+    finally:
+        engine.stop()
+
+
+def test_logits_constraint_never_emits_a_broken_frame(tiny_model_dir):
+    engine = build(tiny_model_dir)
+    try:
+        contexts = run(engine, TEXTS[:3], temperature=1.5, top_p=1.0, max_tokens=140, seed=5)
+        layout = engine.layout
+        for context in contexts:
+            assert len(context.generated) % layout.tokens_per_frame == 0
+            for position, token in enumerate(context.generated):
+                assert layout.is_valid_token(token, position)
+    finally:
+        engine.stop()
+
+
+def test_a_request_larger_than_the_whole_cache_is_refused(tiny_model_dir):
+    from audio_pipeline.errors import InvalidArgument
+
+    engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 4 * 16 * 512}})
+    try:
+        context = engine.create_context("too long for this cache", temperature=0.0, max_tokens=140)
+        with pytest.raises(InvalidArgument, match="sampling.max_tokens: .*more than the whole cache"):
+            engine.submit(context, lambda event: None)
+        wait_idle(engine)
+    finally:
+        engine.stop()
+
+
+def test_logits_of_the_paged_model_match_transformers(tiny_model_dir):
+    from transformers import LlamaForCausalLM as Reference
+
+    engine = TTSEngine(make_config(tiny_model_dir))
+    reference = Reference.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    context = engine.create_context("Compare logits with transformers.", temperature=0.0, max_tokens=14)
+    manager = engine.scheduler.block_manager
+    manager.claim(context.request_id)
+    manager.alloc(context.request_id, context.total_length)
+    inputs = engine.model.prepare_initial_token_inputs([context])
+    ours = engine.model.execute(inputs).logits[0]
+    with torch.no_grad():
+        theirs = reference(torch.tensor([context.prompt_ids])).logits[0, -1]
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    manager.release(context.request_id)

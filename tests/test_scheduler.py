@@ -1,0 +1,328 @@
+"""AudioGenerationScheduler (torch-free): every knob, chunked prefill, in-flight batching, preemption.
+
+Requests here are plain objects with the scheduler's documented duck type; ``run_step`` plays the
+pipeline's part (tokens computed, one token sampled where the step samples).
+"""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from audio_pipeline.kv_cache.block_manager import BlockManager
+from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerConfig
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: list[int]
+    budget: int = 8
+    arrival_time: float = 0.0
+    generated: list[int] = field(default_factory=list)
+    processed: int = 0
+    stop: bool = False
+
+    @property
+    def all_tokens(self):
+        return self.prompt + self.generated
+
+    @property
+    def total_length(self):
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def max_length(self):
+        return len(self.prompt) + self.budget
+
+    @property
+    def is_done(self):
+        return self.stop or len(self.generated) >= self.budget
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make(blocks=64, block_size=4, prefix=True, clock=None, **knobs):
+    manager = BlockManager(blocks, block_size, enable_prefix_caching=prefix)
+    return AudioGenerationScheduler(SchedulerConfig(**knobs), manager, clock=clock or Clock()), manager
+
+
+def run_step(scheduler, output):
+    """What the pipeline does with a step: KV written, tokens sampled; then the scheduler is told."""
+    for item in output.items:
+        request = item.request
+        assert item.start == request.processed, "a step must start where the KV cache ends"
+        if output.num_steps > 1:
+            for _ in range(output.num_steps):
+                if request.is_done:
+                    break
+                request.processed += 1
+                request.generated.append(1000 + len(request.generated))
+            continue
+        request.processed = item.start + item.num_tokens
+        assert request.processed <= request.total_length
+        if item.sample:
+            assert request.processed == request.total_length, "samples only at the end of the known tokens"
+            request.generated.append(1000 + len(request.generated))
+    scheduler.batch_done(output)
+
+
+def drain(scheduler, limit=500):
+    kinds = []
+    for _ in range(limit):
+        output = scheduler.schedule()
+        if not output.items:
+            if not scheduler.num_running and not scheduler.num_waiting:
+                return kinds
+            continue
+        kinds.append(output)
+        run_step(scheduler, output)
+    raise AssertionError("the scheduler did not finish its requests")
+
+
+def prompt(n, base=0):
+    return list(range(base, base + n))
+
+
+def test_prefill_then_decode_until_every_request_finishes_and_frees_its_blocks():
+    scheduler, manager = make()
+    requests = [Request(f"r{i}", prompt(10, 100 * i)) for i in range(3)]
+    for r in requests:
+        scheduler.add(r)
+    outputs = drain(scheduler)
+    assert outputs[0].kind == "ce" and outputs[0].batch_size == 3 and outputs[0].input_tokens == 30
+    assert all(o.kind == "tg" for o in outputs[1:])
+    assert all(len(r.generated) == r.budget for r in requests)
+    assert manager.num_used_blocks == 0 and manager.sequences == []
+
+
+def test_max_batch_size_caps_every_step():
+    scheduler, _ = make(max_batch_size=2, max_num_steps=1)
+    for i in range(5):
+        scheduler.add(Request(f"r{i}", prompt(6, 10 * i)))
+    outputs = drain(scheduler)
+    assert max(o.batch_size for o in outputs) == 2
+
+
+def test_chunked_prefill_splits_long_prompts_across_steps():
+    scheduler, _ = make(max_batch_input_tokens=8)
+    long = Request("long", prompt(20))
+    scheduler.add(long)
+    first = scheduler.schedule()
+    assert [(i.start, i.num_tokens, i.sample) for i in first.items] == [(0, 8, False)]
+    run_step(scheduler, first)
+    second = scheduler.schedule()
+    assert [(i.start, i.num_tokens, i.sample) for i in second.items] == [(8, 8, False)]
+    run_step(scheduler, second)
+    third = scheduler.schedule()
+    assert [(i.start, i.num_tokens, i.sample) for i in third.items] == [(16, 4, True)]
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_all_of_it():
+    scheduler, _ = make(max_batch_input_tokens=10, enable_chunked_prefill=False)
+    scheduler.add(Request("a", prompt(6)))
+    scheduler.add(Request("b", prompt(6, 50)))
+    first = scheduler.schedule()
+    assert [(i.request.request_id, i.num_tokens) for i in first.items] == [("a", 6)]
+    # An oversize prompt (after a preemption, say) still runs, alone in its step.
+    scheduler2, _ = make(max_batch_input_tokens=4, enable_chunked_prefill=False)
+    scheduler2.add(Request("big", prompt(9)))
+    assert [i.num_tokens for i in scheduler2.schedule().items] == [9]
+
+
+def test_in_flight_batching_mixes_prefill_into_decode_steps():
+    scheduler, _ = make(enable_in_flight_batching=True, max_batch_input_tokens=6)
+    first_request = Request("a", prompt(4), budget=20)
+    scheduler.add(first_request)
+    run_step(scheduler, scheduler.schedule())
+    scheduler.add(Request("b", prompt(12, 100), budget=4))
+    mixed = scheduler.schedule()
+    assert mixed.kind == "mixed"
+    assert [(i.request.request_id, i.num_tokens) for i in mixed.items] == [("a", 1), ("b", 5)]
+    run_step(scheduler, mixed)
+    drain(scheduler)
+
+
+def test_alternating_mode_keeps_prefill_and_decode_apart():
+    scheduler, _ = make(max_batch_input_tokens=6)
+    scheduler.add(Request("a", prompt(4), budget=20))
+    run_step(scheduler, scheduler.schedule())
+    scheduler.add(Request("b", prompt(12, 100), budget=4))
+    outputs = drain(scheduler)
+    assert {o.kind for o in outputs} == {"ce", "tg"}
+
+
+def test_min_batch_size_tg_keeps_decoding_while_enough_requests_decode():
+    scheduler, _ = make(min_batch_size_tg=2, max_num_steps=1)
+    for i in range(2):
+        scheduler.add(Request(f"r{i}", prompt(4, 10 * i), budget=10))
+    run_step(scheduler, scheduler.schedule())  # both prefilled together
+    scheduler.add(Request("late", prompt(4, 99)))
+    assert scheduler.schedule().kind == "tg"  # two decoding >= floor: the newcomer waits
+    scheduler3, _ = make(min_batch_size_tg=3, max_num_steps=1)
+    for i in range(2):
+        scheduler3.add(Request(f"r{i}", prompt(4, 10 * i), budget=10))
+    run_step(scheduler3, scheduler3.schedule())
+    scheduler3.add(Request("late", prompt(4, 99)))
+    assert scheduler3.schedule().kind == "ce"  # below the floor: prefill first
+
+
+def test_prioritize_first_decode_runs_decode_right_after_prefill():
+    for prioritize, expected in ((True, "tg"), (False, "ce")):
+        scheduler, _ = make(enable_prioritize_first_decode=prioritize, max_batch_size=1, max_queue_size_tg=4,
+                            max_num_steps=1)
+        scheduler.add(Request("a", prompt(4)))
+        scheduler.add(Request("b", prompt(4, 50)))
+        first = scheduler.schedule()
+        assert first.kind == "ce"
+        run_step(scheduler, first)
+        assert scheduler.schedule().kind == expected
+
+
+def test_ce_delay_holds_a_lone_prompt_until_the_delay_or_a_full_batch():
+    clock = Clock()
+    scheduler, _ = make(ce_delay_ms=50, max_batch_size=3, clock=clock)
+    scheduler.add(Request("a", prompt(4), arrival_time=0.0))
+    held = scheduler.schedule()
+    assert not held.items and held.wait_s == pytest.approx(0.05)
+    clock.now = 0.02
+    scheduler.add(Request("b", prompt(4, 20), arrival_time=0.02))
+    assert not scheduler.schedule().items
+    scheduler.add(Request("c", prompt(4, 40), arrival_time=0.02))  # a full batch goes at once
+    assert scheduler.schedule().batch_size == 3
+
+    clock2 = Clock()
+    scheduler2, _ = make(ce_delay_ms=50, clock=clock2)
+    scheduler2.add(Request("a", prompt(4)))
+    assert not scheduler2.schedule().items
+    clock2.now = 0.051
+    assert scheduler2.schedule().kind == "ce"
+
+
+def test_max_num_steps_runs_multi_step_decode():
+    scheduler, _ = make(max_num_steps=3)
+    r = Request("a", prompt(4), budget=7)
+    scheduler.add(r)
+    run_step(scheduler, scheduler.schedule())
+    decode = scheduler.schedule()
+    assert decode.kind == "tg" and decode.num_steps == 3
+    run_step(scheduler, decode)
+    assert len(r.generated) == 4
+    last = None
+    while (output := scheduler.schedule()).items:
+        last = output
+        run_step(scheduler, output)
+    assert last.num_steps == 3  # 4 + 3 = 7: the last round stops exactly at the budget
+    assert len(r.generated) == 7
+
+
+def test_max_queue_size_tg_admits_more_than_a_batch_and_rotates_decode():
+    scheduler, _ = make(max_batch_size=2, max_queue_size_tg=4, max_num_steps=1)
+    requests = [Request(f"r{i}", prompt(4, 10 * i), budget=6) for i in range(4)]
+    for r in requests:
+        scheduler.add(r)
+    drain(scheduler)
+    assert all(len(r.generated) == 6 for r in requests)
+    scheduler2, _ = make(max_batch_size=2, max_queue_size_tg=2, max_num_steps=1)
+    for r in [Request(f"s{i}", prompt(4, 10 * i)) for i in range(4)]:
+        scheduler2.add(r)
+    run_step(scheduler2, scheduler2.schedule())
+    assert scheduler2.num_running == 2 and scheduler2.num_waiting == 2
+
+
+def test_watermark_defers_admission():
+    scheduler, manager = make(blocks=10, block_size=4, kvcache_ce_watermark=0.5)
+    scheduler.add(Request("a", prompt(16), budget=2))  # 4 blocks: 40 %
+    scheduler.add(Request("b", prompt(8, 50), budget=2))  # +2 blocks would be 60 %
+    first = scheduler.schedule()
+    assert [i.request.request_id for i in first.items] == ["a"]
+
+
+def test_queue_limit_and_oversize_requests():
+    scheduler, _ = make(max_queue_size=2, blocks=4, block_size=4)
+    scheduler.add(Request("a", prompt(4)))
+    scheduler.add(Request("b", prompt(4)))
+    with pytest.raises(QueueFull, match="queue is full"):
+        scheduler.add(Request("c", prompt(4)))
+    with pytest.raises(ValueError, match="already in flight"):
+        scheduler.add(Request("a", prompt(4)))
+    scheduler2, _ = make(blocks=2, block_size=4)
+    with pytest.raises(ValueError, match="more than the whole cache"):
+        scheduler2.add(Request("huge", prompt(6), budget=8))
+
+
+def test_preemption_recomputes_and_every_request_still_finishes():
+    # 6 blocks of 4 tokens: three requests of up to 12 tokens cannot all hold their KV at once.
+    scheduler, manager = make(blocks=6, block_size=4, max_num_steps=1, kvcache_ce_watermark=1.0)
+    requests = [Request(f"r{i}", prompt(4, 10 * i), budget=8) for i in range(3)]
+    for r in requests:
+        scheduler.add(r)
+    outputs = drain(scheduler)
+    assert scheduler.num_preemptions > 0
+    assert any(o.preempted for o in outputs)
+    assert all(len(r.generated) == 8 for r in requests)
+    # The preempted request recomputed its prompt plus what it had generated.
+    recomputes = [i for o in outputs for i in o.items if i.num_tokens > 1 and i.start == 0 and o.kind == "ce"]
+    assert len(recomputes) > len(requests)
+    assert manager.num_used_blocks == 0 and manager.sequences == []
+
+
+def test_requests_sharing_a_prompt_prefix_skip_its_prefill():
+    scheduler, manager = make(blocks=16, block_size=4)
+    voice = prompt(9, 500)  # a shared voice preamble: two full blocks
+    scheduler.add(Request("first", voice + [1, 2]))
+    drain(scheduler)
+    scheduler.add(Request("second", voice + [3, 4, 5]))
+    item = scheduler.schedule().items[0]
+    assert (item.start, item.num_tokens) == (8, 4)
+    assert manager.prefix_stats.hit_tokens == 8
+    assert manager.prefix_stats.hit_rate == pytest.approx(8 / (11 + 12))
+
+
+def test_cancel_works_for_queued_and_running_requests():
+    scheduler, manager = make(max_batch_size=1, max_queue_size_tg=1)
+    a, b = Request("a", prompt(4)), Request("b", prompt(4, 50))
+    scheduler.add(a)
+    scheduler.add(b)
+    run_step(scheduler, scheduler.schedule())
+    assert manager.sequences == ["a"]
+    assert scheduler.remove("b") is b and scheduler.num_waiting == 0
+    assert scheduler.remove("a") is a and manager.num_used_blocks == 0
+    assert scheduler.remove("a") is None
+
+
+def test_a_request_finished_elsewhere_is_dropped_once_out_of_flight():
+    scheduler, manager = make()
+    r = Request("a", prompt(4))
+    scheduler.add(r)
+    output = scheduler.schedule()
+    r.stop = True  # e.g. end of speech in the batch that is still in flight
+    assert scheduler.schedule().items == []
+    assert "a" in scheduler  # still in flight: its blocks stay until the batch is done
+    run_step(scheduler, output)
+    scheduler.schedule()
+    assert "a" not in scheduler and manager.num_used_blocks == 0
+
+
+def test_overlap_scheduling_plans_the_next_step_before_the_previous_is_applied():
+    scheduler, _ = make(max_num_steps=1)
+    r = Request("a", prompt(4), budget=4)
+    scheduler.add(r)
+    first = scheduler.schedule()  # prefill, in flight
+    second = scheduler.schedule()  # decode of the token the prefill will sample
+    assert [(i.start, i.num_tokens) for i in second.items] == [(4, 1)]
+    run_step(scheduler, first)
+    run_step(scheduler, second)
+    assert r.processed == 5 and len(r.generated) == 2
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="max_num_steps"):
+        SchedulerConfig(max_num_steps=0)
+    with pytest.raises(ValueError, match="kvcache_ce_watermark"):
+        SchedulerConfig(kvcache_ce_watermark=0)
