@@ -68,20 +68,30 @@ class SamplingParams:
         return torch.Generator().manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
 
 
-def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"]) -> list[int]:
+def candidate_width(contexts: Sequence["TTSContext"]) -> int:
+    """Candidates per row for a batch: the codebook plus the most stop ids any request has."""
+    return max(c.layout.codebook_size + len(c.stop_ids) for c in contexts)
+
+
+def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *,
+                       candidate_logits: bool = False) -> list[int]:
     """One speech token per context from ``logits`` ([batch, vocab]), all rows at once.
 
     Each row only considers the ids its next frame slot allows (plus end-of-speech on a frame
     boundary once min_tokens are out), so a stream can never hold a broken frame. Every row draws
     one uniform number from its own request's generator, so a request's tokens do not depend on
     what else is in the batch.
+
+    ``logits`` is [batch, vocab], or with ``candidate_logits`` already [batch, candidates] in the
+    order of each context's ``candidate_ids(candidate_width(contexts))`` (the model computes
+    only those columns then, which is much cheaper than the whole vocabulary).
     """
     if not contexts:
         return []
-    width = max(c.layout.codebook_size + len(c.stop_ids) for c in contexts)
+    width = candidate_width(contexts)
     candidate_ids = torch.stack([c.candidate_ids(width) for c in contexts]).to(logits.device)  # [B, C]
     allowed = torch.stack([c.candidate_mask(width) for c in contexts]).to(logits.device)
-    scores = logits.float().gather(1, candidate_ids)
+    scores = logits.float() if candidate_logits else logits.float().gather(1, candidate_ids)
     counts = torch.stack([c.candidate_counts(width) for c in contexts]).to(logits.device)
     params = [c.sampling for c in contexts]
 

@@ -246,3 +246,16 @@ def test_logits_of_the_paged_model_match_transformers(tiny_model_dir):
         theirs = reference(torch.tensor([context.prompt_ids])).logits[0, -1]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
     manager.release(context.request_id)
+
+
+def test_candidate_logits_equal_the_same_columns_of_the_full_logits(tiny_model_dir):
+    engine = TTSEngine(make_config(tiny_model_dir))
+    hidden = torch.randn(5, engine.model.huggingface_config.hidden_size)
+    layout = engine.layout
+    ranges = [layout.token_range(p) for p in (0, 1, 2, 0, 6)]
+    extra = torch.tensor([[layout.end_of_speech, 128009]] * 5)
+    got = engine.model.compute_candidate_logits(hidden, ranges, extra)
+    full = engine.model.model.compute_logits(hidden)
+    for row, (start, end) in enumerate(ranges):
+        want = torch.cat([full[row, start:end], full[row, extra[row]]])
+        torch.testing.assert_close(got[row], want, atol=1e-5, rtol=1e-5)

@@ -30,6 +30,10 @@ class LlamaInputs(ModelInputs):
     logit_indices: torch.Tensor
     batch: PagedBatch
     request_ids: list[str] | None = None
+    #: When set, logits are computed only for each logit row's candidates: the half-open id range
+    #: ``candidate_ranges[i]`` followed by the ids ``candidate_extra_ids[i]`` (see sampling).
+    candidate_ranges: list[tuple[int, int]] | None = None
+    candidate_extra_ids: torch.Tensor | None = None
 
 
 class LlamaPipelineModel(PipelineModel["TTSContext"]):
@@ -168,10 +172,41 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
 
     @torch.inference_mode()
     def execute(self, model_inputs: LlamaInputs) -> ModelOutputs:
+        """Runs the step. Logits are over the whole vocabulary, or over the candidates only when
+        ``candidate_ranges`` is set (same values, far fewer columns)."""
         hidden = self.model(model_inputs.tokens, model_inputs.positions, model_inputs.batch)
-        logits = self.model.compute_logits(hidden[model_inputs.logit_indices])
+        rows = hidden[model_inputs.logit_indices]
+        if model_inputs.candidate_ranges is not None:
+            logits = self.compute_candidate_logits(rows, model_inputs.candidate_ranges,
+                                                   model_inputs.candidate_extra_ids)
+        else:
+            logits = self.model.compute_logits(rows)
         offsets = torch.arange(logits.shape[0] + 1, device=logits.device)
         return ModelOutputs(logits=logits, next_token_logits=logits, logit_offsets=offsets)
+
+
+    def compute_candidate_logits(self, hidden: torch.Tensor, ranges: Sequence[tuple[int, int]],
+                                 extra_ids: torch.Tensor | None) -> torch.Tensor:
+        """Logits of each row's id range (all of one length) then its extra ids: [rows, range + extra].
+
+        Rows that share a range (the same frame slot) go through one matrix product over a
+        contiguous slice of the output projection.
+        """
+        weight = self.model.lm_head.weight
+        width = ranges[0][1] - ranges[0][0]
+        extra = 0 if extra_ids is None else extra_ids.shape[1]
+        out = torch.empty(hidden.shape[0], width + extra, dtype=torch.float32, device=hidden.device)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for row, span in enumerate(ranges):
+            if span[1] - span[0] != width:
+                raise ValueError("every candidate range of a batch must have the same length")
+            groups.setdefault(tuple(span), []).append(row)
+        for (start, end), rows in groups.items():
+            index = torch.tensor(rows, device=hidden.device)
+            out[index, :width] = (hidden[index] @ weight[start:end].T).float()
+        if extra:
+            out[:, width:] = torch.einsum("bh,beh->be", hidden, weight[extra_ids]).float()
+        return out
 
 
 def available_memory(device: torch.device, utilization: float) -> int:

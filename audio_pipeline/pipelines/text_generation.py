@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from audio_pipeline.context import StopReason, TTSContext
-from audio_pipeline.sampling import sample_next_tokens
+from audio_pipeline.sampling import candidate_width, sample_next_tokens
 
 if TYPE_CHECKING:
     from audio_pipeline.config import PipelineConfig
@@ -148,9 +148,15 @@ class TextGenerationPipeline:
         for item in items:
             item.request.active_length = item.num_tokens
         model_inputs = model.prepare_initial_token_inputs(contexts, sample_rows=[item.sample for item in items])
-        outputs = model.execute(model_inputs)
         sampling = [item.request for item in items if item.sample]
-        sampled = iter(sample_next_tokens(outputs.next_token_logits, sampling))
+        if sampling:  # only the ids each request may produce next get logits
+            width = candidate_width(sampling)
+            ids = [c.candidate_ids(width) for c in sampling]
+            codebook = sampling[0].layout.codebook_size
+            model_inputs.candidate_ranges = [(int(i[0]), int(i[0]) + codebook) for i in ids]
+            model_inputs.candidate_extra_ids = torch.stack([i[codebook:] for i in ids]).to(model_inputs.tokens.device)
+        outputs = model.execute(model_inputs)
+        sampled = iter(sample_next_tokens(outputs.next_token_logits, sampling, candidate_logits=True))
         return [[next(sampled)] if item.sample else [] for item in items]
 
     @staticmethod

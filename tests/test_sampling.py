@@ -1,0 +1,121 @@
+"""The batched sampler: per-request settings and generators, the frame-slot constraint, penalties."""
+
+import pytest
+import torch
+
+from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.errors import InvalidArgument
+from audio_pipeline.models.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
+from audio_pipeline.sampling import SamplingParams, candidate_width, sample_next_tokens
+
+LAYOUT = OrpheusLayout()
+
+
+def context(name="r", **sampling) -> TTSContext:
+    return TTSContext(request_id=name, prompt_ids=[1, 2, 3], sampling=SamplingParams(**sampling), layout=LAYOUT)
+
+
+def logits(batch, seed=0):
+    return torch.randn(batch, MIN_VOCAB_SIZE, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_picks_the_best_allowed_id_of_the_frame_slot():
+    contexts = [context(f"r{i}", temperature=0.0, repetition_penalty=1.0) for i in range(3)]
+    for i, c in enumerate(contexts):
+        for _ in range(i):  # three different frame positions
+            c.append_token(LAYOUT.token_range(len(c.generated))[0])
+    scores = logits(3)
+    tokens = sample_next_tokens(scores, contexts)
+    for c, row, token in zip(contexts, scores, tokens):
+        start, end = LAYOUT.token_range(len(c.generated))
+        assert token == start + int(row[start:end].argmax())
+
+
+def test_every_sampled_token_is_valid_for_its_slot_even_with_wild_logits():
+    c = context(temperature=2.0, top_p=1.0, seed=3)
+    for step in range(70):
+        token = sample_next_tokens(logits(1, seed=step) * 10, [c])[0]
+        c.append_token(token)
+        if c.is_done:
+            break
+        assert LAYOUT.is_valid_token(c.generated[-1], len(c.generated) - 1)
+    assert len(c.generated) % LAYOUT.tokens_per_frame == 0 or not c.is_done
+
+
+def test_end_of_speech_only_on_frame_boundaries_and_after_min_tokens():
+    scores = logits(1)
+    scores[0, LAYOUT.end_of_speech] = 1e6  # the model wants to stop at once
+    c = context(temperature=0.0, min_tokens=14)
+    for _ in range(14):
+        c.append_token(sample_next_tokens(scores, [c])[0])
+    assert len(c.generated) == 14 and not c.is_done
+    c.append_token(sample_next_tokens(scores, [c])[0])
+    assert c.stop_reason == StopReason.END_OF_SPEECH
+
+
+def test_a_requests_tokens_do_not_depend_on_its_batch_mates():
+    def first_row(mates):
+        target = context("a", temperature=1.0, top_k=50, seed=100)
+        others = [context(f"m{i}", temperature=0.3, seed=i) for i in range(mates)]
+        tokens = []
+        for step in range(5):
+            rows = torch.cat([logits(1, seed=step), logits(mates, seed=1000 + step)])
+            tokens.append(sample_next_tokens(rows, [target, *others])[0])
+        return tokens
+
+    # Alone or with three others, the request draws the same tokens (and not one fixed choice).
+    assert first_row(0) == first_row(3)
+    assert len(set(first_row(0))) > 1
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    scores = logits(2)
+    greedy = sample_next_tokens(scores, [context("g", temperature=0.0, repetition_penalty=1.0)])[0]
+    assert sample_next_tokens(scores[:1], [context("k", temperature=1.0, top_k=1, repetition_penalty=1.0, seed=1)]) \
+        == [greedy]
+    assert sample_next_tokens(scores[:1], [context("p", temperature=1.0, top_p=1e-6, repetition_penalty=1.0,
+                                                   seed=2)]) == [greedy]
+
+
+def test_min_p_drops_unlikely_candidates():
+    start, end = LAYOUT.token_range(0)
+    scores = torch.full((1, MIN_VOCAB_SIZE), -1e9)
+    scores[0, start] = 5.0
+    scores[0, start + 1] = 5.0 - 2.0  # probability ratio e^-2 ~ 0.135
+    picks = {sample_next_tokens(scores, [context("m", temperature=1.0, top_p=1.0, min_p=0.2, seed=s,
+                                                 repetition_penalty=1.0)])[0] for s in range(40)}
+    assert picks == {start}
+    picks = {sample_next_tokens(scores, [context("m", temperature=1.0, top_p=1.0, min_p=0.05, seed=s,
+                                                 repetition_penalty=1.0)])[0] for s in range(40)}
+    assert picks == {start, start + 1}
+
+
+@pytest.mark.parametrize("penalty", [dict(repetition_penalty=100.0), dict(frequency_penalty=2.0),
+                                     dict(presence_penalty=2.0)])
+def test_penalties_push_away_from_codes_already_generated_in_that_slot(penalty):
+    start, _ = LAYOUT.token_range(0)
+    scores = torch.full((1, MIN_VOCAB_SIZE), -1.0)
+    scores[0, start] = 1.0
+    scores[0, start + 1] = 0.5
+    c = context(temperature=0.0, **{"repetition_penalty": 1.0, **penalty})
+    c.generated = []
+    c.append_token(start)  # code 0 in slot 0
+    for _ in range(6):
+        c.append_token(LAYOUT.token_range(len(c.generated))[0])
+    # Slot 0 again: code 0 was used there before, so the penalty moves the choice to code 1.
+    assert sample_next_tokens(scores, [c])[0] == start + 1
+
+
+def test_candidate_width_pads_requests_with_fewer_stop_ids():
+    contexts = [context(f"r{i}", stop_token_ids=(128009,) if i else ()) for i in range(3)]
+    width = candidate_width(contexts)
+    assert width == LAYOUT.codebook_size + 2
+    ids = torch.stack([c.candidate_ids(width) for c in contexts])
+    assert (ids[0, -1] == LAYOUT.end_of_speech) and not contexts[0].candidate_mask(width)[-1]
+
+
+def test_invalid_values_name_the_field():
+    with pytest.raises(InvalidArgument, match="sampling.top_p"):
+        SamplingParams().with_overrides(max_tokens_limit=100, tokens_per_frame=7, top_p=0.0)
+    with pytest.raises(InvalidArgument, match="sampling.stop_token_ids"):
+        SamplingParams().with_overrides(max_tokens_limit=2000, tokens_per_frame=7, stop_token_ids=[-1])
