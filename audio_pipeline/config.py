@@ -407,6 +407,11 @@ class AudioGenerationConfig(PipelineConfig):
     audio_decoder_config: dict[str, Any] = Field(default_factory=dict, description="Decoder-specific settings.")
     voices_dir: str | None = Field(None, description="Directory of registered voices; None = no registration.")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
+    voices_dir: str | None = Field(
+        None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "
+                          "$AUDIO_PIPELINE_CACHE or ~/.cache/audio-pipeline.")
+    max_reference_seconds: float = Field(
+        30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
 
     def _rule_problems(self) -> list[str]:
         problems = super()._rule_problems()

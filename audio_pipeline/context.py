@@ -28,6 +28,8 @@ class TTSContext:
     sampling: SamplingParams
     layout: OrpheusLayout
     voice: str | None = None
+    #: Speech codes of the voice prompt (a cloned voice's reference), for the decoder's prepend modes.
+    prompt_speech_codes: torch.Tensor | None = None
     #: Generated speech-token ids (end-of-speech not included).
     generated: list[int] = field(default_factory=list)
     #: Tokens (prompt, then generated) whose keys and values are in the KV cache.

@@ -24,6 +24,8 @@ from audio_pipeline.errors import InvalidArgument, NotFound, RequestError
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_transcript,
+                                   read_reference_audio)
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, Usage
 from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
 from audio_pipeline.sampling import SamplingParams
@@ -98,6 +100,7 @@ class TTSEngine:
         kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
         self.decoder = load_audio_decoder(config.audio_decoder, self._decoder_weights(),
                                           config.audio_decoder_config, device=device)
+        self.decoder_device = device
         if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
             raise ValueError(f"audio_decoder: {config.audio_decoder!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")
@@ -113,8 +116,26 @@ class TTSEngine:
         if config.enable_overlap_scheduler:  # the overlap pipeline runs one decode step per batch
             scheduler_config = dataclasses.replace(scheduler_config, max_num_steps=1)
         self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
+        self.voice_store = self._open_voice_store()
         self.generation = AudioGenerationEngine(pipeline, self.decoder, ChunkSchedule(config.chunk_size, config.buffer),
                                                 self.scheduler, metrics=self.metrics)
+
+    def _open_voice_store(self) -> VoiceStore | None:
+        """The registered voices (None when the decoder cannot encode audio, so no cloning)."""
+        if not getattr(self.decoder, "supports_encoding", hasattr(self.decoder, "encode")):
+            return None
+        from audio_pipeline.models.tiny import builtin_cache_dir
+
+        directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
+        store = VoiceStore(directory, self.config.audio_decoder, self.decoder.sample_rate, self._encode)
+        skipped = store.load()
+        if skipped:
+            logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
+        return store
+
+    def _encode(self, samples: np.ndarray) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.decoder.encode(torch.from_numpy(samples).to(self.decoder_device)).cpu().long()
 
     def _decoder_weights(self) -> str:
         if self.config.audio_decoder_weights:
@@ -134,9 +155,39 @@ class TTSEngine:
 
     @property
     def voices(self) -> list[VoiceInfo]:
-        """Voices, default first."""
+        """Preset voices (default first), then registered ones."""
         default = self.manifest.default_voice
-        return sorted(self.manifest.voices, key=lambda v: v.name != default)
+        presets = sorted(self.manifest.voices, key=lambda v: v.name != default)
+        registered = [VoiceInfo(v.name, v.description, v.language) for v in self.registered_voices()]
+        return presets + registered
+
+    def registered_voices(self) -> list[RegisteredVoice]:
+        return self.voice_store.voices() if self.voice_store is not None else []
+
+    def register_voice(self, name: str, audio: bytes, transcript: str, description: str = "") -> RegisteredVoice:
+        """Clones a voice from a recording and its transcript and keeps it under ``name``."""
+        store = self._require_store()
+        samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
+        transcript = check_transcript(transcript, self.config.sampling.max_text_chars)
+        return store.register(name, samples, transcript, description, reserved={v.name for v in self.manifest.voices})
+
+    def delete_voice(self, name: str) -> None:
+        if name in {v.name for v in self.manifest.voices}:
+            raise InvalidArgument(f"{name!r} is a preset voice of the model and cannot be deleted", field="name")
+        self._require_store().delete(name)
+
+    def reference_prompt(self, audio: bytes, transcript: str) -> VoicePrompt:
+        """A one-request voice prompt from a recording and its transcript."""
+        self._require_store()
+        samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
+        transcript = check_transcript(transcript, self.config.sampling.max_text_chars)
+        return VoicePrompt(transcript, self._encode(samples))
+
+    def _require_store(self) -> VoiceStore:
+        if self.voice_store is None:
+            raise InvalidArgument(f"the audio decoder {self.config.audio_decoder!r} cannot encode audio, so this "
+                                  "server cannot clone voices", field="reference")
+        return self.voice_store
 
     @property
     def max_seq_len(self) -> int:
@@ -145,7 +196,7 @@ class TTSEngine:
     # --- requests --------------------------------------------------------------------------------
 
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
-                       **sampling_overrides: Any) -> TTSContext:
+                       reference: VoicePrompt | None = None, **sampling_overrides: Any) -> TTSContext:
         """A validated context; InvalidArgument or NotFound naming the field otherwise."""
         if not text or not text.strip():
             raise InvalidArgument("must not be empty", field="text")
@@ -154,14 +205,19 @@ class TTSEngine:
             raise InvalidArgument(f"{len(text)} characters, over the limit of {limit}", field="text")
         if request_id is not None and len(request_id) > MAX_REQUEST_ID_CHARS:
             raise InvalidArgument(f"longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id")
-        names = [v.name for v in self.manifest.voices]
-        voice = voice or self.manifest.default_voice
-        if voice is not None and voice not in names:
-            raise NotFound(f"unknown voice {voice!r}; available: {', '.join(names)}", field="voice")
+        if reference is not None and voice:
+            raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
+        names = [v.name for v in self.voices]
+        if reference is None and voice and self.voice_store is not None and self.voice_store.get(voice):
+            reference = self.voice_store.get(voice).prompt
+        elif reference is None:
+            voice = voice or self.manifest.default_voice
+            if voice is not None and voice not in names:
+                raise NotFound(f"unknown voice {voice!r}; available: {', '.join(names)}", field="voice")
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
-        prompt = self.layout.build_prompt(self.tokenizer, text, voice)
+        prompt = self.layout.build_prompt(self.tokenizer, text, voice, reference)
         if not self.config.enable_chunked_prefill and len(prompt) > self.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
                                   f"({self.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
@@ -170,7 +226,8 @@ class TTSEngine:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
                                   f"maximum sequence length {self.max_seq_len}", field="text")
         return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
-                          layout=self.layout, voice=voice)
+                          layout=self.layout, voice=voice,
+                          prompt_speech_codes=reference.codes if reference is not None else None)
 
     def submit(self, context: TTSContext, sink: Sink) -> None:
         self.generation.submit(context, sink)

@@ -25,3 +25,7 @@ class ResourceExhausted(RequestError):
 
 class Unavailable(RequestError):
     """The engine is not accepting work: warming up or shutting down (gRPC UNAVAILABLE)."""
+
+
+class AlreadyExists(RequestError):
+    """A name to create is taken (gRPC ALREADY_EXISTS)."""

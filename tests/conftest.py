@@ -24,7 +24,10 @@ def tiny_model_dir(tmp_path_factory):
 def make_config(model_dir, *flags, **overrides):
     from audio_pipeline.config import AudioGenerationConfig
 
+    import tempfile
+
     model = {"model_path": str(model_dir), "device": "cpu", **overrides.pop("model", {})}
+    overrides.setdefault("voices_dir", tempfile.mkdtemp(prefix="voices-"))
     return AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=28,56", f"sampling.max_tokens={TEST_MAX_TOKENS}",
                                                            "grace_period_s=5", *flags], model=model, **overrides)
 

@@ -14,6 +14,7 @@ END_OF_SPEECH = 128258
 START_OF_HUMAN = 128259
 END_OF_HUMAN = 128260
 START_OF_AI = 128261
+END_OF_AI = 128262
 PAD = 128263
 AUDIO_TOKEN_BASE = 128266
 CODEBOOK_SIZE = 4096
@@ -41,9 +42,18 @@ class OrpheusLayout:
         """Smallest LM vocabulary that holds every speech token id of this layout."""
         return self.audio_token_base + self.tokens_per_frame * self.codebook_size
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None) -> list[int]:
-        """The LM prompt ids for ``text`` spoken by ``voice`` (the engine's only entry point)."""
-        return self.prompt_ids(tokenizer(self.prompt_text(text, voice)).input_ids)
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
+        """The LM prompt ids for ``text`` spoken by ``voice`` (the engine's only entry point).
+
+        With a ``reference`` (a cloned voice: ``.transcript`` and frame-major ``.codes``), the prompt
+        first holds one finished exchange, the transcript and the reference's speech tokens, so
+        the model continues in that voice; the text then carries no voice prefix.
+        """
+        if reference is None:
+            return self.prompt_ids(tokenizer(self.prompt_text(text, voice)).input_ids)
+        example = self.prompt_ids(tokenizer(reference.transcript).input_ids)
+        speech = self.codes_to_tokens(reference.codes.tolist())
+        return [*example, *speech, END_OF_SPEECH, END_OF_AI, *self.prompt_ids(tokenizer(text).input_ids)]
 
     def prompt_ids(self, text_ids: Sequence[int]) -> list[int]:
         """The full LM prompt around already tokenized ``"{voice}: {text}"`` ids."""

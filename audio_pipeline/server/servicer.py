@@ -10,7 +10,8 @@ import grpc
 
 from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, ResourceExhausted, Unavailable
+from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
+                                   Unavailable)
 from audio_pipeline.pipelines.audio_generation import AudioEvent
 from audio_pipeline.server.audio_output import StreamAudioOutput
 from audio_pipeline.server.metrics import ServerMetrics
@@ -23,6 +24,7 @@ STATUS_OF_ERROR = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
 }
 STOP_REASONS = {StopReason.END_OF_SPEECH: tts_pb2.STOP_REASON_END_OF_SPEECH,
                 StopReason.MAX_TOKENS: tts_pb2.STOP_REASON_MAX_TOKENS}
@@ -49,8 +51,14 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         if not self.ready:
             await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
         try:
+            reference = None
+            if request.HasField("reference"):
+                # Encoding the recording runs the decoder's encoder: keep it off the event loop.
+                reference = await asyncio.get_running_loop().run_in_executor(
+                    None, self.engine.reference_prompt, request.reference.audio, request.reference.transcript)
             tts_context = self.engine.create_context(
-                request.text, voice=request.voice or None, request_id=request_id, **sampling_overrides(request))
+                request.text, voice=request.voice or None, request_id=request_id, reference=reference,
+                **sampling_overrides(request))
             output = StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
         except RequestError as error:
             await self._abort(context, error, "invalid")
@@ -113,7 +121,32 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
 
     async def ListVoices(self, request: tts_pb2.ListVoicesRequest, context: grpc.aio.ServicerContext):
         default = self.engine.manifest.default_voice
+        registered = {v.name for v in self.engine.registered_voices()}
         return tts_pb2.ListVoicesResponse(voices=[
-            tts_pb2.Voice(name=v.name, description=v.description, language=v.language, is_default=v.name == default)
+            tts_pb2.Voice(name=v.name, description=v.description, language=v.language, is_default=v.name == default,
+                          registered=v.name in registered)
             for v in self.engine.voices])
+
+    async def RegisterVoice(self, request: tts_pb2.RegisterVoiceRequest, context: grpc.aio.ServicerContext):
+        if not self.ready:
+            await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
+        try:
+            voice = await asyncio.get_running_loop().run_in_executor(
+                None, self.engine.register_voice, request.name, request.reference.audio,
+                request.reference.transcript, request.description)
+        except RequestError as error:
+            await self._abort(context, error, "invalid")
+            return
+        logger.info("registered voice %s (%d speech codes)", voice.name, voice.prompt.codes.numel())
+        return tts_pb2.Voice(name=voice.name, description=voice.description, language=voice.language,
+                             registered=True)
+
+    async def DeleteVoice(self, request: tts_pb2.DeleteVoiceRequest, context: grpc.aio.ServicerContext):
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.delete_voice, request.name)
+        except RequestError as error:
+            await self._abort(context, error, "invalid")
+            return
+        logger.info("deleted voice %s", request.name)
+        return tts_pb2.DeleteVoiceResponse()
 

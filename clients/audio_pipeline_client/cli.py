@@ -20,7 +20,9 @@ SERVER_ENVIRONMENT = "AUDIO_PIPELINE_SERVER"
 TOKEN_ENVIRONMENT = "AUDIO_PIPELINE_TOKEN"
 USAGE = f"""\
 {PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) (--output FILE.wav | --raw) [options]
-       {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--wait-ready S] [--tls] [--ca-file PEM] [--token T]"""
+       {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--wait-ready S] [--tls] [--ca-file PEM] [--token T]
+       {PROGRAM} register-voice NAME --audio FILE --transcript TEXT [--description TEXT] [connection options]
+       {PROGRAM} delete-voice NAME [connection options]"""
 PROGRESS_LINE_SECONDS = 2.0
 PROGRESS_REDRAW_SECONDS = 0.1
 
@@ -35,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["voices"]:
             return list_voices(voices_parser().parse_args(argv[1:]))
+        if argv[:1] == ["register-voice"]:
+            return register_voice(register_parser().parse_args(argv[1:]))
+        if argv[:1] == ["delete-voice"]:
+            return delete_voice(delete_parser().parse_args(argv[1:]))
         return synthesize(synthesize_parser().parse_args(argv))
     except SystemExit as exit_request:  # argparse: --help (0) or a usage error (2)
         return exit_request.code if isinstance(exit_request.code, int) else 2
@@ -77,6 +83,10 @@ def synthesize_parser() -> argparse.ArgumentParser:
     sink.add_argument("--raw", action="store_true",
                       help="write raw little-endian PCM in --format to stdout, e.g. | aplay -f S16_LE -r 24000")
     parser.add_argument("--voice", help="voice name (see 'voices'; default: the server's default voice)")
+    parser.add_argument("--reference-audio", metavar="FILE",
+                        help="clone the voice of this recording (WAV/FLAC/OGG) for this request; needs "
+                             "--reference-transcript")
+    parser.add_argument("--reference-transcript", metavar="TEXT", help="the words spoken in --reference-audio")
     parser.add_argument("--sample-rate", type=positive_int, metavar="HZ", help="output rate (default: native)")
     parser.add_argument("--format", choices=["pcm16", "f32"], default="pcm16",
                         help="sample format on the wire and in the output (default: %(default)s)")
@@ -95,6 +105,37 @@ def synthesize_parser() -> argparse.ArgumentParser:
 def voices_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(prog=f"{PROGRAM} voices", parents=[connection_arguments()],
                                    description="List the voices of an audio-pipeline server.")
+
+
+def register_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"{PROGRAM} register-voice", parents=[connection_arguments()],
+                                     description="Register a cloned voice from a recording and its transcript.")
+    parser.add_argument("name", help="the new voice's name (a-z, 0-9, '-', '_')")
+    parser.add_argument("--audio", required=True, metavar="FILE", help="the reference recording (WAV/FLAC/OGG)")
+    parser.add_argument("--transcript", required=True, help="the words spoken in the recording")
+    parser.add_argument("--description", default="", help="shown by 'voices'")
+    return parser
+
+
+def delete_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"{PROGRAM} delete-voice", parents=[connection_arguments()],
+                                     description="Delete a registered voice.")
+    parser.add_argument("name", help="the registered voice's name")
+    return parser
+
+
+def register_voice(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        voice = client.register_voice(args.name, Path(args.audio), args.transcript, description=args.description)
+    print(f"registered voice {voice.name}")
+    return 0
+
+
+def delete_voice(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        client.delete_voice(args.name)
+    print(f"deleted voice {args.name}")
+    return 0
 
 
 def positive_int(value: str) -> int:
@@ -141,7 +182,9 @@ def list_voices(args: argparse.Namespace) -> int:
     with connect(args) as client:
         voices = client.list_voices()
     rows = [("NAME", "LANGUAGE", "DEFAULT", "DESCRIPTION")]
-    rows += [(voice.name, voice.language, "yes" if voice.is_default else "", voice.description) for voice in voices]
+    rows += [(voice.name, voice.language, "yes" if voice.is_default else "",
+              f"[registered] {voice.description}".strip() if voice.registered else voice.description)
+             for voice in voices]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
@@ -166,6 +209,9 @@ def read_text(args: argparse.Namespace) -> str:
 
 def synthesize(args: argparse.Namespace) -> int:
     text = read_text(args)
+    if (args.reference_audio is None) != (args.reference_transcript is None):
+        raise CommandError("--reference-audio and --reference-transcript go together")
+    reference_audio = Path(args.reference_audio) if args.reference_audio else None
     encoding = parse_encoding(args.format)
     sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
     progress = Progress(quiet=args.quiet)
@@ -175,7 +221,8 @@ def synthesize(args: argparse.Namespace) -> int:
                                        min_tokens=args.min_tokens, temperature=args.temperature,
                                        top_p=args.top_p, top_k=args.top_k,
                                        repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate,
-                                       encoding=encoding, request_id=args.request_id):
+                                       encoding=encoding, request_id=args.request_id,
+                                       reference_audio=reference_audio, reference_transcript=args.reference_transcript):
                 sink.write(chunk)
                 progress.update(chunk)
         sink.commit()

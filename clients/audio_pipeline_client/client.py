@@ -8,7 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from audio_pipeline_client.protocol import StreamReader, build_request, result_from_chunks, voice_from_proto
+from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, build_request, result_from_chunks,
+                                            voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
     Deadline,
@@ -59,19 +60,22 @@ class TTSClient:
                    max_tokens: int | None = None, min_tokens: int | None = None,
                    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                    repetition_penalty: float | None = None, sample_rate: int | None = None,
-                   encoding: str | int | None = None, request_id: str | None = None) -> SynthesisResult:
+                   encoding: str | int | None = None, request_id: str | None = None,
+                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None) -> SynthesisResult:
         """Speaks ``text`` and returns the whole audio. Options left None take the server's defaults."""
         request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k,
                                 repetition_penalty=repetition_penalty, sample_rate=sample_rate,
-                                encoding=encoding, request_id=request_id)
+                                encoding=encoding, request_id=request_id,
+                                reference_audio=reference_audio, reference_transcript=reference_transcript)
         return result_from_chunks(list(self._stream_request(request)))
 
     def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
                max_tokens: int | None = None, min_tokens: int | None = None,
                temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                repetition_penalty: float | None = None, sample_rate: int | None = None,
-               encoding: str | int | None = None, request_id: str | None = None) -> Iterator[AudioStreamChunk]:
+               encoding: str | int | None = None, request_id: str | None = None,
+                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None) -> Iterator[AudioStreamChunk]:
         """Speaks ``text``, yielding audio chunks as they arrive and then one final chunk with the usage.
 
         Leaving the loop early (``break``) or calling ``.close()`` on the iterator cancels the call.
@@ -79,7 +83,8 @@ class TTSClient:
         request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k,
                                 repetition_penalty=repetition_penalty, sample_rate=sample_rate,
-                                encoding=encoding, request_id=request_id)
+                                encoding=encoding, request_id=request_id,
+                                reference_audio=reference_audio, reference_transcript=reference_transcript)
         return self._stream_request(request)
 
     def list_voices(self) -> list[Voice]:
@@ -97,6 +102,26 @@ class TTSClient:
                     raise TTSError.from_rpc_error(error) from error
             time.sleep(delay)
             attempt += 1
+
+    def register_voice(self, name: str, audio: ReferenceAudio, transcript: str, *,
+                       description: str = "") -> Voice:
+        """Registers a cloned voice from a recording (an audio file's bytes or path) and its transcript;
+        afterwards ``voice=name`` speaks with it, also after a server restart."""
+        request = tts_pb2.RegisterVoiceRequest(name=name, reference=voice_reference(audio, transcript),
+                                               description=description)
+        try:
+            return voice_from_proto(self._stub.RegisterVoice(request, timeout=Deadline(self.timeout).remaining(),
+                                                              metadata=self._metadata))
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+
+    def delete_voice(self, name: str) -> None:
+        """Deletes a registered voice (TTSError NOT_FOUND when there is none of that name)."""
+        try:
+            self._stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name=name), timeout=Deadline(self.timeout).remaining(),
+                                    metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Blocks until the server's health service reports SERVING; TTSError once ``timeout`` passes."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Union
+
 import numpy as np
 
 from audio_pipeline_client._proto import tts_pb2
@@ -37,9 +41,13 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
                   max_tokens: int | None = None, min_tokens: int | None = None,
                   temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                   repetition_penalty: float | None = None, sample_rate: int | None = None,
-                  encoding: str | int | None = None, request_id: str | None = None) -> tts_pb2.SynthesizeRequest:
+                  encoding: str | int | None = None, request_id: str | None = None,
+                  reference_audio: ReferenceAudio | None = None,
+                  reference_transcript: str | None = None) -> tts_pb2.SynthesizeRequest:
     """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
     request = tts_pb2.SynthesizeRequest(text=text)
+    if reference_audio is not None or reference_transcript is not None:
+        request.reference.CopyFrom(voice_reference(reference_audio, reference_transcript))
     if voice is not None:
         request.voice = voice
     if sample_rate is not None:
@@ -56,6 +64,19 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
     if given:
         request.sampling.CopyFrom(tts_pb2.SamplingParams(**given))
     return request
+
+
+ReferenceAudio = Union[bytes, str, os.PathLike]
+
+
+def voice_reference(audio: ReferenceAudio | None, transcript: str | None) -> tts_pb2.VoiceReference:
+    """A VoiceReference from a recording (an audio file's bytes, or its path) and its transcript."""
+    if isinstance(audio, (str, os.PathLike)):
+        try:
+            audio = Path(audio).read_bytes()
+        except OSError as exc:
+            raise TTSError.invalid_input(f"reference audio {audio}: {exc.strerror or exc}") from None
+    return tts_pb2.VoiceReference(audio=audio or b"", transcript=transcript or "")
 
 
 def sample_width(encoding: int) -> int:
@@ -97,7 +118,7 @@ def usage_from_proto(usage: tts_pb2.Usage) -> Usage:
 
 def voice_from_proto(voice: tts_pb2.Voice) -> Voice:
     return Voice(name=voice.name, description=voice.description, language=voice.language,
-                 is_default=voice.is_default)
+                 is_default=voice.is_default, registered=voice.registered)
 
 
 class StreamReader:

@@ -27,6 +27,8 @@ class Voice:
     description: str
     language: str
     is_default: bool
+    #: Registered with register_voice (a cloned voice that can be deleted).
+    registered: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ class TTSError(Exception):
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)
         return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+    @classmethod
+    def invalid_input(cls, what: str) -> TTSError:
+        """Something the caller passed cannot be sent (an unreadable reference file, say)."""
+        return cls(grpc.StatusCode.INVALID_ARGUMENT, what)
 
     @classmethod
     def protocol_violation(cls, what: str) -> TTSError:

@@ -25,6 +25,14 @@ STOP_REASON_UNSPECIFIED: StopReason
 STOP_REASON_END_OF_SPEECH: StopReason
 STOP_REASON_MAX_TOKENS: StopReason
 
+class VoiceReference(_message.Message):
+    __slots__ = ("audio", "transcript")
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
+    audio: bytes
+    transcript: str
+    def __init__(self, audio: _Optional[bytes] = ..., transcript: _Optional[str] = ...) -> None: ...
+
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -44,20 +52,22 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id")
+    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
     text: str
     voice: str
     sampling: SamplingParams
     encoding: AudioEncoding
     sample_rate: int
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    reference: VoiceReference
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ...) -> None: ...
 
 class AudioFormat(_message.Message):
     __slots__ = ("sample_rate", "encoding", "channels")
@@ -118,16 +128,38 @@ class ListVoicesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Voice(_message.Message):
-    __slots__ = ("name", "description", "language", "is_default")
+    __slots__ = ("name", "description", "language", "is_default", "registered")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     language: str
     is_default: bool
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., language: _Optional[str] = ..., is_default: _Optional[bool] = ...) -> None: ...
+    registered: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., language: _Optional[str] = ..., is_default: _Optional[bool] = ..., registered: _Optional[bool] = ...) -> None: ...
+
+class RegisterVoiceRequest(_message.Message):
+    __slots__ = ("name", "reference", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reference: VoiceReference
+    description: str
+    def __init__(self, name: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class DeleteVoiceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteVoiceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ListVoicesResponse(_message.Message):
     __slots__ = ("voices",)

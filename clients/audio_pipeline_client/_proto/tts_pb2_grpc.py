@@ -45,6 +45,16 @@ class TextToSpeechStub:
                 request_serializer=audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesRequest.SerializeToString,
                 response_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesResponse.FromString,
                 _registered_method=True)
+        self.RegisterVoice = channel.unary_unary(
+                '/audio_pipeline.v1.TextToSpeech/RegisterVoice',
+                request_serializer=audio__pipeline_dot_v1_dot_tts__pb2.RegisterVoiceRequest.SerializeToString,
+                response_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.Voice.FromString,
+                _registered_method=True)
+        self.DeleteVoice = channel.unary_unary(
+                '/audio_pipeline.v1.TextToSpeech/DeleteVoice',
+                request_serializer=audio__pipeline_dot_v1_dot_tts__pb2.DeleteVoiceRequest.SerializeToString,
+                response_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.DeleteVoiceResponse.FromString,
+                _registered_method=True)
 
 
 class TextToSpeechServicer:
@@ -62,7 +72,26 @@ class TextToSpeechServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListVoices(self, request, context):
-        """Lists the voices this server can speak with.
+        """Lists the voices this server can speak with: the model's preset voices and registered ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterVoice(self, request, context):
+        """Registers a cloned voice from a reference recording and its transcript, under a new name
+        usable as SynthesizeRequest.voice. Registered voices are kept on the server's disk
+        (`voices_dir`) and survive a restart.
+        Errors: INVALID_ARGUMENT (bad name, audio or transcript; the message names the field),
+        ALREADY_EXISTS (the name is taken), UNAVAILABLE (warming up or shutting down).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVoice(self, request, context):
+        """Deletes a registered voice. Errors: NOT_FOUND (no such registered voice),
+        INVALID_ARGUMENT (a preset voice of the model cannot be deleted).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -80,6 +109,16 @@ def add_TextToSpeechServicer_to_server(servicer, server):
                     servicer.ListVoices,
                     request_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesRequest.FromString,
                     response_serializer=audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesResponse.SerializeToString,
+            ),
+            'RegisterVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterVoice,
+                    request_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.RegisterVoiceRequest.FromString,
+                    response_serializer=audio__pipeline_dot_v1_dot_tts__pb2.Voice.SerializeToString,
+            ),
+            'DeleteVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVoice,
+                    request_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.DeleteVoiceRequest.FromString,
+                    response_serializer=audio__pipeline_dot_v1_dot_tts__pb2.DeleteVoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +176,60 @@ class TextToSpeech:
             '/audio_pipeline.v1.TextToSpeech/ListVoices',
             audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesRequest.SerializeToString,
             audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/audio_pipeline.v1.TextToSpeech/RegisterVoice',
+            audio__pipeline_dot_v1_dot_tts__pb2.RegisterVoiceRequest.SerializeToString,
+            audio__pipeline_dot_v1_dot_tts__pb2.Voice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/audio_pipeline.v1.TextToSpeech/DeleteVoice',
+            audio__pipeline_dot_v1_dot_tts__pb2.DeleteVoiceRequest.SerializeToString,
+            audio__pipeline_dot_v1_dot_tts__pb2.DeleteVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,

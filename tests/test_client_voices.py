@@ -1,0 +1,76 @@
+"""Voice cloning from the client library and tts-client, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import soundfile as sf
+
+from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
+from audio_pipeline_client.cli import main as tts_client
+from test_voices import TRANSCRIPT, recording
+
+
+@pytest.fixture
+def reference_file(tmp_path):
+    path = tmp_path / "me.wav"
+    path.write_bytes(recording(seconds=1.5, rate=22050))
+    return path
+
+
+def test_library_registers_uses_and_deletes_a_voice(idle_server, reference_file):
+    with TTSClient(idle_server.target, timeout=120) as client:
+        voice = client.register_voice("lib-voice", reference_file, TRANSCRIPT, description="from the library")
+        assert voice.registered and voice.name == "lib-voice"
+        assert any(v.name == "lib-voice" and v.registered for v in client.list_voices())
+        result = client.synthesize("Hello in my voice.", voice="lib-voice", max_tokens=28, temperature=0.0)
+        assert result.samples.size > 0
+        inline = client.synthesize("Hello once.", reference_audio=reference_file.read_bytes(),
+                                   reference_transcript=TRANSCRIPT, max_tokens=28)
+        assert inline.usage.prompt_tokens > result.usage.prompt_tokens - 40
+        client.delete_voice("lib-voice")
+        with pytest.raises(TTSError) as gone:
+            client.delete_voice("lib-voice")
+        assert gone.value.code.name == "NOT_FOUND"
+        with pytest.raises(TTSError) as bad:
+            client.synthesize("x", reference_audio=b"", reference_transcript=TRANSCRIPT)
+        assert bad.value.code.name == "INVALID_ARGUMENT" and "reference.audio" in str(bad.value)
+
+
+def test_async_library_registers_and_deletes(idle_server, reference_file):
+    async def go():
+        async with AsyncTTSClient(idle_server.target, timeout=120) as client:
+            voice = await client.register_voice("async-voice", reference_file, TRANSCRIPT)
+            assert voice.registered
+            await client.delete_voice("async-voice")
+            return [v.name for v in await client.list_voices()]
+
+    assert "async-voice" not in asyncio.run(go())
+
+
+def test_cli_register_synthesize_with_reference_and_delete(idle_server, reference_file, tmp_path, capsys):
+    server = ["--server", idle_server.target]
+    assert tts_client(["register-voice", "cli-voice", "--audio", str(reference_file), "--transcript", TRANSCRIPT,
+                       *server]) == 0
+    assert "registered voice cli-voice" in capsys.readouterr().out
+    assert tts_client(["voices", *server]) == 0
+    assert "[registered]" in capsys.readouterr().out
+    out = tmp_path / "cloned.wav"
+    assert tts_client([*server, "--text", "Hi.", "--voice", "cli-voice", "--output", str(out), "--max-tokens", "28",
+                       "--quiet"]) == 0
+    assert sf.info(out).frames > 0
+    out2 = tmp_path / "inline.wav"
+    assert tts_client([*server, "--text", "Hi.", "--reference-audio", str(reference_file), "--reference-transcript",
+                       TRANSCRIPT, "--output", str(out2), "--max-tokens", "28", "--quiet"]) == 0
+    assert tts_client(["delete-voice", "cli-voice", *server]) == 0
+    capsys.readouterr()
+    assert tts_client(["delete-voice", "cli-voice", *server]) == 1
+    err = capsys.readouterr().err
+    assert "NOT_FOUND" in err and err.count("\n") == 1
+    assert tts_client([*server, "--text", "Hi.", "--reference-audio", str(reference_file), "--output",
+                       str(out2)]) == 1
+    assert "go together" in capsys.readouterr().err
+    assert tts_client([*server, "--text", "Hi.", "--reference-audio", str(tmp_path / "missing.wav"),
+                       "--reference-transcript", "x", "--output", str(out2)]) == 1
+    assert "missing.wav" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""Voice cloning over gRPC: RegisterVoice / DeleteVoice / ListVoices, persistence across a restart,
+a reference recording in the request, and bad references answered with INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import io
+
+import grpc
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audio_pipeline.models.orpheus import END_OF_AI, END_OF_SPEECH, OrpheusLayout
+from audio_pipeline.server.background import BackgroundServer
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from conftest import make_config, wait_idle
+
+TRANSCRIPT = "This is my voice, please copy it."
+
+
+def recording(seconds=1.0, rate=16000, fmt="WAV", channels=1) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    wave = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    wave = np.stack([wave] * channels, axis=1) if channels > 1 else wave
+    buffer = io.BytesIO()
+    sf.write(buffer, wave.astype(np.float32), rate, format=fmt)
+    return buffer.getvalue()
+
+
+def reference(**kwargs) -> tts_pb2.VoiceReference:
+    return tts_pb2.VoiceReference(audio=kwargs.get("audio", recording()), transcript=kwargs.get("transcript", TRANSCRIPT))
+
+
+def synthesize(stub, **fields):
+    return list(stub.Synthesize(tts_pb2.SynthesizeRequest(
+        text="Speak in the cloned voice.", sampling=tts_pb2.SamplingParams(max_tokens=28, temperature=0.0), **fields),
+        timeout=120))
+
+
+@pytest.fixture
+def server(tiny_model_dir, tmp_path):
+    running = BackgroundServer(make_config(tiny_model_dir, voices_dir=str(tmp_path / "voices"))).start()
+    yield running
+    running.stop()
+
+
+def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
+    with grpc.insecure_channel(server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        voice = stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference(audio=recording(
+            rate=44100, fmt="FLAC", channels=2)), description="Alice, cloned"), timeout=60)
+        assert (voice.name, voice.registered, voice.description) == ("alice", True, "Alice, cloned")
+        listed = {v.name: v for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices}
+        assert listed["alice"].registered and not listed["tara"].registered
+        chunks = synthesize(stub, voice="alice")
+        assert chunks[-1].HasField("complete")
+        with pytest.raises(grpc.RpcError) as taken:
+            stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference()), timeout=60)
+        assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS and "name" in taken.value.details()
+    # The prompt starts with the reference exchange: transcript, its speech tokens, end of turn.
+    engine = server.engine
+    context = engine.create_context("Speak in the cloned voice.", voice="alice")
+    codes = engine.voice_store.get("alice").prompt.codes
+    speech = OrpheusLayout().codes_to_tokens(codes.tolist())
+    at = context.prompt_ids.index(speech[0])
+    assert context.prompt_ids[at:at + len(speech) + 2] == [*speech, END_OF_SPEECH, END_OF_AI]
+    assert context.prompt_speech_codes.equal(codes)
+    assert codes.numel() % engine.layout.tokens_per_frame == 0 and codes.numel() > 0
+    server.stop()
+
+    # A restart with the same voices_dir knows the voice; deleting it forgets it for good.
+    again = BackgroundServer(make_config(tiny_model_dir, voices_dir=str(tmp_path / "voices"))).start()
+    try:
+        with grpc.insecure_channel(again.target) as channel:
+            stub = tts_pb2_grpc.TextToSpeechStub(channel)
+            assert "alice" in [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices]
+            assert again.engine.voice_store.get("alice").prompt.codes.equal(codes)
+            stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10)
+            for call in (lambda: stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10),
+                         lambda: synthesize(stub, voice="alice")):
+                with pytest.raises(grpc.RpcError) as gone:
+                    call()
+                assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(grpc.RpcError) as preset:
+                stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="tara"), timeout=10)
+            assert preset.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert not (tmp_path / "voices" / "alice").exists()
+        wait_idle(again.engine)
+    finally:
+        again.stop()
+
+
+def test_a_reference_in_the_request_clones_for_that_request_only(server):
+    with grpc.insecure_channel(server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        chunks = synthesize(stub, reference=reference())
+        assert chunks[0].HasField("format") and chunks[-1].HasField("complete")
+        assert chunks[-1].complete.usage.prompt_tokens > 40  # the reference exchange is in the prompt
+        assert [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices if v.registered] == []
+    wait_idle(server.engine)
+
+
+def wav_at(rate):
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(rate // 2, dtype=np.float32) + 0.1, rate, format="WAV")
+    return buffer.getvalue()
+
+
+BAD_REFERENCES = [
+    pytest.param(dict(audio=b""), "reference.audio", "empty", id="empty"),
+    pytest.param(dict(audio=recording(seconds=31)), "reference.audio", "over the limit", id="too-long"),
+    pytest.param(dict(audio=b"RIFF not really a wave file"), "reference.audio", "cannot be read", id="unreadable"),
+    pytest.param(dict(audio=wav_at(4000)), "reference.audio", "sample rate 4000 Hz", id="rate"),
+    pytest.param(dict(audio=recording(seconds=0.01)), "reference.audio", "too short", id="too-short"),
+    pytest.param(dict(transcript=""), "reference.transcript", "required", id="no-transcript"),
+    pytest.param(dict(transcript="x" * 5000), "reference.transcript", "over the limit", id="long-transcript"),
+]
+
+
+@pytest.mark.parametrize("fields, field, words", BAD_REFERENCES)
+def test_bad_references_are_invalid_argument_naming_the_field(idle_server, fields, field, words):
+    with grpc.insecure_channel(idle_server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        for call in (lambda: synthesize(stub, reference=reference(**fields)),
+                     lambda: stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(
+                         name="bad", reference=reference(**fields)), timeout=60)):
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details().startswith(f"{field}:") and words in caught.value.details()
+        # The server goes on serving.
+        assert synthesize(stub)[-1].HasField("complete")
+
+
+@pytest.mark.parametrize("request_fields, field", [
+    (dict(name="Bad Name!"), "name"),
+    (dict(name="ok", description="d" * 201), "description"),
+])
+def test_bad_registrations_name_the_field(idle_server, request_fields, field):
+    with grpc.insecure_channel(idle_server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(reference=reference(), **request_fields), timeout=60)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith(f"{field}:")
+
+
+def test_voice_and_reference_together_are_refused(idle_server):
+    with grpc.insecure_channel(idle_server.target) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            synthesize(tts_pb2_grpc.TextToSpeechStub(channel), voice="tara", reference=reference())
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and caught.value.details().startswith("voice:")
