@@ -48,9 +48,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "model.weight_path": "explicit weight files (weights are read from model_path)",
     "sampling.enable_structured_output": "structured output",
     "profiling.gpu_profiling": "GPU profiling",
-    "block_causal": "block-causal streaming decode",
-    "prepend_prompt_speech_tokens": "sending prompt speech tokens to the decoder",
-    "prepend_prompt_speech_tokens_causal": "sending prompt speech tokens to the decoder",
     "run_model_test_mode": "model test mode",
 }
 

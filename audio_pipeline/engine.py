@@ -18,7 +18,6 @@ import torch
 from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.decoders import load_audio_decoder
-from audio_pipeline.decoders.chunker import ChunkSchedule
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, MAX_REQUEST_ID_CHARS
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError
 from audio_pipeline.metrics import EngineMetrics
@@ -26,7 +25,7 @@ from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_transcript,
                                    read_reference_audio)
-from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, Usage
+from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
 from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
 from audio_pipeline.sampling import SamplingParams
 
@@ -117,7 +116,7 @@ class TTSEngine:
             scheduler_config = dataclasses.replace(scheduler_config, max_num_steps=1)
         self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
         self.voice_store = self._open_voice_store()
-        self.generation = AudioGenerationEngine(pipeline, self.decoder, ChunkSchedule(config.chunk_size, config.buffer),
+        self.generation = AudioGenerationEngine(pipeline, self.decoder, StreamSettings.from_config(config),
                                                 self.scheduler, metrics=self.metrics)
 
     def _open_voice_store(self) -> VoiceStore | None:

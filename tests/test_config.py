@@ -485,8 +485,6 @@ def test_permanent_rules_come_before_not_implemented():
     ({"model": {"trust_remote_code": True}}, r"model\.trust_remote_code"),
     ({"sampling": {"enable_structured_output": True}}, r"sampling\.enable_structured_output"),
     ({"profiling": {"gpu_profiling": "on"}}, r"profiling\.gpu_profiling"),
-    ({"audio_decoder": CausalDecoder.name, "block_causal": True}, "block_causal"),
-    ({"prepend_prompt_speech_tokens": "once"}, "prepend_prompt_speech_tokens"),
 ])
 def test_not_implemented_fields_are_rejected(fields, name):
     with pytest.raises(ValueError, match=rf"{name} is not implemented yet by this engine \(.+\)"):

@@ -20,7 +20,8 @@ import torch
 
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.decoders.base import AudioDecoder
-from audio_pipeline.decoders.chunker import ChunkSchedule, DecodeWindow
+from audio_pipeline.decoders.chunker import DecodeWindow
+from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.errors import InvalidArgument, ResourceExhausted, Unavailable
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.pipelines.text_generation import TextGenerationInputs, TextGenerationPipeline
@@ -56,21 +57,39 @@ Sink = Callable[[AudioEvent], None]
 
 
 @dataclass
+class StreamSettings:
+    """How each request's audio is chunked and decoded (see decoders/streaming.py)."""
+
+    chunk_size: list[int] | None = None
+    buffer: int = 0
+    block_causal: bool = False
+    prepend: str = "never"
+    prepend_causal: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> "StreamSettings":
+        return cls(config.chunk_size, config.buffer, config.block_causal,
+                   str(getattr(config.prepend_prompt_speech_tokens, "value", config.prepend_prompt_speech_tokens)),
+                   config.prepend_prompt_speech_tokens_causal)
+
+
+@dataclass
 class _Request:
     context: TTSContext
     sink: Sink
+    stream: DecoderStream
     audio_samples: int = 0
 
 
 class AudioGenerationEngine:
     """Continuous batching of speech-token generation plus chunked, batched audio decoding."""
 
-    def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, schedule: ChunkSchedule,
+    def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, streaming: StreamSettings,
                  scheduler: AudioGenerationScheduler, *, metrics: EngineMetrics | None = None,
                  on_step: Callable[["AudioGenerationEngine"], None] | None = None):
         self.pipeline = pipeline
         self.decoder = decoder
-        self.schedule = schedule
+        self.streaming = streaming
         self.scheduler = scheduler
         self.metrics = metrics or EngineMetrics()
         self.on_step = on_step
@@ -147,7 +166,11 @@ class AudioGenerationEngine:
                 raise ResourceExhausted(str(exc)) from None
             except ValueError as exc:
                 raise InvalidArgument(str(exc), field="sampling.max_tokens") from None
-            self._requests[context.request_id] = _Request(context, sink)
+            settings = self.streaming
+            stream = DecoderStream(self.decoder, chunk_size=settings.chunk_size, buffer=settings.buffer,
+                                   block_causal=settings.block_causal, prepend=settings.prepend,
+                                   prepend_causal=settings.prepend_causal, prompt_codes=context.prompt_speech_codes)
+            self._requests[context.request_id] = _Request(context, sink, stream)
             self._update_load()
             self._lock.notify_all()
 
@@ -277,21 +300,17 @@ class AudioGenerationEngine:
         context = request.context
         if context.stop_reason in (StopReason.CANCELLED, StopReason.FAILED):
             return None
-        return self.schedule.next_window(len(context.generated), context.decoded_index,
-                                         context.chunks_decoded, finished=context.is_done)
+        return request.stream.next_window(len(context.generated), finished=context.is_done)
 
     def _decode(self, jobs: list[tuple[_Request, DecodeWindow]]) -> None:
         if not jobs:
             return
-        codes = [r.context.speech_codes(w.start, w.end) for r, w in jobs]
-        waves = self.decoder.decode_batch(codes)
-        frame = self.decoder.tokens_per_frame
+        waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end)) for r, w in jobs])
         for (request, window), wave in zip(jobs, waves):
             context = request.context
-            drop = window.context_tokens // frame * self.decoder.samples_per_frame
-            samples = wave[drop:].detach().to("cpu", torch.float32).numpy()
-            context.decoded_index = window.end
-            context.chunks_decoded += 1
+            samples = wave.numpy()
+            context.decoded_index = request.stream.decoded_index
+            context.chunks_decoded = request.stream.chunks_decoded
             if context.first_audio_time is None:
                 context.first_audio_time = time.monotonic()
                 self.metrics.time_to_first_audio.observe(context.first_audio_time - context.arrival_time)
@@ -317,6 +336,7 @@ class AudioGenerationEngine:
 
     def _finish(self, request: _Request, *, event_kind: str, error: str | None = None) -> None:
         context = request.context
+        request.stream.close()
         self._requests.pop(context.request_id, None)
         self.scheduler.remove(context.request_id)
         context.finish_time = time.monotonic()
