@@ -100,6 +100,10 @@ class TTSEngine:
         self.decoder = load_audio_decoder(config.audio_decoder, self._decoder_weights(),
                                           config.audio_decoder_config, device=device)
         self.decoder_device = device
+        for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
+            if getattr(config, name) and not self.decoder.supports_block_causal:
+                raise ValueError(f"{name}: the loaded {config.audio_decoder!r} checkpoint does not support "
+                                 "block-causal decoding")
         if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
             raise ValueError(f"audio_decoder: {config.audio_decoder!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")

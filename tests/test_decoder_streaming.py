@@ -93,6 +93,7 @@ def test_block_causal_streaming_equals_one_shot_on_a_causal_decoder(decoders, ch
     ("snac", dict(chunk_size=[7], buffer=56)),
     ("causal-conv", dict(chunk_size=[28, 56], buffer=56)),
     ("causal-conv", dict(chunk_size=[7], block_causal=True)),
+    ("snac", dict(chunk_size=[28, 56], block_causal=True)),
 ])
 def test_no_seam_jumps_more_than_the_one_shot_audio_does(decoders, name, settings):
     decoder = decoders[name]
@@ -102,9 +103,32 @@ def test_no_seam_jumps_more_than_the_one_shot_audio_does(decoders, name, setting
         assert max_seam_jump(stream_all(decoder, tokens, **settings)) <= inside
 
 
-def test_block_causal_is_refused_by_a_decoder_without_it(decoders):
-    with pytest.raises(ValueError, match="block_causal: the audio decoder 'snac' does not support"):
-        DecoderStream(decoders["snac"], chunk_size=[7], block_causal=True)
+class NoBlockCausal(CausalConvDecoder):
+    name = "test-no-block-causal"
+    supports_block_causal = False
+
+
+def test_block_causal_is_refused_by_a_decoder_without_it(tmp_path):
+    decoder = NoBlockCausal.load(str(save_random_causal_checkpoint(tmp_path / "c")))
+    with pytest.raises(ValueError, match="block_causal: the audio decoder 'test-no-block-causal' does not support"):
+        DecoderStream(decoder, chunk_size=[7], block_causal=True)
+
+
+@pytest.mark.parametrize("chunk_size", [[7], [28, 56], [14, 28, 56]])
+def test_snac_block_causal_streaming_keeps_every_sample_and_is_close_to_one_shot(decoders, chunk_size):
+    decoder = decoders["snac"]
+    tokens = codes(seed=2)
+    one_shot = decoder.decode(tokens)
+    parts = stream_all(decoder, tokens, chunk_size=chunk_size, block_causal=True)
+    streamed = torch.cat(parts)
+    assert streamed.numel() == one_shot.numel()
+    snr = snr_db(one_shot, streamed)
+    print(f"snac block_causal chunk_size={chunk_size}: SNR {snr:.1f} dB")
+    assert snr > 15
+    assert max_seam_jump(parts) <= one_shot.diff().abs().max().item()
+    # One block holding everything is the one-shot decode exactly.
+    (whole, _), = decoder.decode_blocks([tokens], [decoder.init_state()])
+    torch.testing.assert_close(whole, one_shot, atol=1e-5, rtol=1e-4)
 
 
 # --- what the decoder is handed, mode by mode ------------------------------------------------------

@@ -116,10 +116,11 @@ def test_interleave_layout_and_round_trip():
 def test_traits_and_registry(tiny):
     assert "snac" in available_audio_decoders()
     assert audio_decoder_class("snac") is SNACDecoder
-    assert SNACDecoder.tokens_per_frame == 7 and SNACDecoder.supports_block_causal is False
+    assert SNACDecoder.tokens_per_frame == 7 and SNACDecoder.supports_block_causal is True
     dec = load_audio_decoder("snac", str(tiny[1]))
     assert isinstance(dec, SNACDecoder)
     assert dec.sample_rate == 24000 and dec.samples_per_frame == 2048
+    assert dec.supports_block_causal == (dec.attn_window_size is None)
     assert dec.samples_per_token == pytest.approx(2048 / 7)
     assert dec.receptive_field_frames == receptive_field_frames(SNAC_24KHZ_CONFIG) == 3
 

@@ -150,3 +150,27 @@ def test_voice_and_reference_together_are_refused(idle_server):
         with pytest.raises(grpc.RpcError) as caught:
             synthesize(tts_pb2_grpc.TextToSpeechStub(channel), voice="tara", reference=reference())
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and caught.value.details().startswith("voice:")
+
+
+@pytest.mark.parametrize("flags", [
+    ("prepend_prompt_speech_tokens=once", "buffer=14"),
+    ("prepend_prompt_speech_tokens=rolling", "buffer=28"),
+    ("block_causal=true", "prepend_prompt_speech_tokens=once"),
+    ("prepend_prompt_speech_tokens=once", "prepend_prompt_speech_tokens_causal=true", "buffer=14"),
+])
+def test_cloned_voice_prompt_tokens_reach_the_decoder_and_no_audio_is_lost(tiny_model_dir, tmp_path, flags):
+    running = BackgroundServer(make_config(tiny_model_dir, *flags, voices_dir=str(tmp_path / "v"))).start()
+    try:
+        with grpc.insecure_channel(running.target) as channel:
+            stub = tts_pb2_grpc.TextToSpeechStub(channel)
+            chunks = list(stub.Synthesize(tts_pb2.SynthesizeRequest(
+                text="Cloned and streamed.", reference=reference(),
+                sampling=tts_pb2.SamplingParams(max_tokens=70, min_tokens=70)), timeout=120))
+        audio = [c.audio for c in chunks if c.HasField("audio")]
+        assert len(audio) >= 2
+        usage = chunks[-1].complete.usage
+        frames = usage.generated_tokens // 7
+        assert sum(a.num_samples for a in audio) == frames * running.engine.decoder.samples_per_frame
+        wait_idle(running.engine)
+    finally:
+        running.stop()

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
@@ -374,7 +375,10 @@ class SNACDecoder(AudioDecoder):
 
     name = "snac"
     tokens_per_frame = TOKENS_PER_FRAME
-    supports_block_causal = False
+    #: Block-causal decoding keeps per-stream cached activations of every convolution (see
+    #: decode_blocks). Checkpoints with windowed attention (the 32/44 kHz models) cannot: their
+    #: instances say False.
+    supports_block_causal = True
 
     def __init__(self, model_config: dict[str, Any], quantizer: ResidualQuantizer, synthesis: SNACSynthesis,
                  *, device: torch.device, dtype: torch.dtype, noise_seed: int | None = 0,
@@ -395,6 +399,7 @@ class SNACDecoder(AudioDecoder):
         self.has_noise = bool(model_config["noise"])
         self.attn_window_size = model_config["attn_window_size"]
         self.receptive_field_frames = receptive_field_frames(model_config)
+        self.supports_block_causal = synthesis.attention is None
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -571,6 +576,44 @@ class SNACDecoder(AudioDecoder):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]
 
+    # ---- block-causal decoding -------------------------------------------------------------
+
+    def init_state(self) -> None:
+        """A stream's state before its first block: nothing cached (zeros, like a one-shot start)."""
+        return None
+
+    @torch.inference_mode()
+    def decode_blocks(self, blocks: list[torch.Tensor], states: list[Any], *,
+                      frame_offsets: Sequence[int] | None = None) -> list[tuple[torch.Tensor, Any]]:
+        """Decodes each stream's next block on top of its state; returns (block audio, new state).
+
+        The state caches, for every convolution, the inputs it saw last (its left padding's worth),
+        so a block sees its past exactly as computed when that past was a block of its own, and
+        never sees the future (zeros stand in, as at the end of a one-shot decode). Decoding a
+        whole sequence as one block from the initial state equals ``decode``.
+        ``frame_offsets``: index of each block's first frame in its stream (places the noise).
+        """
+        if not self.supports_block_causal:
+            raise ValueError("block_causal: this SNAC checkpoint has windowed attention; block-causal "
+                             "decoding is not supported for it")
+        if frame_offsets is None:
+            frame_offsets = [0] * len(blocks)
+        _check_offsets(list(frame_offsets))
+        checked = [self._validate(c) for c in blocks]
+        groups: dict[int, list[int]] = {}
+        for i, codes in enumerate(checked):
+            groups.setdefault(codes.numel(), []).append(i)
+        out: list[tuple[torch.Tensor, Any] | None] = [None] * len(blocks)
+        for length, members in groups.items():
+            frames = length // TOKENS_PER_FRAME
+            noise = self._noise(frames, [frame_offsets[i] for i in members], None)
+            z = self.quantizer.from_codes(codes_to_codebooks(torch.stack([checked[i] for i in members])))
+            audio, layer_states = _synthesis_blocks(self.synthesis, z, [states[i] for i in members], noise)
+            audio = audio[:, 0].float().clamp_(-1.0, 1.0).cpu()
+            for row, i in enumerate(members):
+                out[i] = (audio[row], [None if t is None else t[row] for t in layer_states])
+        return out  # type: ignore[return-value]
+
     # ---- encoding (voice cloning) ----------------------------------------------------------
 
     def _encoder(self) -> SNACAnalysis:
@@ -604,6 +647,57 @@ class SNACDecoder(AudioDecoder):
         x = torch.nn.functional.pad(waveform.to(self.device, self.dtype), (0, -length % unit))
         codes = self.quantizer.quantize(analysis(x[None, None]))
         return codebooks_to_codes([c[0] for c in codes]).cpu()
+
+
+def _gather_state(states: list[Any], layer: int) -> list[torch.Tensor | None]:
+    return [None if state is None else state[layer] for state in states]
+
+
+def _stream_conv(conv, x: torch.Tensor, past: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A 'same'-padded convolution over a block: cached inputs on the left, zeros on the right."""
+    pad = conv.padding
+    if pad == 0:
+        return conv(x), None
+    left = torch.stack([p if p is not None else x.new_zeros(x.shape[1], pad) for p in past])
+    full = torch.cat([left, x], dim=2)
+    y = F.conv1d(F.pad(full, (0, pad)), conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups)
+    return y, full[:, :, full.shape[2] - pad:]
+
+
+def _stream_upsample(conv, x: torch.Tensor, past: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stride-s transposed convolution (kernel 2s) over a block: the previous block's last input
+    column still reaches into this block's first outputs; the next block's first one is unseen."""
+    stride, pad = conv.stride, conv.padding
+    left = torch.stack([p if p is not None else x.new_zeros(x.shape[1], 1) for p in past])
+    y = F.conv_transpose1d(torch.cat([left, x], dim=2), conv.weight, conv.bias, stride, 0, 0, conv.groups)
+    start = stride + pad
+    return y[:, :, start:start + x.shape[2] * stride], x[:, :, -1:]
+
+
+def _synthesis_blocks(synthesis: SNACSynthesis, z: torch.Tensor, states: list[Any],
+                      noise: NoiseFn | None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """SNACSynthesis.forward for a batch of blocks, each on its stream's cached state."""
+    new: list[torch.Tensor | None] = []
+
+    def past() -> list[torch.Tensor | None]:
+        return _gather_state(states, len(new))
+
+    for conv in synthesis.entry:
+        z, state = _stream_conv(conv, z, past())
+        new.append(state)
+    for stage in synthesis.stages:
+        x, state = _stream_upsample(stage.up, stage.act(z), past())
+        new.append(state)
+        if stage.noise is not None:
+            x = stage.noise(x, noise)
+        for unit in stage.residuals:
+            y, state = _stream_conv(unit.conv1, unit.act1(x), past())
+            new.append(state)
+            x = x + unit.conv2(unit.act2(y))
+        z = x
+    wave, state = _stream_conv(synthesis.to_wave, synthesis.final_act(z), past())
+    new.append(state)
+    return torch.tanh(wave), new
 
 
 def _check_offsets(offsets: Sequence[int]) -> None:

@@ -118,8 +118,17 @@ class DecoderStream:
         self.closed = True
 
 
-def _decode_blocks(decoder: AudioDecoder, blocks: list[torch.Tensor], states: list[Any]) -> list[tuple[torch.Tensor, Any]]:
-    return decoder.decode_blocks(blocks, states)  # type: ignore[attr-defined]
+def _decode_blocks(decoder: AudioDecoder, blocks: list[torch.Tensor], states: list[Any],
+                   offsets: list[int]) -> list[tuple[torch.Tensor, Any]]:
+    method = decoder.decode_blocks  # type: ignore[attr-defined]
+    if "frame_offsets" in inspect.signature(method).parameters:
+        return method(blocks, states, frame_offsets=offsets)
+    return method(blocks, states)
+
+
+def _base_frame(stream: DecoderStream, frame: int) -> int:
+    """Where generated frame 0 sits in the stream: after the prompt's frames when the prompt is used."""
+    return stream.prompt_codes.numel() // frame if stream.uses_prompt else 0
 
 
 def decode_windows(decoder: AudioDecoder, jobs: list[tuple[DecoderStream, DecodeWindow, torch.Tensor]]
@@ -138,7 +147,7 @@ def decode_windows(decoder: AudioDecoder, jobs: list[tuple[DecoderStream, Decode
     priming = [s for s, w, _ in jobs if s.uses_prompt and not s._primed and (s.block_causal or s.prepend_causal)]
     if priming:
         primed = _decode_blocks(decoder, [s.prompt_codes for s in priming],
-                                [decoder.init_state() for _ in priming])  # type: ignore[attr-defined]
+                                [decoder.init_state() for _ in priming], [0] * len(priming))  # type: ignore[attr-defined]
         for stream, (_, state) in zip(priming, primed):
             stream._primed = True
             if stream.block_causal:
@@ -167,8 +176,7 @@ def decode_windows(decoder: AudioDecoder, jobs: list[tuple[DecoderStream, Decode
             offsets = []
             for i in plain:
                 stream, window, _ = jobs[i]
-                base = stream.prompt_codes.numel() // frame if stream.uses_prompt else 0
-                offsets.append(base + window.start // frame - inputs[i].prompt.numel() // frame)
+                offsets.append(_base_frame(stream, frame) + window.start // frame - inputs[i].prompt.numel() // frame)
             waves = decoder.decode_batch(batch, frame_offsets=offsets)
         else:
             waves = decoder.decode_batch(batch)
@@ -177,16 +185,17 @@ def decode_windows(decoder: AudioDecoder, jobs: list[tuple[DecoderStream, Decode
             drop = (item.prompt.numel() + item.context.numel()) // frame * spf
             results[i] = wave[drop:drop + item.new.numel() // frame * spf]
     if stateful:
-        blocks, states = [], []
+        blocks, states, offsets = [], [], []
         for i in stateful:
-            stream, item = jobs[i][0], inputs[i]
+            stream, window, item = jobs[i][0], jobs[i][1], inputs[i]
+            offsets.append(_base_frame(stream, frame) + window.start // frame)
             if stream.block_causal:
                 blocks.append(item.new)
                 states.append(stream.state)
             else:  # prepend_causal: the prompt's cached state, then generated context and new codes
                 blocks.append(torch.cat([item.context, item.new]))
                 states.append(stream.prompt_state)
-        decoded = _decode_blocks(decoder, blocks, states)
+        decoded = _decode_blocks(decoder, blocks, states, offsets)
         for i, (wave, state) in zip(stateful, decoded):
             stream, item = jobs[i][0], inputs[i]
             if stream.block_causal:
