@@ -55,6 +55,8 @@ class SamplingParams:
         check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (no limit) or >= 1")
         check(0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
+        check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
+        check(-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
         check(self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
         check(tokens_per_frame <= self.max_tokens <= max_tokens_limit, "max_tokens",
               f"must be between {tokens_per_frame} (one audio frame) and the server limit {max_tokens_limit}")

@@ -74,3 +74,20 @@ def test_cli_register_synthesize_with_reference_and_delete(idle_server, referenc
     assert tts_client([*server, "--text", "Hi.", "--reference-audio", str(tmp_path / "missing.wav"),
                        "--reference-transcript", "x", "--output", str(out2)]) == 1
     assert "missing.wav" in capsys.readouterr().err
+
+
+def test_every_sampling_option_goes_through_library_and_cli(idle_server, tmp_path, capsys):
+    with TTSClient(idle_server.target, timeout=60) as client:
+        result = client.synthesize("Options.", min_p=0.05, frequency_penalty=0.5, presence_penalty=0.2,
+                                   stop_token_ids=[128009], max_tokens=28, seed=1)
+        assert result.samples.size > 0
+        with pytest.raises(TTSError) as bad:
+            client.synthesize("Options.", min_p=2.0)
+        assert "sampling.min_p" in str(bad.value)
+    out = tmp_path / "o.wav"
+    assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out), "--min-p", "0.05",
+                       "--frequency-penalty", "0.5", "--presence-penalty", "0.2", "--stop-token-id", "128009",
+                       "--max-tokens", "28", "--quiet"]) == 0
+    assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out),
+                       "--presence-penalty", "9"]) == 1
+    assert "sampling.presence_penalty" in capsys.readouterr().err

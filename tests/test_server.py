@@ -103,6 +103,9 @@ BAD_REQUESTS = [
     (dict(max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),
     (dict(max_tokens=100000), grpc.StatusCode.INVALID_ARGUMENT, "sampling.max_tokens"),
     (dict(max_tokens=14, min_tokens=21), grpc.StatusCode.INVALID_ARGUMENT, "sampling.min_tokens"),
+    (dict(min_p=1.5), grpc.StatusCode.INVALID_ARGUMENT, "sampling.min_p"),
+    (dict(frequency_penalty=3.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.frequency_penalty"),
+    (dict(presence_penalty=-3.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.presence_penalty"),
     (dict(sample_rate=1000), grpc.StatusCode.INVALID_ARGUMENT, "sample_rate"),
     (dict(sample_rate=400000), grpc.StatusCode.INVALID_ARGUMENT, "sample_rate"),
     (dict(encoding=7), grpc.StatusCode.INVALID_ARGUMENT, "encoding"),
@@ -119,6 +122,13 @@ def test_bad_requests_are_answered_with_the_field_and_the_server_keeps_serving(s
     assert caught.value.details().startswith(f"{field}:"), caught.value.details()
     ok = list(stub.Synthesize(request(max_tokens=7), timeout=60))
     assert ok[-1].HasField("complete")
+
+
+def test_every_sampling_override_is_accepted(stub):
+    messages = list(stub.Synthesize(request(temperature=0.8, top_p=0.9, top_k=100, min_p=0.05, repetition_penalty=1.2,
+                                            frequency_penalty=0.5, presence_penalty=0.3, max_tokens=28, min_tokens=7,
+                                            seed=3, stop_token_ids=[128009]), timeout=60))
+    assert messages[-1].HasField("complete")
 
 
 def test_client_cancel_mid_stream_ends_generation(idle_server, stub):

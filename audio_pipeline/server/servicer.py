@@ -28,12 +28,17 @@ STATUS_OF_ERROR = {
 }
 STOP_REASONS = {StopReason.END_OF_SPEECH: tts_pb2.STOP_REASON_END_OF_SPEECH,
                 StopReason.MAX_TOKENS: tts_pb2.STOP_REASON_MAX_TOKENS}
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed",
+                   "min_p", "frequency_penalty", "presence_penalty")
 
 
 def sampling_overrides(request: tts_pb2.SynthesizeRequest) -> dict:
     """The sampling fields the client set (proto3 optional presence), by name."""
-    return {name: getattr(request.sampling, name) for name in SAMPLING_FIELDS if request.sampling.HasField(name)}
+    overrides = {name: getattr(request.sampling, name) for name in SAMPLING_FIELDS
+                 if request.sampling.HasField(name)}
+    if request.sampling.stop_token_ids:
+        overrides["stop_token_ids"] = list(request.sampling.stop_token_ids)
+    return overrides
 
 
 class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):

@@ -57,13 +57,17 @@ class AsyncTTSClient:
                          temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                          repetition_penalty: float | None = None, sample_rate: int | None = None,
                          encoding: str | int | None = None, request_id: str | None = None,
-                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None) -> SynthesisResult:
+                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None,
+                   min_p: float | None = None, frequency_penalty: float | None = None,
+                   presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None) -> SynthesisResult:
         """Speaks ``text`` and returns the whole audio. Options left None take the server's defaults."""
         request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k,
                                 repetition_penalty=repetition_penalty, sample_rate=sample_rate,
                                 encoding=encoding, request_id=request_id,
-                                reference_audio=reference_audio, reference_transcript=reference_transcript)
+                                reference_audio=reference_audio, reference_transcript=reference_transcript,
+                                min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                stop_token_ids=stop_token_ids)
         return result_from_chunks([chunk async for chunk in self._stream_request(request)])
 
     def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
@@ -71,7 +75,9 @@ class AsyncTTSClient:
                temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                repetition_penalty: float | None = None, sample_rate: int | None = None,
                encoding: str | int | None = None, request_id: str | None = None,
-                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None) -> AsyncIterator[AudioStreamChunk]:
+                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None,
+                   min_p: float | None = None, frequency_penalty: float | None = None,
+                   presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None) -> AsyncIterator[AudioStreamChunk]:
         """Speaks ``text``: ``async for`` yields audio chunks as they arrive, then one final chunk with the usage.
 
         Closing the iterator (``await it.aclose()``, or ``contextlib.aclosing``) cancels the call; a loop
@@ -81,7 +87,9 @@ class AsyncTTSClient:
                                 temperature=temperature, top_p=top_p, top_k=top_k,
                                 repetition_penalty=repetition_penalty, sample_rate=sample_rate,
                                 encoding=encoding, request_id=request_id,
-                                reference_audio=reference_audio, reference_transcript=reference_transcript)
+                                reference_audio=reference_audio, reference_transcript=reference_transcript,
+                                min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                stop_token_ids=stop_token_ids)
         return self._stream_request(request)
 
     async def list_voices(self) -> list[Voice]:

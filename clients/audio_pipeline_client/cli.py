@@ -95,6 +95,11 @@ def synthesize_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--min-p", type=float)
+    parser.add_argument("--frequency-penalty", type=float)
+    parser.add_argument("--presence-penalty", type=float)
+    parser.add_argument("--stop-token-id", type=non_negative_int, action="append", metavar="ID",
+                        help="an extra token id that ends the speech (repeatable)")
     parser.add_argument("--max-tokens", type=positive_int)
     parser.add_argument("--min-tokens", type=non_negative_int)
     parser.add_argument("--request-id", help="id echoed by the server and written to its logs")
@@ -222,7 +227,9 @@ def synthesize(args: argparse.Namespace) -> int:
                                        top_p=args.top_p, top_k=args.top_k,
                                        repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate,
                                        encoding=encoding, request_id=args.request_id,
-                                       reference_audio=reference_audio, reference_transcript=args.reference_transcript):
+                                       reference_audio=reference_audio, reference_transcript=args.reference_transcript,
+                                       min_p=args.min_p, frequency_penalty=args.frequency_penalty,
+                                       presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id):
                 sink.write(chunk)
                 progress.update(chunk)
         sink.commit()

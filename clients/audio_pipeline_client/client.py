@@ -61,13 +61,17 @@ class TTSClient:
                    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                    repetition_penalty: float | None = None, sample_rate: int | None = None,
                    encoding: str | int | None = None, request_id: str | None = None,
-                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None) -> SynthesisResult:
+                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None,
+                   min_p: float | None = None, frequency_penalty: float | None = None,
+                   presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None) -> SynthesisResult:
         """Speaks ``text`` and returns the whole audio. Options left None take the server's defaults."""
         request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k,
                                 repetition_penalty=repetition_penalty, sample_rate=sample_rate,
                                 encoding=encoding, request_id=request_id,
-                                reference_audio=reference_audio, reference_transcript=reference_transcript)
+                                reference_audio=reference_audio, reference_transcript=reference_transcript,
+                                min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                stop_token_ids=stop_token_ids)
         return result_from_chunks(list(self._stream_request(request)))
 
     def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
@@ -75,7 +79,9 @@ class TTSClient:
                temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                repetition_penalty: float | None = None, sample_rate: int | None = None,
                encoding: str | int | None = None, request_id: str | None = None,
-                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None) -> Iterator[AudioStreamChunk]:
+                   reference_audio: ReferenceAudio | None = None, reference_transcript: str | None = None,
+                   min_p: float | None = None, frequency_penalty: float | None = None,
+                   presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None) -> Iterator[AudioStreamChunk]:
         """Speaks ``text``, yielding audio chunks as they arrive and then one final chunk with the usage.
 
         Leaving the loop early (``break``) or calling ``.close()`` on the iterator cancels the call.
@@ -84,7 +90,9 @@ class TTSClient:
                                 temperature=temperature, top_p=top_p, top_k=top_k,
                                 repetition_penalty=repetition_penalty, sample_rate=sample_rate,
                                 encoding=encoding, request_id=request_id,
-                                reference_audio=reference_audio, reference_transcript=reference_transcript)
+                                reference_audio=reference_audio, reference_transcript=reference_transcript,
+                                min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                stop_token_ids=stop_token_ids)
         return self._stream_request(request)
 
     def list_voices(self) -> list[Voice]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -43,7 +43,9 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
                   repetition_penalty: float | None = None, sample_rate: int | None = None,
                   encoding: str | int | None = None, request_id: str | None = None,
                   reference_audio: ReferenceAudio | None = None,
-                  reference_transcript: str | None = None) -> tts_pb2.SynthesizeRequest:
+                  reference_transcript: str | None = None, min_p: float | None = None,
+                  frequency_penalty: float | None = None, presence_penalty: float | None = None,
+                  stop_token_ids: Sequence[int] | None = None) -> tts_pb2.SynthesizeRequest:
     """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
     request = tts_pb2.SynthesizeRequest(text=text)
     if reference_audio is not None or reference_transcript is not None:
@@ -59,10 +61,13 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
         request.request_id = request_id
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "repetition_penalty": repetition_penalty, "max_tokens": max_tokens, "min_tokens": min_tokens,
-                "seed": seed}
+                "seed": seed, "min_p": min_p, "frequency_penalty": frequency_penalty,
+                "presence_penalty": presence_penalty}
     given = {name: value for name, value in sampling.items() if value is not None}
     if given:
         request.sampling.CopyFrom(tts_pb2.SamplingParams(**given))
+    if stop_token_ids:
+        request.sampling.stop_token_ids.extend(int(t) for t in stop_token_ids)
     return request
 
 

@@ -34,7 +34,7 @@ class VoiceReference(_message.Message):
     def __init__(self, audio: _Optional[bytes] = ..., transcript: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed")
+    __slots__ = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed", "min_p", "frequency_penalty", "presence_penalty", "stop_token_ids")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,10 @@ class SamplingParams(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -49,7 +53,11 @@ class SamplingParams(_message.Message):
     max_tokens: int
     min_tokens: int
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    min_p: float
+    frequency_penalty: float
+    presence_penalty: float
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
     __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference")
