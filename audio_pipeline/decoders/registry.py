@@ -11,7 +11,8 @@ from audio_pipeline.decoders.base import AudioDecoder
 
 _DECODERS: dict[str, type[AudioDecoder]] = {}
 # Built-in decoders, imported on first lookup so that reading the registry stays cheap.
-_BUILTIN_MODULES = {"snac": "audio_pipeline.decoders.snac", "causal-conv": "audio_pipeline.decoders.causal_conv"}
+_BUILTIN_MODULES = {"snac": "audio_pipeline.decoders.snac", "causal-conv": "audio_pipeline.decoders.causal_conv",
+                    "lpc": "audio_pipeline.decoders.lpc"}
 
 
 def register_audio_decoder(cls: type[AudioDecoder]) -> type[AudioDecoder]:

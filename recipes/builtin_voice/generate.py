@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from recipes.builtin_voice.dataset import align
-from recipes.builtin_voice.lpc_codec import HOP, RATE, Quantizer, Synthesizer
+from recipes.builtin_voice.lpc_codec import HOP, RATE
 from recipes.builtin_voice.train import BOS, ENV, F0, GAIN, PHONEME, START_OF_SPEECH
 
 
@@ -25,8 +25,13 @@ class Voice:
 
         from recipes.builtin_voice.espeak import ESpeak
 
+        from audio_pipeline.decoders import load_audio_decoder
+        from audio_pipeline.decoders.lpc import save_lpc_decoder
+
         self.model = LlamaForCausalLM.from_pretrained(model_dir).eval()
-        self.quantizer = Quantizer(np.load(model_dir / "envelope_codebook.npy"))
+        if not (model_dir / "lpc").is_dir():
+            save_lpc_decoder(model_dir / "lpc", np.load(model_dir / "envelope_codebook.npy"))
+        self.decoder = load_audio_decoder("lpc", str(model_dir / "lpc"))
         self.lookup = {name: i for i, name in enumerate(json.loads((model_dir / "phonemes.json").read_text()))}
         self.frontend = ESpeak()
         self.temperature = temperature
@@ -62,9 +67,9 @@ class Voice:
             gain = self._pick(out.logits[0, -1], GAIN, 32)
             out = self.model(torch.tensor([[GAIN + gain]]), past_key_values=out.past_key_values, use_cache=True)
             past = out.past_key_values
-            codes.append((env, f0, gain))
-        params = self.quantizer.decode(np.array(codes, dtype=np.int64))
-        return Synthesizer()(params), RATE
+            codes.append((phonemes[index], env, f0, gain))
+        audio = self.decoder.decode(torch.tensor(codes, dtype=torch.long).reshape(-1))
+        return audio.numpy(), self.decoder.sample_rate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     np.save(args.out / "envelope_codebook.npy", data["centroids"])
+    from audio_pipeline.decoders.lpc import save_lpc_decoder
+
+    save_lpc_decoder(args.out / "lpc", data["centroids"])  # the codec, as the engine loads it
     (args.out / "phonemes.json").write_text(json.dumps(list(map(str, data["inventory"]))))
     print(f"saved {args.out} after {step} steps, final loss {np.mean(losses[-25:]):.3f}")
     return 0

@@ -1,0 +1,160 @@
+"""The project's own LPC vocoder decoder ("lpc"), the codec of the built-in voice.
+
+A frame (20 ms at 16 kHz, 320 samples) is four codes: a phoneme marker (ignored here: the language
+model's alignment aid), the spectral envelope (index into a codebook of log-area-ratio vectors),
+F0 (0 = unvoiced, else one of ``f0_levels`` log-spaced levels) and gain (``gain_levels`` log-spaced
+levels of the prediction-error energy). Synthesis: a pulse train with continuous phase (voiced) or
+white noise (unvoiced) through the all-pole filter, then de-emphasis. Everything that carries over
+(filter memory, pulse phase, noise generator, de-emphasis memory) is the stream's state, so the
+decoder is causal and block-causal streaming equals one-shot decoding exactly.
+
+Weights: a directory with ``config.json`` and ``envelope_codebook.npy`` ([codebook_size, order]).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from audio_pipeline.decoders.base import AudioDecoder
+from audio_pipeline.decoders.registry import register_audio_decoder
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "sample_rate": 16000,
+    "hop": 320,
+    "order": 16,
+    "f0_levels": 63,
+    "gain_levels": 32,
+    "log_f0_range": [4.0943445622221, 5.991464547107982],  # log(60 Hz), log(400 Hz)
+    "log_gain_range": [-23.0, -4.0],
+    "pre_emphasis": 0.9,
+    "noise_seed": 0,
+}
+
+
+def lar_to_reflection(values: np.ndarray) -> np.ndarray:
+    """Log-area ratios -> reflection coefficients (always in (-1, 1): a stable filter)."""
+    return np.tanh(values / 2)
+
+
+def reflection_to_lpc(k: np.ndarray) -> np.ndarray:
+    """Reflection coefficients -> the LPC polynomial a[0..order], a[0] = 1 (step-up recursion)."""
+    a = np.zeros(len(k) + 1)
+    a[0] = 1.0
+    for i, ki in enumerate(k, 1):
+        a[1:i] = a[1:i] + ki * a[i - 1:0:-1]
+        a[i] = ki
+    return a
+
+
+def level_value(codes: np.ndarray, bounds: tuple[float, float], levels: int) -> np.ndarray:
+    lo, hi = bounds
+    return lo + codes / (levels - 1) * (hi - lo)
+
+
+@dataclass
+class LPCState:
+    """What one stream carries from block to block."""
+
+    filter_memory: np.ndarray
+    phase: float = 0.0
+    deemphasis: float = 0.0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+
+class LPCDecoder(AudioDecoder):
+    name = "lpc"
+    tokens_per_frame = 4
+    supports_block_causal = True
+
+    def __init__(self, config: dict[str, Any], codebook: np.ndarray):
+        from scipy.signal import lfilter
+
+        self._lfilter = lfilter
+        self.config = config
+        self.sample_rate = int(config["sample_rate"])
+        self.samples_per_frame = int(config["hop"])
+        self.order = int(config["order"])
+        if codebook.ndim != 2 or codebook.shape[1] != self.order:
+            raise ValueError(f"audio_decoder_weights: the envelope codebook must be [size, {self.order}], "
+                             f"got {list(codebook.shape)}")
+        self.codebook = codebook.astype(np.float64)
+        self.codebook_size = codebook.shape[0]
+        self.f0_levels = int(config["f0_levels"])
+        self.gain_levels = int(config["gain_levels"])
+        # Each frame's audio depends only on its own codes and the carried state.
+        self.receptive_field_frames = 0
+        self._filters = [reflection_to_lpc(lar_to_reflection(v)) for v in self.codebook]
+
+    @classmethod
+    def load(cls, weights: str, config: dict[str, Any] | None = None, *,
+             device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "LPCDecoder":
+        path = Path(weights)
+        if not (path / "config.json").is_file() or not (path / "envelope_codebook.npy").is_file():
+            raise ValueError(f"audio_decoder_weights: {path} must hold config.json and envelope_codebook.npy")
+        merged = {**DEFAULT_CONFIG, **json.loads((path / "config.json").read_text()), **(config or {})}
+        return cls(merged, np.load(path / "envelope_codebook.npy"))
+
+    def init_state(self) -> LPCState:
+        return LPCState(np.zeros(self.order), rng=np.random.default_rng(int(self.config["noise_seed"])))
+
+    def _check(self, codes: torch.Tensor) -> np.ndarray:
+        self.check_codes(codes)
+        frames = codes.detach().cpu().numpy().astype(np.int64).reshape(-1, self.tokens_per_frame)
+        limits = (self.codebook_size, self.f0_levels + 1, self.gain_levels)
+        for column, limit in enumerate(limits, 1):
+            values = frames[:, column]
+            if values.min() < 0 or values.max() >= limit:
+                raise ValueError(f"code out of range at frame position {column}: must be in [0, {limit})")
+        return frames
+
+    def _synthesize(self, frames: np.ndarray, state: LPCState) -> np.ndarray:
+        hop = self.samples_per_frame
+        f0_range = tuple(self.config["log_f0_range"])
+        gains = np.exp(level_value(frames[:, 3], tuple(self.config["log_gain_range"]), self.gain_levels))
+        pieces = []
+        for (_, envelope, f0_code, _), gain in zip(frames, gains):
+            if f0_code > 0:
+                period = self.sample_rate / np.exp(level_value(np.array(f0_code - 1), f0_range, self.f0_levels))
+                phases = state.phase + np.arange(1, hop + 1) / period
+                excitation = np.zeros(hop)
+                excitation[np.nonzero(np.diff(np.floor(np.concatenate([[state.phase], phases]))))[0]] = np.sqrt(period)
+                state.phase = float(phases[-1] % 1.0)
+            else:
+                excitation = state.rng.standard_normal(hop)
+            y, state.filter_memory = self._lfilter([np.sqrt(gain)], self._filters[envelope], excitation,
+                                                   zi=state.filter_memory)
+            pieces.append(y)
+        y = np.concatenate(pieces)
+        y, (state.deemphasis,) = self._lfilter([1.0], [1.0, -float(self.config["pre_emphasis"])], y,
+                                               zi=[state.deemphasis])
+        return np.clip(y, -1.0, 1.0).astype(np.float32)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self._synthesize(self._check(codes), self.init_state()))
+
+    def decode_blocks(self, blocks: list[torch.Tensor], states: list[LPCState | None]) -> list[tuple[torch.Tensor, LPCState]]:
+        """Each block on its stream's state (states are not modified; new ones are returned)."""
+        out = []
+        for codes, state in zip(blocks, states):
+            state = copy.deepcopy(state) if state is not None else self.init_state()
+            out.append((torch.from_numpy(self._synthesize(self._check(codes), state)), state))
+        return out
+
+
+register_audio_decoder(LPCDecoder)
+
+
+def save_lpc_decoder(path: str | Path, codebook: np.ndarray, **overrides: Any) -> Path:
+    """Writes an lpc decoder directory (config.json + envelope_codebook.npy)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**DEFAULT_CONFIG, **overrides}, indent=2))
+    np.save(path / "envelope_codebook.npy", np.asarray(codebook, dtype=np.float64))
+    return path
