@@ -66,10 +66,8 @@ class CausalConvDecoder(AudioDecoder):
 
     def __init__(self, config: dict[str, Any], device: torch.device, dtype: torch.dtype):
         self.config = config
-        self.tokens_per_frame_ = int(config["tokens_per_frame"])
-        if self.tokens_per_frame_ != type(self).tokens_per_frame:
-            # Instances may differ from the class default; the instance attribute wins.
-            self.tokens_per_frame = self.tokens_per_frame_  # type: ignore[misc]
+        # The class says 7 (the Orpheus layout); a checkpoint may choose otherwise.
+        self.tokens_per_frame = int(config["tokens_per_frame"])  # type: ignore[misc]
         self.codebook_size = int(config["codebook_size"])
         self.sample_rate = int(config["sample_rate"])
         self.samples_per_frame = math.prod(config["upsample"])
