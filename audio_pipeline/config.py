@@ -23,7 +23,7 @@ from audio_pipeline import config_sources as sources
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: a tiny random model the engine writes itself.
-DEFAULT_MODEL = "builtin:tiny-orpheus"
+DEFAULT_MODEL = "builtin:lpc-en"
 
 #: Fields this engine accepts but does not honour yet -> the feature that will honour them.
 #: resolve() rejects a listed field whose value differs from its default; an entry
@@ -387,7 +387,9 @@ class PipelineConfig(BaseModel):
 class AudioGenerationConfig(PipelineConfig):
     """A text-to-speech pipeline: the speech-token model plus the streaming audio decoder."""
 
-    audio_decoder: str = Field("snac", description="Registered audio decoder name.")
+    audio_decoder: str = Field(
+        "snac", description="Registered audio decoder name; when not set, the decoder the model's manifest "
+                            "(audio_pipeline.json) names, else snac.")
     audio_decoder_weights: str = Field(
         "", description="Decoder weights (file or directory); empty = the decoder that comes with the model.")
     chunk_size: list[Annotated[int, Field(ge=1)]] | None = Field(
@@ -410,22 +412,42 @@ class AudioGenerationConfig(PipelineConfig):
     max_reference_seconds: float = Field(
         30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
 
+    @property
+    def resolved_audio_decoder(self) -> str:
+        """The decoder to load: audio_decoder where it was set, else the one the model's manifest
+        names (the built-in voice names lpc), else the default snac."""
+        if "audio_decoder" in self.model_fields_set:
+            return self.audio_decoder
+        from audio_pipeline.models.manifest import declared_audio_decoder
+
+        return declared_audio_decoder(self.model.model_path) or self.audio_decoder
+
+    def to_display_dict(self) -> dict[str, Any]:
+        """Every field, with audio_decoder as resolved (the decoder the model names, if not set)."""
+        shown = super().to_display_dict()
+        shown["audio_decoder"] = self.resolved_audio_decoder
+        return shown
+
     def _rule_problems(self) -> list[str]:
         problems = super()._rule_problems()
+        name = self.resolved_audio_decoder
         try:
-            decoder = audio_decoder_class(self.audio_decoder)
+            decoder = audio_decoder_class(name)
         except (ValueError, ImportError) as exc:
-            return problems + [f"audio_decoder {self.audio_decoder!r} cannot be used: {exc}"]
+            return problems + [f"audio_decoder {name!r} cannot be used: {exc}"]
         frame = decoder.tokens_per_frame
         if self.chunk_size is not None and any(size % frame for size in self.chunk_size):
             problems.append(f"chunk_size {self.chunk_size}: every entry must be a multiple of "
-                            f"{self.audio_decoder}'s {frame} tokens per frame")
+                            f"{name}'s {frame} tokens per frame")
         if self.buffer % frame:
-            problems.append(f"buffer ({self.buffer}) must be a multiple of {self.audio_decoder}'s "
+            problems.append(f"buffer ({self.buffer}) must be a multiple of {name}'s "
                             f"{frame} tokens per frame")
-        for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
-            if getattr(self, name) and not decoder.supports_block_causal:
-                problems.append(f"{name}=true is not supported by audio_decoder {self.audio_decoder!r}")
+        try:
+            decoder.check_streaming_settings(block_causal=self.block_causal,
+                                             prepend_causal=self.prepend_prompt_speech_tokens_causal,
+                                             weights=self.audio_decoder_weights or None)
+        except ValueError as exc:
+            problems.append(str(exc))
         prepend = self.prepend_prompt_speech_tokens
         if self.prepend_prompt_speech_tokens_causal and prepend is PrependPromptSpeechTokens.NEVER:
             problems.append("prepend_prompt_speech_tokens_causal=true has no effect while "
@@ -440,7 +462,7 @@ class AudioGenerationConfig(PipelineConfig):
         weights = self.audio_decoder_weights or "from the model"
         settings = f", settings={self.audio_decoder_config}" if self.audio_decoder_config else ""
         return super()._basic_config_lines() + [
-            f"audio decoder: {self.audio_decoder} (weights {weights}{settings})",
+            f"audio decoder: {self.resolved_audio_decoder} (weights {weights}{settings})",
             f"streaming: chunk_size={self.chunk_size or 'off (one chunk)'}, buffer={self.buffer}, "
             f"block_causal={self.block_causal}, prepend_prompt_speech_tokens={self.prepend_prompt_speech_tokens} "
             f"(causal={self.prepend_prompt_speech_tokens_causal})",

@@ -53,6 +53,10 @@ class TTSContext:
         self._slot_counts = torch.zeros(frame, self.layout.codebook_size)
         # The largest whole-frame count within max_tokens: generation never stops mid-frame.
         self.token_budget = self.sampling.max_tokens - self.sampling.max_tokens % frame
+        # Layouts with an explicit alignment (phoneme-lpc) fix some tokens from the prompt alone;
+        # the sampler may only pick those there.
+        plan = getattr(self.layout, "alignment", None)
+        self.alignment = plan(self.prompt_ids) if plan is not None else None
 
     @property
     def all_tokens(self) -> list[int]:
@@ -95,8 +99,13 @@ class TTSContext:
         return torch.cat([torch.arange(start, end), torch.tensor(stops, dtype=torch.long)])
 
     def candidate_mask(self, width: int | None = None) -> torch.Tensor:
-        """Which candidates are allowed now: stop ids only on a frame boundary after min_tokens."""
+        """Which candidates are allowed now: the layout's forced token where its alignment names
+        one, else the slot's codebook, and stop ids only on a frame boundary after min_tokens."""
         position = len(self.generated)
+        if self.alignment is not None:
+            forced = self.alignment.forced(position)
+            if forced is not None:
+                return self.candidate_ids(width) == forced
         stops = len(self.stop_ids)
         width = width or self.layout.codebook_size + stops
         mask = torch.zeros(width, dtype=torch.bool)

@@ -97,15 +97,17 @@ class TTSEngine:
                                         kv_cache_config=config.model.kv_cache)
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
         kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
-        self.decoder = load_audio_decoder(config.audio_decoder, self._decoder_weights(),
+        #: The decoder in use: audio_decoder as configured, else the one the model's manifest names.
+        self.decoder_name = config.resolved_audio_decoder
+        self.decoder = load_audio_decoder(self.decoder_name, self._decoder_weights(),
                                           config.audio_decoder_config, device=device)
         self.decoder_device = device
         for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
             if getattr(config, name) and not self.decoder.supports_block_causal:
-                raise ValueError(f"{name}: the loaded {config.audio_decoder!r} checkpoint does not support "
+                raise ValueError(f"{name}: the loaded {self.decoder_name!r} checkpoint does not support "
                                  "block-causal decoding")
         if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
-            raise ValueError(f"audio_decoder: {config.audio_decoder!r} takes {self.decoder.tokens_per_frame}-code "
+            raise ValueError(f"audio_decoder: {self.decoder_name!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
         self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
@@ -130,7 +132,7 @@ class TTSEngine:
         from audio_pipeline.models.tiny import builtin_cache_dir
 
         directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
-        store = VoiceStore(directory, self.config.audio_decoder, self.decoder.sample_rate, self._encode)
+        store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self._encode)
         skipped = store.load()
         if skipped:
             logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
@@ -144,9 +146,9 @@ class TTSEngine:
         if self.config.audio_decoder_weights:
             return self.config.audio_decoder_weights
         if self.manifest.audio_decoder_weights:
-            if self.manifest.audio_decoder not in (None, self.config.audio_decoder):
+            if self.manifest.audio_decoder not in (None, self.decoder_name):
                 raise ValueError(f"audio_decoder_weights: the model ships weights for {self.manifest.audio_decoder!r}, "
-                                 f"not {self.config.audio_decoder!r}; pass --audio-decoder-weights")
+                                 f"not {self.decoder_name!r}; pass --audio-decoder-weights")
             return str(self.model_dir / self.manifest.audio_decoder_weights)
         raise ValueError("audio_decoder_weights: required, the model directory ships no audio decoder weights")
 
@@ -188,7 +190,7 @@ class TTSEngine:
 
     def _require_store(self) -> VoiceStore:
         if self.voice_store is None:
-            raise InvalidArgument(f"the audio decoder {self.config.audio_decoder!r} cannot encode audio, so this "
+            raise InvalidArgument(f"the audio decoder {self.decoder_name!r} cannot encode audio, so this "
                                   "server cannot clone voices", field="reference")
         return self.voice_store
 
@@ -221,6 +223,7 @@ class TTSEngine:
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
         prompt = self.layout.build_prompt(self.tokenizer, text, voice, reference)
+        sampling = self._fit_budget(prompt, sampling, explicit=sampling_overrides.get("max_tokens") is not None)
         if not self.config.enable_chunked_prefill and len(prompt) > self.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
                                   f"({self.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
@@ -231,6 +234,20 @@ class TTSEngine:
         return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
                           layout=self.layout, voice=voice,
                           prompt_speech_codes=reference.codes if reference is not None else None)
+
+    def _fit_budget(self, prompt: list[int], sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
+        """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's
+        default max_tokens becomes exactly what the text needs; an explicit max_tokens is kept."""
+        plan = getattr(self.layout, "alignment", None)
+        if plan is None or explicit:
+            return sampling
+        frame = self.layout.tokens_per_frame
+        needed = plan(prompt).tokens + frame  # the speech, then the frame slot of end-of-speech
+        limit = self.config.sampling.max_tokens_limit
+        if needed > limit:
+            raise InvalidArgument(f"the text needs {needed} speech tokens, over the server limit "
+                                  f"sampling.max_tokens_limit={limit}: split the text", field="text")
+        return dataclasses.replace(sampling, max_tokens=needed)
 
     def submit(self, context: TTSContext, sink: Sink) -> None:
         self.generation.submit(context, sink)

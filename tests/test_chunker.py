@@ -56,3 +56,54 @@ def test_every_generated_token_is_decoded_exactly_once():
 def test_bad_settings_are_rejected(chunk_size, buffer):
     with pytest.raises(ValueError):
         ChunkSchedule(chunk_size, buffer)
+
+
+# --- block_causal and the prompt prepend modes ----------------------------------------------------
+
+def windows_of(total=56, step=7, **settings):
+    return [w for _, w in run(ChunkSchedule(**settings), total, step)]
+
+
+def test_block_causal_gets_no_generated_context_whatever_the_buffer():
+    windows = windows_of(chunk_size=[7, 14], buffer=21, block_causal=True)
+    assert [(w.start, w.end, w.context_tokens) for w in windows] == [(0, 7, 0), (7, 21, 0), (21, 35, 0), (35, 49, 0),
+                                                                      (49, 56, 0)]
+
+
+def test_never_prepends_no_prompt_tokens():
+    for mode in ("never", "NEVER"):
+        windows = windows_of(chunk_size=[14], buffer=7, prepend=mode, prompt_tokens=35)
+        assert all(w.prompt_tokens == 0 for w in windows)
+
+
+def test_once_prepends_the_whole_prompt_to_the_first_chunk_only():
+    windows = windows_of(chunk_size=[14], buffer=7, prepend="once", prompt_tokens=35)
+    assert [w.prompt_tokens for w in windows] == [35, 0, 0, 0]
+    assert [(w.start, w.context_tokens) for w in windows] == [(0, 0), (7, 7), (21, 7), (35, 7)]
+
+
+def test_rolling_fills_the_buffer_with_generated_tokens_first_then_the_prompt_tail():
+    windows = windows_of(chunk_size=[7], buffer=21, prepend="rolling", prompt_tokens=35)
+    # chunk 0: the whole prompt; then generated context 7, 14, 21 -> prompt tails 14, 7, 0.
+    assert [(w.context_tokens, w.prompt_tokens) for w in windows[:5]] == [(0, 35), (7, 14), (14, 7), (21, 0), (21, 0)]
+    assert all(w.context_tokens + w.prompt_tokens == 21 for w in windows[1:])
+    # A prompt shorter than the room left gives all it has.
+    short = windows_of(chunk_size=[7], buffer=21, prepend="rolling", prompt_tokens=7)
+    assert [w.prompt_tokens for w in short[:4]] == [7, 7, 7, 0]
+
+
+def test_with_block_causal_only_the_first_chunk_gets_the_prompt():
+    for mode in ("once", "rolling"):
+        windows = windows_of(chunk_size=[7], buffer=21, block_causal=True, prepend=mode, prompt_tokens=35)
+        assert [w.prompt_tokens for w in windows] == [35] + [0] * (len(windows) - 1)
+        assert all(w.context_tokens == 0 for w in windows)
+
+
+def test_without_a_prompt_every_mode_prepends_nothing():
+    for mode in ("never", "once", "rolling"):
+        assert all(w.prompt_tokens == 0 for w in windows_of(chunk_size=[7], buffer=14, prepend=mode))
+
+
+def test_unknown_prepend_mode_is_rejected():
+    with pytest.raises(ValueError, match="never, once, rolling"):
+        ChunkSchedule([7], prepend="always")

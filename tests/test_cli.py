@@ -26,14 +26,15 @@ def run_cli(*args, env=None, timeout=300):
 
 def test_config_prints_the_resolved_configuration_from_every_source(tmp_path, capsys):
     config_file = tmp_path / "tts.yaml"
-    config_file.write_text("production:\n  buffer: 14\n  sampling:\n    temperature: 0.3\n")
+    config_file.write_text("production:\n  buffer: 28\n  sampling:\n    temperature: 0.3\n")
     code = main(["config", "--config-file", str(config_file), "--section-name", "production",
                  "--task-arg", "chunk_size=28,56", "--task-arg", "sampling.top-k=50", "--dtype", "float32"])
     assert code == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["chunk_size"] == [28, 56] and shown["buffer"] == 14
+    assert shown["chunk_size"] == [28, 56] and shown["buffer"] == 28
     assert shown["sampling"]["temperature"] == 0.3 and shown["sampling"]["top_k"] == 50
-    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:tiny-orpheus"
+    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:lpc-en"
+    assert shown["audio_decoder"] == "lpc"  # not set: the decoder the built-in voice names
     assert shown["prepend_prompt_speech_tokens"] == "never"
 
 

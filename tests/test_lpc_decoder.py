@@ -18,9 +18,9 @@ def decoder(tmp_path_factory):
 
 def codes(frames=30, seed=0):
     rng = np.random.default_rng(seed)
-    rows = np.stack([rng.integers(0, 90, frames), rng.integers(0, 64, frames),
-                     np.where(rng.random(frames) < 0.3, 0, rng.integers(1, 64, frames)), rng.integers(10, 30, frames)],
-                    axis=1)
+    f0 = np.where(rng.random(frames) < 0.3, 0, rng.integers(1, 32, frames))
+    rows = np.stack([rng.integers(0, 90, frames), rng.integers(0, 20, frames), rng.integers(0, 64, frames),
+                     f0 * 32 + rng.integers(10, 30, frames)], axis=1)
     return torch.from_numpy(rows.reshape(-1))
 
 
@@ -46,17 +46,22 @@ def test_block_causal_streaming_equals_one_shot_exactly(decoder, chunk_size):
     torch.testing.assert_close(torch.cat(parts), decoder.decode(tokens), atol=1e-6, rtol=0)
 
 
-def test_the_marker_slot_does_not_change_the_audio(decoder):
+def test_the_alignment_slots_do_not_change_the_audio(decoder):
     a = codes(10, seed=2)
     b = a.clone()
     b[0::4] = 7
+    b[1::4] = 3
     torch.testing.assert_close(decoder.decode(a), decoder.decode(b))
 
 
 def test_codes_out_of_range_are_refused(decoder):
     bad = codes(3)
-    bad[1] = 64  # envelope codebook has 64 entries
-    with pytest.raises(ValueError, match="frame position 1"):
+    bad[2] = 64  # envelope codebook has 64 entries
+    with pytest.raises(ValueError, match="frame position 2"):
+        decoder.decode(bad)
+    bad = codes(3)
+    bad[3] = 32 * 32  # prosody: 31 F0 levels + unvoiced, times 32 gain levels
+    with pytest.raises(ValueError, match="frame position 3"):
         decoder.decode(bad)
     with pytest.raises(ValueError, match="whole number of 4-code frames"):
         decoder.decode(codes(3)[:-1])

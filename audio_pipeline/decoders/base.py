@@ -16,13 +16,23 @@ class AudioDecoder(ABC):
 
     Class-level traits are readable without loading weights, so configuration can be
     validated before anything heavy happens.
+
+    Block-causal decoding (``supports_block_causal``): the decoder keeps a per-stream state (for a
+    convolutional decoder, the cached activations of what it decoded before) and decodes each new
+    block on top of it with :meth:`decode_blocks`; the past is never recomputed and never sees the
+    block, and the block never sees the future.
+
+    A decoder whose audio depends on a frame's index in its stream (SNAC's positional noise) takes
+    a ``frame_offsets`` keyword in ``decode_batch`` and ``decode_blocks``: the index in its stream
+    of each input's first frame. Streaming passes it wherever the method accepts it.
     """
 
     #: Registry name (``audio_decoder`` in the configuration).
     name: ClassVar[str]
     #: Codes that make one frame, the smallest decodable unit.
     tokens_per_frame: ClassVar[int]
-    #: Whether the decoder can run with ``block_causal=True``.
+    #: Whether the decoder can run with ``block_causal=True`` (implements init_state / decode_blocks).
+    #: A checkpoint-dependent decoder may say False on an instance (see check_streaming_settings).
     supports_block_causal: ClassVar[bool] = False
 
     #: Output sample rate in Hz.
@@ -43,6 +53,22 @@ class AudioDecoder(ABC):
              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "AudioDecoder":
         """Builds the decoder from ``weights`` (a local directory or file) and extra settings."""
 
+    @classmethod
+    def check_streaming_settings(cls, *, block_causal: bool = False, prepend_causal: bool = False,
+                                 weights: str | None = None) -> None:
+        """Raises ValueError naming each streaming setting this decoder cannot honour.
+
+        Called when the configuration is resolved, before anything loads; ``weights`` (when known)
+        lets a decoder whose abilities depend on the checkpoint read its configuration.
+        """
+        problems = [f"{field}=true is not supported by audio_decoder {cls.name!r} (it cannot decode "
+                    "block-causally)"
+                    for field, wanted in (("block_causal", block_causal),
+                                          ("prepend_prompt_speech_tokens_causal", prepend_causal))
+                    if wanted and not cls.supports_block_causal]
+        if problems:
+            raise ValueError("; ".join(problems))
+
     @abstractmethod
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Decodes a 1-D tensor of whole frames into a 1-D float waveform in [-1, 1].
@@ -53,6 +79,19 @@ class AudioDecoder(ABC):
     def decode_batch(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         """Decodes several independent code sequences; decoders override this to batch."""
         return [self.decode(codes) for codes in batch]
+
+    def init_state(self) -> Any:
+        """A stream's block-causal state before its first block (as at the start of ``decode``)."""
+        raise NotImplementedError(f"block_causal: audio decoder {self.name!r} cannot decode block-causally")
+
+    def decode_blocks(self, blocks: list[torch.Tensor], states: list[Any]) -> list[tuple[torch.Tensor, Any]]:
+        """Decodes each stream's next block on top of its state: ``(audio of the block, new state)``.
+
+        States given are not modified. Decoding a whole sequence as one block from ``init_state()``
+        equals ``decode``; decoding it block by block gives the same samples exactly when the
+        decoder is causal.
+        """
+        raise NotImplementedError(f"block_causal: audio decoder {self.name!r} cannot decode block-causally")
 
     def check_codes(self, codes: torch.Tensor) -> None:
         """Raises ValueError unless ``codes`` is 1-D, whole frames and non-empty."""

@@ -106,6 +106,11 @@ class CausalConvDecoder(AudioDecoder):
 
     # --- decoding ------------------------------------------------------------------------------
 
+    def _check(self, codes: torch.Tensor) -> None:
+        self.check_codes(codes)
+        if codes.is_floating_point() or int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size:
+            raise ValueError(f"codes must be integers in [0, {self.codebook_size})")
+
     def init_state(self) -> State | None:
         """The state before any block: None (zeros, as at the start of a one-shot decode)."""
         return None
@@ -148,7 +153,7 @@ class CausalConvDecoder(AudioDecoder):
         return torch.tanh(y[:, 0, :]), new_states
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        self.check_codes(codes)
+        self._check(codes)
         wave, _ = self._run(codes.to(self.device)[None], [None])
         return wave[0].float()
 
@@ -162,13 +167,14 @@ class CausalConvDecoder(AudioDecoder):
         results: list[tuple[torch.Tensor, State] | None] = [None] * len(blocks)
         groups: dict[int, list[int]] = {}
         for i, codes in enumerate(blocks):
-            self.check_codes(codes)
+            self._check(codes)
             groups.setdefault(codes.numel(), []).append(i)
         for members in groups.values():
             stacked = torch.stack([blocks[i].to(self.device) for i in members])
             waves, new_states = self._run(stacked, [states[i] for i in members])
             for row, i in enumerate(members):
-                results[i] = (waves[row].float(), new_states[row])
+                # clone: views would keep the whole batch's activations alive with the state
+                results[i] = (waves[row].float(), [t.clone() for t in new_states[row]])
         return results  # type: ignore[return-value]
 
 

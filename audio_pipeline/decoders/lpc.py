@@ -1,9 +1,10 @@
 """The project's own LPC vocoder decoder ("lpc"), the codec of the built-in voice.
 
-A frame (20 ms at 16 kHz, 320 samples) is four codes: a phoneme marker (ignored here: the language
-model's alignment aid), the spectral envelope (index into a codebook of log-area-ratio vectors),
-F0 (0 = unvoiced, else one of ``f0_levels`` log-spaced levels) and gain (``gain_levels`` log-spaced
-levels of the prediction-error energy). Synthesis: a pulse train with continuous phase (voiced) or
+A frame (20 ms at 16 kHz, 320 samples) is four codes: the phoneme index and countdown (ignored
+here: the language model's alignment, see audio_pipeline/models/phoneme_lpc.py), the spectral
+envelope (index into a codebook of log-area-ratio vectors) and the prosody code
+``f0 * gain_levels + gain``: f0 is 0 for unvoiced, else one of ``f0_levels`` log-spaced levels;
+gain one of ``gain_levels`` log-spaced levels of the prediction-error energy. Synthesis: a pulse train with continuous phase (voiced) or
 white noise (unvoiced) through the all-pole filter, then de-emphasis. Everything that carries over
 (filter memory, pulse phase, noise generator, de-emphasis memory) is the stream's state, so the
 decoder is causal and block-causal streaming equals one-shot decoding exactly.
@@ -29,9 +30,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "sample_rate": 16000,
     "hop": 320,
     "order": 16,
-    "f0_levels": 63,
+    "f0_levels": 31,
     "gain_levels": 32,
-    "log_f0_range": [4.0943445622221, 5.991464547107982],  # log(60 Hz), log(400 Hz)
+    "log_f0_range": [4.248495242049359, 5.521460917862246],  # log(70 Hz), log(250 Hz)
     "log_gain_range": [-23.0, -4.0],
     "pre_emphasis": 0.9,
     "noise_seed": 0,
@@ -88,8 +89,9 @@ class LPCDecoder(AudioDecoder):
         self.codebook_size = codebook.shape[0]
         self.f0_levels = int(config["f0_levels"])
         self.gain_levels = int(config["gain_levels"])
-        # Each frame's audio depends only on its own codes and the carried state.
-        self.receptive_field_frames = 0
+        # The filter memory fades within a frame or two; the pulse phase carries further, so
+        # streaming without block_causal may shift the glottal pulses at a seam (never the spectrum).
+        self.receptive_field_frames = 2
         self._filters = [reflection_to_lpc(lar_to_reflection(v)) for v in self.codebook]
 
     @classmethod
@@ -107,8 +109,8 @@ class LPCDecoder(AudioDecoder):
     def _check(self, codes: torch.Tensor) -> np.ndarray:
         self.check_codes(codes)
         frames = codes.detach().cpu().numpy().astype(np.int64).reshape(-1, self.tokens_per_frame)
-        limits = (self.codebook_size, self.f0_levels + 1, self.gain_levels)
-        for column, limit in enumerate(limits, 1):
+        limits = {2: self.codebook_size, 3: (self.f0_levels + 1) * self.gain_levels}
+        for column, limit in limits.items():
             values = frames[:, column]
             if values.min() < 0 or values.max() >= limit:
                 raise ValueError(f"code out of range at frame position {column}: must be in [0, {limit})")
@@ -117,9 +119,10 @@ class LPCDecoder(AudioDecoder):
     def _synthesize(self, frames: np.ndarray, state: LPCState) -> np.ndarray:
         hop = self.samples_per_frame
         f0_range = tuple(self.config["log_f0_range"])
-        gains = np.exp(level_value(frames[:, 3], tuple(self.config["log_gain_range"]), self.gain_levels))
+        f0_codes, gain_codes = np.divmod(frames[:, 3], self.gain_levels)
+        gains = np.exp(level_value(gain_codes, tuple(self.config["log_gain_range"]), self.gain_levels))
         pieces = []
-        for (_, envelope, f0_code, _), gain in zip(frames, gains):
+        for envelope, f0_code, gain in zip(frames[:, 2], f0_codes, gains):
             if f0_code > 0:
                 period = self.sample_rate / np.exp(level_value(np.array(f0_code - 1), f0_range, self.f0_levels))
                 phases = state.phase + np.arange(1, hop + 1) / period

@@ -59,6 +59,7 @@ from audio_pipeline.decoders.snac_layers import (
     checkpoint_key_map,
     ignored_checkpoint_keys,
     randomize_,
+    upsample_unpadded,
 )
 
 log = logging.getLogger(__name__)
@@ -401,6 +402,26 @@ class SNACDecoder(AudioDecoder):
         self.receptive_field_frames = receptive_field_frames(model_config)
         self.supports_block_causal = synthesis.attention is None
 
+    @classmethod
+    def check_streaming_settings(cls, *, block_causal: bool = False, prepend_causal: bool = False,
+                                 weights: str | None = None) -> None:
+        """As AudioDecoder's; also reads the checkpoint's config.json when ``weights`` is given, since
+        a checkpoint with windowed attention cannot decode block-causally."""
+        super().check_streaming_settings(block_causal=block_causal, prepend_causal=prepend_causal)
+        if not (block_causal or prepend_causal) or not weights:
+            return
+        try:
+            _, config_file = _resolve_files(weights)
+            window = json.loads(config_file.read_text()).get("attn_window_size", _MODEL_DEFAULTS["attn_window_size"])
+        except (OSError, ValueError, AttributeError):
+            return  # loading reports unreadable weights, with the details
+        if window is not None:
+            fields = [f for f, on in (("block_causal", block_causal), ("prepend_prompt_speech_tokens_causal",
+                                                                       prepend_causal)) if on]
+            raise ValueError(f"{'=true and '.join(fields)}=true is not supported by audio_decoder 'snac' with the "
+                             f"checkpoint {weights}: its windowed attention (attn_window_size {window}) cannot be "
+                             "decoded block-causally")
+
     # ---- loading -------------------------------------------------------------------------
 
     @classmethod
@@ -558,23 +579,28 @@ class SNACDecoder(AudioDecoder):
             raise ValueError(f"need one frame offset per stream: {len(batch)} streams, {len(frame_offsets)} offsets")
         _check_offsets(frame_offsets)
         checked = [self._validate(c) for c in batch]
-        groups: dict[int, list[int]] = {}
-        for i, c in enumerate(checked):
-            groups.setdefault(c.numel(), []).append(i)
         out: list[torch.Tensor | None] = [None] * len(batch)
-        runs: list[list[int]] = []
-        for length, members in groups.items():
-            per_run = len(members)
-            if self.max_batch_frames is not None:
-                per_run = max(1, self.max_batch_frames // (length // TOKENS_PER_FRAME))
-            runs += [members[i: i + per_run] for i in range(0, len(members), per_run)]
-        for members in runs:
+        for members in self._runs(checked):
             noise = self._noise(checked[members[0]].numel() // TOKENS_PER_FRAME, [frame_offsets[i] for i in members],
                                 None if generators is None else [generators[i] for i in members])
             audio = self._decode_stacked(torch.stack([checked[i] for i in members]), noise)
             for row, i in enumerate(members):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]
+
+    def _runs(self, checked: list[torch.Tensor]) -> list[list[int]]:
+        """Indices of ``checked`` grouped into batched calls: equal lengths only (padding would
+        change the audio), at most ``max_batch_frames`` frames per call (never splitting an input)."""
+        groups: dict[int, list[int]] = {}
+        for i, codes in enumerate(checked):
+            groups.setdefault(codes.numel(), []).append(i)
+        runs: list[list[int]] = []
+        for length, members in groups.items():
+            per_run = len(members)
+            if self.max_batch_frames is not None:
+                per_run = max(1, self.max_batch_frames // (length // TOKENS_PER_FRAME))
+            runs += [members[i: i + per_run] for i in range(0, len(members), per_run)]
+        return runs
 
     # ---- block-causal decoding -------------------------------------------------------------
 
@@ -599,19 +625,20 @@ class SNACDecoder(AudioDecoder):
         if frame_offsets is None:
             frame_offsets = [0] * len(blocks)
         _check_offsets(list(frame_offsets))
+        if len(states) != len(blocks) or len(frame_offsets) != len(blocks):
+            raise ValueError(f"need one state and one frame offset per block: {len(blocks)} blocks, "
+                             f"{len(states)} states, {len(frame_offsets)} offsets")
         checked = [self._validate(c) for c in blocks]
-        groups: dict[int, list[int]] = {}
-        for i, codes in enumerate(checked):
-            groups.setdefault(codes.numel(), []).append(i)
         out: list[tuple[torch.Tensor, Any] | None] = [None] * len(blocks)
-        for length, members in groups.items():
-            frames = length // TOKENS_PER_FRAME
+        for members in self._runs(checked):
+            frames = checked[members[0]].numel() // TOKENS_PER_FRAME
             noise = self._noise(frames, [frame_offsets[i] for i in members], None)
             z = self.quantizer.from_codes(codes_to_codebooks(torch.stack([checked[i] for i in members])))
             audio, layer_states = _synthesis_blocks(self.synthesis, z, [states[i] for i in members], noise)
             audio = audio[:, 0].float().clamp_(-1.0, 1.0).cpu()
             for row, i in enumerate(members):
-                out[i] = (audio[row], [None if t is None else t[row] for t in layer_states])
+                # clone: a view would keep the whole batch's activations alive with the state
+                out[i] = (audio[row], [None if t is None else t[row].clone() for t in layer_states])
         return out  # type: ignore[return-value]
 
     # ---- encoding (voice cloning) ----------------------------------------------------------
@@ -669,7 +696,12 @@ def _stream_upsample(conv, x: torch.Tensor, past: list[torch.Tensor | None]) -> 
     column still reaches into this block's first outputs; the next block's first one is unseen."""
     stride, pad = conv.stride, conv.padding
     left = torch.stack([p if p is not None else x.new_zeros(x.shape[1], 1) for p in past])
-    y = F.conv_transpose1d(torch.cat([left, x], dim=2), conv.weight, conv.bias, stride, 0, 0, conv.groups)
+    full = torch.cat([left, x], dim=2)
+    if conv.upsamples_by_matmul:
+        y = upsample_unpadded(full, conv.weight, stride)
+        y = y + conv.bias[:, None] if conv.bias is not None else y
+    else:
+        y = F.conv_transpose1d(full, conv.weight, conv.bias, stride, 0, 0, conv.groups)
     start = stride + pad
     return y[:, :, start:start + x.shape[2] * stride], x[:, :, -1:]
 

@@ -1,115 +1,81 @@
-"""Per-stream decoding state and batched decoding of many streams' chunks.
+"""Per-stream decoding state, and batched decoding of many streams' chunks.
 
-The rules are ../shared/design/streaming.md's; in short, for chunk k of a stream whose generated
-codes are G, whose voice-prompt codes are P, with ``d`` codes already decoded and ``e`` the end
-of this chunk (from :class:`~audio_pipeline.decoders.chunker.ChunkSchedule`):
+:class:`~audio_pipeline.decoders.chunker.ChunkSchedule` says which tokens a chunk's decoder call gets
+(prompt context, generated context, new tokens); this module makes the calls. Three kinds of work,
+each one batched decoder call for all the streams that need it:
 
-- ``eff = min(buffer, d)`` generated codes of left context: ``G[d - eff : d]``;
-- prompt context, by ``prepend``:
-  NEVER: none; ONCE: all of P before chunk 0, none later; ROLLING: all of P before chunk 0, and
-  before a later chunk the last ``buffer - eff`` codes of P (the context window is filled with
-  generated codes first, the rest from the prompt's tail);
-- the decoder gets ``prompt context + generated context + G[d:e]``; the audio of the contexts is
-  dropped, so each chunk yields exactly the samples of its new codes.
+- plain: ``prompt tail + generated context + new`` decoded as one window (``decode_batch``);
+- block-causal (``block_causal``): the new tokens alone, on the stream's state (``decode_blocks``),
+  which holds the cached activations of everything decoded before; the prompt, when prepended, is
+  decoded first as a block of its own that primes the state;
+- ``prepend_causal`` alone: the prompt is decoded once as its own block; chunks that get prompt
+  context decode ``generated context + new`` on that prompt state, so the prompt never sees the
+  chunk, while generated context is recomputed as usual. (ROLLING hands such a chunk the prompt's
+  tail; the state it continues from is that of the whole prompt, which is the same thing as far
+  as the decoder's receptive field reaches.)
 
-With ``block_causal`` the decoder keeps per-stream state (cached activations of everything
-decoded before) instead: each chunk is decoded as its own block on top of the state, context is
-never recomputed and earlier audio never depends on later codes. With the ONCE / ROLLING modes the
-prompt is decoded first as its own block, priming the state. ``prepend_causal`` does the same for
-the prompt part only, while generated context is recomputed as usual.
+The audio of every context token is dropped, so each chunk yields exactly the samples of its new
+tokens and the chunks of a stream add up to the one-shot decode's length.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.chunker import ChunkSchedule, DecodeWindow
 
-
-def _mode(value: Any) -> str:
-    return str(getattr(value, "value", value)).lower()
-
-
-@dataclass(frozen=True)
-class DecoderInput:
-    """What one chunk hands the decoder: prompt codes, generated context, new codes."""
-
-    prompt: torch.Tensor
-    context: torch.Tensor
-    new: torch.Tensor
-
-    @property
-    def codes(self) -> torch.Tensor:
-        return torch.cat([self.prompt, self.context, self.new])
+if TYPE_CHECKING:
+    from audio_pipeline.config import PrependPromptSpeechTokens
 
 
 class DecoderStream:
     """One request's decoding state (chunk index, decoded_index, block-causal caches)."""
 
     def __init__(self, decoder: AudioDecoder, *, chunk_size: list[int] | None, buffer: int = 0,
-                 block_causal: bool = False, prepend: Any = "never", prepend_causal: bool = False,
-                 prompt_codes: torch.Tensor | None = None):
-        self.decoder = decoder
-        self.schedule = ChunkSchedule(chunk_size, buffer)
-        self.buffer = buffer
-        self.block_causal = block_causal
-        self.prepend = _mode(prepend)
-        if self.prepend not in ("never", "once", "rolling"):
-            raise ValueError(f"prepend must be never, once or rolling, got {prepend!r}")
-        self.prepend_causal = prepend_causal
+                 block_causal: bool = False, prepend: PrependPromptSpeechTokens | str = "never",
+                 prepend_causal: bool = False, prompt_codes: torch.Tensor | None = None):
         frame = decoder.tokens_per_frame
         if (block_causal or prepend_causal) and not decoder.supports_block_causal:
-            raise ValueError(f"block_causal: the audio decoder {decoder.name!r} does not support block-causal decoding")
-        if prompt_codes is not None and prompt_codes.numel() % frame:
-            raise ValueError(f"prompt codes must be whole {frame}-code frames, got {prompt_codes.numel()}")
-        if prompt_codes is not None and prompt_codes.numel() == 0:
-            prompt_codes = None
-        self.prompt_codes = prompt_codes.long().cpu() if prompt_codes is not None else None
+            field = "block_causal" if block_causal else "prepend_prompt_speech_tokens_causal"
+            raise ValueError(f"{field}: the audio decoder {decoder.name!r} does not support block-causal decoding")
+        for name, count in (("buffer", buffer), *(("chunk_size", size) for size in chunk_size or ())):
+            if count % frame:
+                raise ValueError(f"{name}: {count} is not a multiple of the decoder's {frame} tokens per frame")
+        if prompt_codes is not None and (prompt_codes.dim() != 1 or prompt_codes.numel() % frame):
+            raise ValueError(f"prompt codes must be a 1-D tensor of whole {frame}-code frames, "
+                             f"got shape {tuple(prompt_codes.shape)}")
+        self.decoder = decoder
+        self.prompt_codes = (prompt_codes.detach().long().cpu() if prompt_codes is not None
+                             else torch.zeros(0, dtype=torch.long))
+        self.schedule = ChunkSchedule(chunk_size, buffer, block_causal=block_causal, prepend=prepend,
+                                      prompt_tokens=self.prompt_codes.numel())
+        self.block_causal = block_causal
+        self.prepend_causal = prepend_causal
+        #: Generated codes already turned into audio.
         self.decoded_index = 0
         self.chunks_decoded = 0
-        #: Block-causal state of the decoder for this stream (after everything decoded so far).
-        self.state: Any = decoder.init_state() if block_causal else None  # type: ignore[attr-defined]
-        self._primed = False
-        #: Decoder state after the prompt alone (prepend_causal).
+        #: Decoder state after everything decoded so far (block_causal).
+        self.state: Any = decoder.init_state() if block_causal else None
+        #: Decoder state after the prompt alone (prepend_causal without block_causal).
         self.prompt_state: Any = None
         self.closed = False
 
     @property
-    def uses_prompt(self) -> bool:
-        return self.prompt_codes is not None and self.prepend != "never"
+    def prompt_frames(self) -> int:
+        """Frames of prompt in front of generated frame 0 when the prompt is decoded at all."""
+        if self.schedule.prepend == "never":
+            return 0
+        return self.prompt_codes.numel() // self.decoder.tokens_per_frame
 
     def next_window(self, generated: int, finished: bool) -> DecodeWindow | None:
         """The next chunk to decode for a stream with ``generated`` codes, or None (no state change)."""
-        window = self.schedule.next_window(generated, self.decoded_index, self.chunks_decoded, finished)
-        if window is not None and self.block_causal:  # the state replaces recomputed context
-            window = DecodeWindow(window.start + window.context_tokens, window.end, 0, window.chunk_index,
-                                  window.final)
-        return window
-
-    def prompt_context(self, window: DecodeWindow) -> torch.Tensor:
-        """The prompt codes this chunk gets as context, per the prepend mode (not block-causal)."""
-        empty = torch.zeros(0, dtype=torch.long)
-        if not self.uses_prompt or self.block_causal:
-            return empty
-        prompt = self.prompt_codes
-        if window.chunk_index == 0:
-            return prompt
-        if self.prepend == "rolling":
-            room = self.buffer - window.context_tokens
-            return prompt[prompt.numel() - min(room, prompt.numel()):] if room > 0 else empty
-        return empty
-
-    def decoder_input(self, window: DecodeWindow, codes: torch.Tensor) -> DecoderInput:
-        """Splits ``codes`` (generated codes [window.start, window.end)) into what the decoder gets."""
-        codes = codes.long().cpu()
-        if codes.numel() != window.end - window.start:
-            raise ValueError(f"expected {window.end - window.start} codes for the window, got {codes.numel()}")
-        return DecoderInput(self.prompt_context(window), codes[: window.context_tokens], codes[window.context_tokens:])
+        if self.closed:
+            return None
+        return self.schedule.next_window(generated, self.decoded_index, self.chunks_decoded, finished)
 
     def close(self) -> None:
         """Frees the stream's state (idempotent)."""
@@ -117,95 +83,108 @@ class DecoderStream:
         self.prompt_state = None
         self.closed = True
 
+    def _prompt_tail(self, window: DecodeWindow) -> torch.Tensor:
+        return self.prompt_codes[self.prompt_codes.numel() - window.prompt_tokens:]
+
+    def _prompt_is_a_block(self, window: DecodeWindow) -> bool:
+        return window.prompt_tokens > 0 and (self.block_causal or self.prepend_causal)
+
+    def _advance(self, window: DecodeWindow) -> None:
+        self.decoded_index = window.end
+        self.chunks_decoded += 1
+        if self.schedule.prompt_context(self.chunks_decoded, min(self.schedule.buffer, self.decoded_index)) == 0:
+            self.prompt_state = None  # no later chunk gets prompt context
+
+
+def _with_offsets(method: Callable[..., Any], offsets: list[int]) -> dict[str, Any]:
+    """``frame_offsets`` for a decoder method that takes it (see AudioDecoder), else nothing."""
+    try:
+        takes = "frame_offsets" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"frame_offsets": offsets} if takes else {}
+
 
 def _decode_blocks(decoder: AudioDecoder, blocks: list[torch.Tensor], states: list[Any],
                    offsets: list[int]) -> list[tuple[torch.Tensor, Any]]:
-    method = decoder.decode_blocks  # type: ignore[attr-defined]
-    if "frame_offsets" in inspect.signature(method).parameters:
-        return method(blocks, states, frame_offsets=offsets)
-    return method(blocks, states)
+    return decoder.decode_blocks(blocks, states, **_with_offsets(decoder.decode_blocks, offsets))
 
 
-def _base_frame(stream: DecoderStream, frame: int) -> int:
-    """Where generated frame 0 sits in the stream: after the prompt's frames when the prompt is used."""
-    return stream.prompt_codes.numel() // frame if stream.uses_prompt else 0
+def _decode_batch(decoder: AudioDecoder, batch: list[torch.Tensor], offsets: list[int]) -> list[torch.Tensor]:
+    return decoder.decode_batch(batch, **_with_offsets(decoder.decode_batch, offsets))
 
 
 def decode_windows(decoder: AudioDecoder, jobs: list[tuple[DecoderStream, DecodeWindow, torch.Tensor]]
                    ) -> list[torch.Tensor]:
     """Decodes every job's chunk in as few batched decoder calls as possible and advances each stream.
 
-    jobs: (stream, window from stream.next_window, the stream's generated codes [window.start:
-    window.end]). Returns each job's new audio: exactly (new codes / tokens_per_frame) *
-    samples_per_frame samples (1-D float32, CPU).
+    jobs: (stream, window from stream.next_window, the stream's GENERATED codes [window.start:
+    window.end] as a 1-D tensor). Returns each job's new audio: exactly (new codes /
+    tokens_per_frame) * samples_per_frame samples, 1-D float32 on the CPU.
     """
-    frame = decoder.tokens_per_frame
-    spf = decoder.samples_per_frame
-    results: list[torch.Tensor | None] = [None] * len(jobs)
+    frame, samples_per_frame = decoder.tokens_per_frame, decoder.samples_per_frame
+    for stream, window, codes in jobs:
+        if stream.closed:
+            raise ValueError("decode_windows: the stream was closed")
+        if stream.decoder is not decoder:
+            raise ValueError("decode_windows: a stream belongs to another decoder")
+        if window.start + window.context_tokens != stream.decoded_index:
+            raise ValueError(f"decode_windows: the window's new codes start at {window.start + window.context_tokens}, "
+                             f"the stream has decoded {stream.decoded_index}")
+        if codes.dim() != 1 or codes.numel() != window.end - window.start:
+            raise ValueError(f"decode_windows: expected {window.end - window.start} codes for the window, "
+                             f"got shape {tuple(codes.shape)}")
+    if len({id(stream) for stream, _, _ in jobs}) != len(jobs):
+        raise ValueError("decode_windows: one chunk per stream per call")
 
-    # Streams whose prompt must first prime a block-causal state (block_causal, or prepend_causal).
-    priming = [s for s, w, _ in jobs if s.uses_prompt and not s._primed and (s.block_causal or s.prepend_causal)]
+    # 1. Prompts that are blocks of their own prime their stream's state.
+    priming = [(stream, window) for stream, window, _ in jobs
+               if stream._prompt_is_a_block(window) and (stream.block_causal or stream.prompt_state is None)]
     if priming:
-        primed = _decode_blocks(decoder, [s.prompt_codes for s in priming],
-                                [decoder.init_state() for _ in priming], [0] * len(priming))  # type: ignore[attr-defined]
-        for stream, (_, state) in zip(priming, primed):
-            stream._primed = True
+        primed = _decode_blocks(decoder, [stream._prompt_tail(window) for stream, window in priming],
+                                [decoder.init_state() for _ in priming],
+                                [stream.prompt_frames - window.prompt_tokens // frame for stream, window in priming])
+        for (stream, _), (_, state) in zip(priming, primed):
             if stream.block_causal:
                 stream.state = state
             else:
                 stream.prompt_state = state
 
-    plain: list[int] = []
-    stateful: list[int] = []
-    inputs: list[DecoderInput] = []
+    # 2. Everything else: stateful blocks in one call, plain windows in another.
+    results: list[torch.Tensor | None] = [None] * len(jobs)
+    new_states: dict[int, Any] = {}
+    stateful: list[tuple[int, torch.Tensor, Any, int, int]] = []  # job, codes, state, offset, dropped
+    plain: list[tuple[int, torch.Tensor, int, int]] = []  # job, codes, offset, dropped
     for index, (stream, window, codes) in enumerate(jobs):
-        if stream.closed:
-            raise ValueError("decode_windows: the stream was closed")
-        item = stream.decoder_input(window, codes)
-        inputs.append(item)
-        if stream.block_causal or (stream.prepend_causal and item.prompt.numel()):
-            stateful.append(index)
+        codes = codes.detach().long().cpu()
+        first_frame = stream.prompt_frames + window.start // frame
+        dropped = window.context_tokens // frame * samples_per_frame
+        if stream.block_causal:
+            stateful.append((index, codes, stream.state, first_frame, 0))
+        elif stream._prompt_is_a_block(window):
+            stateful.append((index, codes, stream.prompt_state, first_frame, dropped))
         else:
-            plain.append(index)
-
-    if plain:
-        batch = [inputs[i].codes for i in plain]
-        if "frame_offsets" in inspect.signature(decoder.decode_batch).parameters:
-            # Position-dependent decoders (SNAC's noise) see each input at its place in the stream:
-            # generated frame j sits after the prompt's frames when the prompt is in use.
-            offsets = []
-            for i in plain:
-                stream, window, _ = jobs[i]
-                offsets.append(_base_frame(stream, frame) + window.start // frame - inputs[i].prompt.numel() // frame)
-            waves = decoder.decode_batch(batch, frame_offsets=offsets)
-        else:
-            waves = decoder.decode_batch(batch)
-        for i, wave in zip(plain, waves):
-            item = inputs[i]
-            drop = (item.prompt.numel() + item.context.numel()) // frame * spf
-            results[i] = wave[drop:drop + item.new.numel() // frame * spf]
+            prompt = stream._prompt_tail(window)
+            plain.append((index, torch.cat([prompt, codes]), first_frame - prompt.numel() // frame,
+                          dropped + prompt.numel() // frame * samples_per_frame))
     if stateful:
-        blocks, states, offsets = [], [], []
-        for i in stateful:
-            stream, window, item = jobs[i][0], jobs[i][1], inputs[i]
-            offsets.append(_base_frame(stream, frame) + window.start // frame)
-            if stream.block_causal:
-                blocks.append(item.new)
-                states.append(stream.state)
-            else:  # prepend_causal: the prompt's cached state, then generated context and new codes
-                blocks.append(torch.cat([item.context, item.new]))
-                states.append(stream.prompt_state)
-        decoded = _decode_blocks(decoder, blocks, states, offsets)
-        for i, (wave, state) in zip(stateful, decoded):
-            stream, item = jobs[i][0], inputs[i]
-            if stream.block_causal:
-                stream.state = state
-                results[i] = wave
-            else:
-                drop = item.context.numel() // frame * spf
-                results[i] = wave[drop:drop + item.new.numel() // frame * spf]
+        decoded = _decode_blocks(decoder, [codes for _, codes, _, _, _ in stateful],
+                                 [state for _, _, state, _, _ in stateful], [offset for *_, offset, _ in stateful])
+        for (index, _, _, _, dropped), (wave, state) in zip(stateful, decoded):
+            results[index] = wave[dropped:]
+            new_states[index] = state
+    if plain:
+        waves = _decode_batch(decoder, [codes for _, codes, _, _ in plain], [offset for _, _, offset, _ in plain])
+        for (index, _, _, dropped), wave in zip(plain, waves):
+            results[index] = wave[dropped:]
 
-    for (stream, window, _), wave in zip(jobs, results):
-        stream.decoded_index = window.end
-        stream.chunks_decoded += 1
-    return [w.detach().to("cpu", torch.float32) for w in results]  # type: ignore[union-attr]
+    for (_, window, _), wave in zip(jobs, results):
+        expected = window.new_tokens // frame * samples_per_frame
+        if wave is None or wave.dim() != 1 or wave.numel() != expected:
+            raise RuntimeError(f"audio decoder {decoder.name!r} returned {None if wave is None else tuple(wave.shape)} "
+                               f"samples for {window.new_tokens} new codes, expected {expected}")
+    for index, (stream, window, _) in enumerate(jobs):
+        if stream.block_causal:
+            stream.state = new_states[index]
+        stream._advance(window)
+    return [wave.detach().to("cpu", torch.float32) for wave in results]  # type: ignore[union-attr]

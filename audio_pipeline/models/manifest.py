@@ -9,6 +9,8 @@ from pathlib import Path
 from audio_pipeline.models import orpheus
 
 MANIFEST_NAME = "audio_pipeline.json"
+#: Model families (``family`` in the manifest) the engine has a speech-token layout for.
+FAMILIES = ("orpheus", "phoneme-lpc")
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ class ModelManifest:
             manifest = cls(voices=voices, **data)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: invalid model manifest: {exc}") from exc
-        if manifest.family != "orpheus":
-            raise ValueError(f"{path}: unsupported model family {manifest.family!r} (supported: orpheus)")
+        if manifest.family not in FAMILIES:
+            raise ValueError(f"{path}: unsupported model family {manifest.family!r} (supported: {', '.join(FAMILIES)})")
         names = [v.name for v in manifest.voices]
         if manifest.default_voice is not None and manifest.default_voice not in names:
             raise ValueError(f"{path}: default_voice {manifest.default_voice!r} is not one of its voices {names}")
@@ -57,4 +59,28 @@ class ModelManifest:
         ``min_vocab_size``, ``token_range(position)``, ``token_to_code``, ``tokens_to_codes``,
         ``codes_to_tokens`` and ``build_prompt(tokenizer, text, voice)``.
         """
+        if self.family == "phoneme-lpc":
+            from audio_pipeline.models.phoneme_lpc import PhonemeLPCLayout
+
+            return PhonemeLPCLayout()
         return orpheus.OrpheusLayout()
+
+
+def declared_audio_decoder(model_path: str) -> str | None:
+    """The audio decoder named by the manifest of the model at ``model_path`` (a directory or
+    ``builtin:NAME``), read without loading or writing anything; None when it names none or cannot
+    be read (the engine reports that properly when it loads the model)."""
+    if model_path.startswith("builtin:"):
+        from audio_pipeline.builtin import SHIPPED_MODELS
+
+        name = model_path.removeprefix("builtin:")
+        if name not in SHIPPED_MODELS:  # the test models written on first use name snac, the default
+            return None
+        directory = Path(__file__).resolve().parent.parent / "builtin" / name
+    else:
+        directory = Path(model_path).expanduser()
+    try:
+        decoder = json.loads((directory / MANIFEST_NAME).read_text()).get("audio_decoder")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return decoder if isinstance(decoder, str) and decoder else None

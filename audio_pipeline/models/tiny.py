@@ -1,7 +1,9 @@
-"""Writes a tiny random Llama with the Orpheus token layout, in Hugging Face format.
+"""Writes a tiny random Llama with the Orpheus token layout, in Hugging Face format, and resolves
+``builtin:NAME`` models.
 
-Tests serve it, and it is the built-in default model until the project's own voice ships: it
-exercises the whole engine path, but its random weights produce noise, not speech.
+Tests serve the tiny model (``builtin:tiny-orpheus``): it exercises the whole engine path, but its
+random weights produce noise, not speech. The default model is the shipped voice
+``builtin:lpc-en`` (package data, audio_pipeline/builtin/).
 """
 
 from __future__ import annotations
@@ -139,9 +141,14 @@ def builtin_cache_dir() -> Path:
 
 
 def resolve_builtin_model(name: str) -> Path:
-    """The directory of built-in model ``name``, written on first use (atomically)."""
+    """The directory of built-in model ``name``: shipped in the package, or written on first use
+    (atomically) to the cache."""
+    from audio_pipeline.builtin import SHIPPED_MODELS, shipped_model_dir
+
+    if name in SHIPPED_MODELS:
+        return shipped_model_dir(name)
     if name not in BUILTIN_MODELS:
-        raise ValueError(f"unknown built-in model {name!r}; available: {', '.join(BUILTIN_MODELS)}")
+        raise ValueError(f"unknown built-in model {name!r}; available: {', '.join((*SHIPPED_MODELS, *BUILTIN_MODELS))}")
     writer, version = BUILTIN_MODELS[name]
     target = builtin_cache_dir() / "builtin" / f"{name}-v{version}"
     if (target / MANIFEST_NAME).is_file():

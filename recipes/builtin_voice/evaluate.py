@@ -3,6 +3,7 @@ identification through a JSGF grammar of the candidate sentences, and word error
 general language model.
 
     python -m recipes.builtin_voice.evaluate --espeak            # the synthesizer the data came from
+    python -m recipes.builtin_voice.evaluate --model builtin:lpc-en --temperature 0   # through the engine
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
 
 
 def evaluate(sentences: Sequence[str], synthesize: Callable[[str], tuple[np.ndarray, int]],
-             grammar_file: str) -> dict[str, float]:
-    """Closed-set identification accuracy and WER of ``synthesize`` on ``sentences``."""
+             grammar_file: str, candidates: Sequence[str] | None = None) -> dict[str, float]:
+    """Closed-set identification accuracy (among ``candidates``, default ``sentences``) and WER of
+    ``synthesize`` on ``sentences``."""
     with open(grammar_file, "w") as f:
-        f.write(jsgf_grammar(sentences))
+        f.write(jsgf_grammar(candidates or sentences))
     closed = _decoder(jsgf=grammar_file)
     open_set = _decoder()
     correct = errors = words = 0
@@ -74,29 +76,89 @@ def evaluate(sentences: Sequence[str], synthesize: Callable[[str], tuple[np.ndar
             "wer": errors / max(words, 1)}
 
 
+def enforce_alignment_rules() -> None:
+    """Applies, in this process only, the engine hook proposed in NOTES.md ("Hooks", 3): sampling may
+    only pick the layout's ``forced_token`` where it names one. For measuring what the hook buys."""
+    from audio_pipeline.context import TTSContext
+
+    if getattr(TTSContext.candidate_mask, "enforces_alignment", False):
+        return
+    original = TTSContext.candidate_mask
+
+    def candidate_mask(self, width=None):
+        forced = getattr(self.layout, "forced_token", None)
+        token = forced(self.prompt_ids, self.generated) if forced else None
+        if token is not None:
+            return self.candidate_ids(width) == token
+        return original(self, width)
+
+    candidate_mask.enforces_alignment = True
+    TTSContext.candidate_mask = candidate_mask
+
+
+def engine_synthesizer(model_dir: str, *, temperature: float | None = None, max_tokens: int = 2000,
+                       flags: Sequence[str] = ()):
+    """A started TTSEngine serving ``model_dir`` and a ``synthesize(text)`` that goes through it."""
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+
+    config = AudioGenerationConfig.load(
+        env={}, audio_flags=["audio_decoder=lpc", f"sampling.max_tokens={max_tokens}", *flags],
+        model={"model_path": model_dir, "device": "cpu"})
+    engine = TTSEngine(config)
+    engine.start()
+    overrides = {} if temperature is None else {"temperature": temperature}
+
+    def synthesize(text: str):
+        result = engine.synthesize(text, **overrides)
+        return result.samples, result.sample_rate
+
+    return engine, synthesize
+
+
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    from recipes.builtin_voice.corpus import held_out, sentences
+    from recipes.builtin_voice.corpus import held_out
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--espeak", action="store_true", help="evaluate eSpeak NG itself")
+    parser.add_argument("--model", help="evaluate this model directory through the engine (or builtin:NAME)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
     parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--enforce-alignment", action="store_true",
+                        help="apply the proposed engine hook that enforces the layout's alignment rules")
+    parser.add_argument("--write", help="write the first sentence's audio here (WAV)")
     args = parser.parse_args(argv)
-    test = held_out(args.count, train=sentences(6000))
+    test = held_out(args.count)
+    engine = None
     if args.espeak:
         from recipes.builtin_voice.espeak import ESpeak
 
-        engine = ESpeak()
-
         def synthesize(text):
-            u = engine.synthesize(text)
+            u = ESpeak().synthesize(text)
             return u.samples, u.sample_rate
+        label = "eSpeak NG"
+    elif args.model:
+        if args.enforce_alignment:
+            enforce_alignment_rules()
+        engine, synthesize = engine_synthesizer(args.model, temperature=args.temperature)
+        label = (f"{args.model} (temperature {args.temperature if args.temperature is not None else 'default'}"
+                 f"{', alignment enforced' if args.enforce_alignment else ''})")
     else:
-        parser.error("choose what to evaluate (--espeak)")
-    with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
-        result = evaluate(test, synthesize, grammar.name)
-    print(f"closed-set identification {result['identified']}/{result['sentences']} "
+        parser.error("choose what to evaluate (--espeak or --model)")
+    try:
+        if args.write:
+            import soundfile as sf
+
+            audio, rate = synthesize(test[0])
+            sf.write(args.write, audio, rate)
+        with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
+            result = evaluate(test, synthesize, grammar.name)
+    finally:
+        if engine is not None:
+            engine.stop()
+    print(f"{label}: closed-set identification {result['identified']}/{result['sentences']} "
           f"({result['accuracy']:.0%}), WER {result['wer']:.1%}")
     return 0
 

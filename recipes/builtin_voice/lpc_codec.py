@@ -1,12 +1,13 @@
-"""Prototype of the built-in voice's codec: a source-filter (LPC) vocoder, 50 frames per second.
+"""Analysis side of the built-in voice's codec, a source-filter (LPC) vocoder at 50 frames per second
+(the synthesis side is the engine's ``lpc`` decoder, audio_pipeline/decoders/lpc.py).
 
 Analysis of a 16 kHz waveform, per 20 ms frame (40 ms Hann window):
 - spectral envelope: order-16 LPC by autocorrelation and Levinson-Durbin, kept as log-area ratios
   (stable under averaging and vector quantisation);
 - gain: the prediction error energy;
-- F0: normalised autocorrelation peak between 60 and 400 Hz; 0 when unvoiced.
-Synthesis: a pulse train at F0 with continuous phase (voiced) or white noise (unvoiced), through the
-all-pole filter, whose state carries over frame to frame: causal, and exactly streamable.
+- F0: normalised autocorrelation peak between 60 and 300 Hz; 0 when unvoiced.
+Quantisation (:class:`Quantizer`): a 1024-entry k-means codebook of LAR vectors, and one prosody
+code per frame (F0 level x gain level).
 
     python -m recipes.builtin_voice.lpc_codec --evaluate      # round-trip intelligibility vs eSpeak NG
 """
@@ -16,14 +17,14 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import soxr
-from scipy.signal import lfilter
+
+from audio_pipeline.decoders.lpc import DEFAULT_CONFIG as DECODER_CONFIG
 
 RATE = 16000
 HOP = 320
 WINDOW = 640
 ORDER = 16
-F0_MIN, F0_MAX = 60.0, 400.0
+F0_MIN, F0_MAX = 60.0, 300.0  # the pitch search range (eSpeak's en-us voice stays within it)
 
 
 def levinson(r: np.ndarray, order: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -60,13 +61,19 @@ def lar_to_reflection(values: np.ndarray) -> np.ndarray:
     return np.tanh(values / 2)
 
 
-def analyse(samples: np.ndarray, rate: int) -> dict[str, np.ndarray]:
-    """Per-frame parameters: 'lar' [F, ORDER], 'gain' [F], 'f0' [F] (0 = unvoiced)."""
+def analyse(samples: np.ndarray, rate: int, frames: int | None = None) -> dict[str, np.ndarray]:
+    """Per-frame parameters: 'lar' [F, ORDER], 'gain' [F], 'f0' [F] (0 = unvoiced); F is ``frames``
+    (the audio is cut or padded with silence to fit) or as many whole frames as there are."""
     if rate != RATE:
+        import soxr
+
         samples = soxr.resample(samples.astype(np.float32), rate, RATE)
-    x = np.concatenate([np.zeros(WINDOW // 2), samples.astype(np.float64), np.zeros(WINDOW)])
+    # Frame f's window is centred on the middle of its output interval [f * HOP, (f + 1) * HOP).
+    x = np.concatenate([np.zeros(WINDOW // 2 - HOP // 2), samples.astype(np.float64), np.zeros(WINDOW)])
     x = np.append(x[0], x[1:] - 0.9 * x[:-1])  # pre-emphasis
-    frames = len(samples) // HOP
+    frames = len(samples) // HOP if frames is None else frames
+    if frames * HOP > len(samples):
+        x = np.concatenate([x, np.zeros(frames * HOP - len(samples))])
     window = np.hanning(WINDOW)
     lars, gains, f0s = [], [], []
     lags = np.arange(int(RATE / F0_MAX), int(RATE / F0_MIN) + 1)
@@ -86,58 +93,19 @@ def analyse(samples: np.ndarray, rate: int) -> dict[str, np.ndarray]:
     return {"lar": np.array(lars), "gain": np.array(gains), "f0": np.array(f0s)}
 
 
-class Synthesizer:
-    """Stateful synthesis: filter memory, pulse phase and noise generator carry across calls."""
-
-    def __init__(self, seed: int = 0):
-        self.zi = np.zeros(ORDER)
-        self.phase = 0.0
-        self.rng = np.random.default_rng(seed)
-        self.deemphasis = 0.0
-
-    def __call__(self, params: dict[str, np.ndarray]) -> np.ndarray:
-        out = []
-        for lar_f, gain, f0 in zip(params["lar"], params["gain"], params["f0"]):
-            a = reflection_to_lpc(lar_to_reflection(lar_f))
-            if f0 > 0:
-                excitation = np.zeros(HOP)
-                period = RATE / f0
-                for n in range(HOP):
-                    self.phase += 1.0 / period
-                    if self.phase >= 1.0:
-                        self.phase -= 1.0
-                        excitation[n] = np.sqrt(period)
-            else:
-                excitation = self.rng.standard_normal(HOP)
-            y, self.zi = lfilter([np.sqrt(gain)], a, excitation, zi=self.zi)
-            out.append(y)
-        y = np.concatenate(out) if out else np.zeros(0)
-        # De-emphasis (inverse of the analysis pre-emphasis), with its own state.
-        y, (self.deemphasis,) = lfilter([1.0], [1.0, -0.9], y, zi=[self.deemphasis])
-        return np.clip(y, -1, 1).astype(np.float32)
-
-
-F0_LEVELS = 63  # voiced levels; code 0 is unvoiced
-GAIN_LEVELS = 32
-LOG_F0 = (np.log(F0_MIN), np.log(F0_MAX))
-LOG_GAIN = (-23.0, -4.0)
-
-
 def _uniform(values: np.ndarray, bounds: tuple[float, float], levels: int) -> np.ndarray:
     lo, hi = bounds
     return np.clip(np.round((values - lo) / (hi - lo) * (levels - 1)), 0, levels - 1).astype(np.int64)
 
 
-def _level(codes: np.ndarray, bounds: tuple[float, float], levels: int) -> np.ndarray:
-    lo, hi = bounds
-    return lo + codes / (levels - 1) * (hi - lo)
-
-
 class Quantizer:
-    """Frame parameters <-> three codes: envelope (k-means over LAR vectors), F0 level, gain level."""
+    """Frame parameters -> the lpc decoder's two codes per frame: envelope (k-means over LAR
+    vectors) and prosody (F0 level, 0 = unvoiced, times the gain levels, plus the gain level)."""
 
     def __init__(self, centroids: np.ndarray):
         self.centroids = centroids
+        self.f0_levels = DECODER_CONFIG["f0_levels"]
+        self.gain_levels = DECODER_CONFIG["gain_levels"]
 
     @classmethod
     def fit(cls, lars: np.ndarray, size: int = 1024, iterations: int = 20, seed: int = 0) -> "Quantizer":
@@ -156,20 +124,33 @@ class Quantizer:
         return cls(centroids.numpy().astype(np.float64))
 
     def encode(self, params: dict[str, np.ndarray]) -> np.ndarray:
-        """[F, 3] codes: envelope, F0 (0 unvoiced, else 1 + level), gain."""
+        """[F, 2] codes: envelope, prosody."""
         import torch
 
         envelope = torch.cdist(torch.from_numpy(params["lar"]).float(),
                                torch.from_numpy(self.centroids).float()).argmin(dim=1).numpy()
         f0 = params["f0"]
-        f0_code = np.where(f0 > 0, 1 + _uniform(np.log(np.maximum(f0, 1e-3)), LOG_F0, F0_LEVELS), 0)
-        gain_code = _uniform(np.log(params["gain"]), LOG_GAIN, GAIN_LEVELS)
-        return np.stack([envelope, f0_code, gain_code], axis=1)
+        f0_code = np.where(f0 > 0, 1 + _uniform(np.log(np.maximum(f0, 1e-3)), tuple(DECODER_CONFIG["log_f0_range"]),
+                                                 self.f0_levels), 0)
+        gain_code = _uniform(np.log(params["gain"]), tuple(DECODER_CONFIG["log_gain_range"]), self.gain_levels)
+        return np.stack([envelope, f0_code * self.gain_levels + gain_code], axis=1)
 
-    def decode(self, codes: np.ndarray) -> dict[str, np.ndarray]:
-        f0 = np.where(codes[:, 1] > 0, np.exp(_level(np.maximum(codes[:, 1] - 1, 0), LOG_F0, F0_LEVELS)), 0.0)
-        return {"lar": self.centroids[codes[:, 0]], "f0": f0,
-                "gain": np.exp(_level(codes[:, 2], LOG_GAIN, GAIN_LEVELS))}
+
+def decoder_for(centroids: np.ndarray, directory):
+    """The engine's lpc decoder with this codebook (written to ``directory``)."""
+    from audio_pipeline.decoders import load_audio_decoder
+    from audio_pipeline.decoders.lpc import save_lpc_decoder
+
+    return load_audio_decoder("lpc", str(save_lpc_decoder(directory, centroids)))
+
+
+def synthesize(decoder, codes: np.ndarray) -> np.ndarray:
+    """Audio of [F, 2] (envelope, prosody) codes through the lpc decoder (alignment slots zero)."""
+    import torch
+
+    frames = np.zeros((len(codes), 4), dtype=np.int64)
+    frames[:, 2:] = codes
+    return decoder.decode(torch.from_numpy(frames.reshape(-1))).numpy()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,25 +161,22 @@ def main(argv: list[str] | None = None) -> int:
     from recipes.builtin_voice.evaluate import evaluate
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--evaluate", action="store_true")
+    parser.add_argument("--evaluate", action="store_true", help="intelligibility of the round trip, 40 held-out")
     parser.add_argument("--write", help="write one round-trip example WAV here")
-    parser.add_argument("--quantize", type=int, default=0, metavar="N",
-                        help="fit the envelope codebook on N training sentences and round-trip through codes")
+    parser.add_argument("--fit", type=int, default=600, metavar="N",
+                        help="fit the envelope codebook on N training sentences")
     args = parser.parse_args(argv)
     engine = ESpeak()
-    quantizer = None
-    if args.quantize:
-        lars = np.concatenate([analyse(u.samples, u.sample_rate)["lar"] for u in
-                               (engine.synthesize(t) for t in sentences(args.quantize, seed=7))])
-        quantizer = Quantizer.fit(lars)
-        print(f"envelope codebook fitted on {len(lars)} frames")
+    lars = np.concatenate([analyse(u.samples, u.sample_rate)["lar"] for u in
+                           (engine.synthesize(t) for t in sentences(args.fit, seed=7))])
+    quantizer = Quantizer.fit(lars)
+    print(f"envelope codebook fitted on {len(lars)} frames")
+    scratch = tempfile.mkdtemp(prefix="lpc-")
+    decoder = decoder_for(quantizer.centroids, scratch)
 
     def round_trip(text: str):
         u = engine.synthesize(text)
-        params = analyse(u.samples, u.sample_rate)
-        if quantizer is not None:
-            params = quantizer.decode(quantizer.encode(params))
-        return Synthesizer()(params), RATE
+        return synthesize(decoder, quantizer.encode(analyse(u.samples, u.sample_rate))), RATE
 
     if args.write:
         import soundfile as sf
@@ -209,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         test = held_out(40, train=sentences(6000))
         with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
             result = evaluate(test, round_trip, grammar.name)
-        print(f"LPC round trip: closed-set identification {result['identified']}/{result['sentences']} "
-              f"({result['accuracy']:.0%}), WER {result['wer']:.1%}")
+        print(f"LPC round trip through codes: closed-set identification {result['identified']}/"
+              f"{result['sentences']} ({result['accuracy']:.0%}), WER {result['wer']:.1%}")
     return 0
 
 

@@ -1,15 +1,15 @@
 """Trains the built-in voice's speech-token LM (a small Llama) on the aligned dataset.
 
-Token layout (ids):
-    0 PAD, 1 BOS, 2 END_OF_SPEECH, 3 START_OF_SPEECH,
-    4 + p            phoneme p of the inventory (prompt tokens and frame markers),
-    ENV + c          envelope code c (1024), F0 + c (64: 0 = unvoiced), GAIN + c (32).
-Sequence: BOS, the utterance's phonemes, START_OF_SPEECH, then per frame
-``[marker of the phoneme sounding, envelope, f0, gain]``, then END_OF_SPEECH. The markers are given
-(forced at inference from the front-end's phoneme durations), so the loss covers the three acoustic
-tokens only: the model learns acoustics given the current phoneme and the history.
+The token layout is the engine's ``phoneme-lpc`` layout (audio_pipeline/models/phoneme_lpc.py):
+prompt ``[phoneme, duration]`` per phoneme, then per frame ``[phoneme, context, envelope,
+prosody]``. The engine forces each frame's phoneme and context tokens (and the end of speech) from
+the prompt, so the loss covers the envelope and prosody tokens only: the model learns the acoustics
+of a frame given its phoneme, the next phoneme, how many frames are left, and its own history.
 
-    python -m recipes.builtin_voice.train --data data/train.npz --out runs/voice --minutes 40
+    python -m recipes.builtin_voice.train --data data/train.npz --out runs/voice --steps 6000
+    python -m recipes.builtin_voice.train ... --resume          # continue from runs/voice/checkpoint.pt
+
+Runs on CPU (the recipe's target: 2 cores) or CUDA (``--device cuda``, bf16 autocast).
 """
 
 from __future__ import annotations
@@ -24,35 +24,99 @@ from pathlib import Path
 import numpy as np
 import torch
 
-PAD, BOS, END_OF_SPEECH, START_OF_SPEECH = 0, 1, 2, 3
-PHONEME = 4
-MAX_PHONEMES = 128
-ENV = PHONEME + MAX_PHONEMES
-F0 = ENV + 1024
-GAIN = F0 + 64
-VOCAB = 1280
-TOKENS_PER_FRAME = 4
+from audio_pipeline.models.phoneme_lpc import (BEGIN, CODEBOOK_SIZE, END_OF_SPEECH, ENVELOPE, PAD, PHONEME_BASE,
+                                              PROSODY, SLOT_BASE, TOKENS_PER_FRAME, VOCAB_SIZE, frame_tokens,
+                                              prompt_ids, slot_token)
 
 
-def sequence(phonemes: np.ndarray, frame_phoneme: np.ndarray, codes: np.ndarray) -> tuple[list[int], list[int]]:
-    """(token ids, labels) of one utterance; labels are -100 where no loss is taken."""
-    tokens = [BOS, *(PHONEME + int(p) for p in phonemes), START_OF_SPEECH]
-    labels = [-100] * len(tokens)
-    for index, (env, f0, gain) in zip(frame_phoneme, codes):
-        frame = [PHONEME + int(phonemes[index]), ENV + int(env), F0 + int(f0), GAIN + int(gain)]
-        tokens += frame
-        labels += [-100, *frame[1:]]
-    tokens.append(END_OF_SPEECH)
-    labels.append(-100)
-    return tokens, labels
+def sequence(phonemes: np.ndarray, durations: np.ndarray, codes: np.ndarray) -> tuple[list[int], int]:
+    """(token ids, length of the prompt) of one utterance; the loss covers what follows the prompt."""
+    pairs = [(PHONEME_BASE + int(p), int(d)) for p, d in zip(phonemes, durations)]
+    prompt = prompt_ids(pairs)
+    return prompt + frame_tokens(pairs, codes.tolist()), len(prompt)
 
 
 def model_config(**overrides) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
-            "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "num_attention_heads": 4,
-            "num_key_value_heads": 4, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "tie_word_embeddings": True, "bos_token_id": BOS, "eos_token_id": END_OF_SPEECH,
-            "pad_token_id": PAD, "hidden_act": "silu", **overrides}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB_SIZE,
+            "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+            "rope_theta": 100000.0, "tie_word_embeddings": True, "bos_token_id": BEGIN,
+            "eos_token_id": END_OF_SPEECH, "pad_token_id": PAD, "hidden_act": "silu", **overrides}
+
+
+def make_batches(examples: list[tuple[list[int], int]], batch_tokens: int) -> list[list[int]]:
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    batches, current, longest = [], [], 0
+    for i in order:
+        length = len(examples[i][0])
+        if current and max(longest, length) * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def corrupt(ids: torch.Tensor, prompt_lengths: list[int], probability: float, generator: torch.Generator) -> None:
+    """Replaces a ``probability`` fraction of the envelope and prosody input tokens with random codes
+    of their slot (the labels keep the true ones), in place. Like the dropout in Tacotron's pre-net:
+    a model that cannot trust its own history leans on the phonemes, and does not drift when its
+    own sampled frames differ from eSpeak's."""
+    if probability <= 0:
+        return
+    positions = torch.arange(ids.shape[1])
+    for row, prompt in enumerate(prompt_lengths):
+        slot = (positions - prompt) % TOKENS_PER_FRAME
+        acoustic = (positions >= prompt) & (slot >= 2) & (ids[row] != PAD)
+        hit = acoustic & (torch.rand(ids.shape[1], generator=generator) < probability)
+        random_codes = torch.randint(0, CODEBOOK_SIZE, (ids.shape[1],), generator=generator)
+        ids[row] = torch.where(hit, SLOT_BASE + slot * CODEBOOK_SIZE + random_codes, ids[row])
+
+
+def collate(examples: list[tuple[list[int], int]], members: list[int]) -> tuple[torch.Tensor, ...]:
+    width = max(len(examples[i][0]) for i in members)
+    ids = torch.full((len(members), width), PAD)
+    labels = torch.full((len(members), width), -100)
+    mask = torch.zeros((len(members), width), dtype=torch.long)
+    for row, i in enumerate(members):
+        tokens, prompt = examples[i]
+        ids[row, :len(tokens)] = torch.tensor(tokens)
+        labels[row, prompt:len(tokens)] = torch.tensor(tokens[prompt:])
+        mask[row, :len(tokens)] = 1
+    return ids, labels, mask
+
+
+def slot_loss(model, ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
+              prompt_lengths: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+    """Cross-entropy of every envelope and prosody token over its own frame slot's ids, which is
+    exactly the choice the engine's sampler makes (the phoneme and context tokens, and the end of
+    speech, are forced by the engine, so they need no loss); and accuracy per slot. Cheaper than
+    the full-vocabulary softmax, and no logits for prompt positions."""
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, H]
+    weight = model.get_output_embeddings().weight
+    total = hidden.new_zeros(())
+    count = 0
+    accuracy = {}
+    width = ids.shape[1]
+    for slot, name in ((ENVELOPE, "envelope"), (PROSODY, "prosody")):
+        rows, cols = [], []
+        for row, prompt in enumerate(prompt_lengths):
+            targets = torch.arange(prompt + slot, width, TOKENS_PER_FRAME)
+            rows.append(torch.full_like(targets, row))
+            cols.append(targets)
+        rows, cols = torch.cat(rows).to(ids.device), torch.cat(cols).to(ids.device)
+        target = labels[rows, cols]
+        keep = target != -100
+        rows, cols, target = rows[keep], cols[keep], target[keep]
+        start = slot_token(slot, 0)
+        logits = hidden[rows, cols - 1] @ weight[start:start + CODEBOOK_SIZE].T
+        local = target - start
+        total = total + torch.nn.functional.cross_entropy(logits.float(), local, reduction="sum")
+        count += len(local)
+        accuracy[name] = float((logits.argmax(-1) == local).float().mean()) if len(local) else 0.0
+    return total / max(count, 1), accuracy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,73 +127,117 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--minutes", type=float, default=40.0, help="training time budget")
-    parser.add_argument("--batch-tokens", type=int, default=6000)
+    parser.add_argument("--steps", type=int, default=6000, help="optimizer steps (the schedule's length)")
+    parser.add_argument("--minutes", type=float, default=0,
+                        help="time budget: the schedule ends at --steps or after this long, whichever is first")
+    parser.add_argument("--batch-tokens", type=int, default=12000, help="padded tokens per batch")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--max-length", type=int, default=1200, help="leave out longer sequences (0: keep all)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=192)
+    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's choice)")
+    parser.add_argument("--save-every", type=int, default=250, help="checkpoint every N steps (for --resume)")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    parser.add_argument("--init-from", type=Path, help="start from this run's checkpoint.pt weights (fresh optimizer)")
+    parser.add_argument("--corrupt", type=float, default=0.3,
+                        help="fraction of envelope/prosody input tokens replaced by random codes")
+    parser.add_argument("--save-dtype", default="float16", choices=["float16", "float32"],
+                        help="dtype of the saved model.safetensors")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    random.seed(args.seed)
+    rng = random.Random(args.seed)
+    device = torch.device(args.device)
     data = load(args.data)
-    if len(data["inventory"]) > MAX_PHONEMES:
-        raise SystemExit(f"{len(data['inventory'])} phonemes, more than the layout's {MAX_PHONEMES}")
-    examples = [sequence(p, fp, c) for p, fp, c in zip(data["phonemes"], data["frame_phoneme"], data["codes"])]
-    examples.sort(key=lambda e: len(e[0]))
-    batches, current, longest = [], [], 0
-    for example in examples:
-        longest = max(longest, len(example[0]))
-        if current and longest * (len(current) + 1) > args.batch_tokens:
-            batches.append(current)
-            current, longest = [], len(example[0])
-        current.append(example)
-    batches.append(current)
+    examples = [sequence(p, d, c) for p, d, c in zip(data["phonemes"], data["durations"], data["codes"])]
+    if args.max_length:
+        examples = [e for e in examples if len(e[0]) <= args.max_length]
+    batches = make_batches(examples, args.batch_tokens)
+    tokens = sum(len(t) for t, _ in examples)
 
-    config = LlamaConfig(**model_config())
+    config = LlamaConfig(**model_config(num_hidden_layers=args.layers, hidden_size=args.hidden,
+                                        intermediate_size=3 * args.hidden, num_attention_heads=args.heads,
+                                        num_key_value_heads=args.heads))
     model = LlamaForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    budget = args.minutes * 60
+    model.to(device)
+    embedding = model.get_input_embeddings().weight
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p is not embedding]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or p is embedding]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, 0.98))
+    step = 0
+    checkpoint_path = args.out / "checkpoint.pt"
+    if args.init_from:
+        model.load_state_dict(torch.load(args.init_from / "checkpoint.pt", map_location=device,
+                                         weights_only=False)["model"])
+        print(f"initialised from {args.init_from}", flush=True)
+    noise = torch.Generator().manual_seed(args.seed + 1)
+    if args.resume and checkpoint_path.is_file():
+        state = torch.load(checkpoint_path, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, rng = state["step"], state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        print(f"resumed at step {step}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train_args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=2))
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(examples)} utterances, "
+          f"{tokens / 1e6:.1f}M tokens, {len(batches)} batches per epoch, device {device}", flush=True)
+
+    def save(final: bool) -> None:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "rng": rng,
+                    "torch_rng": torch.get_rng_state()}, checkpoint_path)
+        if final:
+            dtype = getattr(torch, args.save_dtype)  # the head is tied to the embedding: stored once
+            model.save_pretrained(args.out, safe_serialization=True, state_dict={
+                k: v.to(dtype).cpu() for k, v in model.state_dict().items() if k != "lm_head.weight"})
+            np.save(args.out / "envelope_codebook.npy", data["centroids"])
+            (args.out / "phonemes.json").write_text(json.dumps(data["inventory"]))
+
     started = time.time()
-    step, warmup = 0, 100
-    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(examples)} utterances, "
-          f"{len(batches)} batches per epoch", flush=True)
     model.train()
     losses: list[float] = []
-    while time.time() - started < budget:
-        random.shuffle(batches)
-        for batch in batches:
-            elapsed = time.time() - started
-            if elapsed >= budget:
-                break
-            width = max(len(t) for t, _ in batch)
-            ids = torch.full((len(batch), width), PAD)
-            labels = torch.full((len(batch), width), -100)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, (t, l) in enumerate(batch):
-                ids[row, :len(t)] = torch.tensor(t)
-                labels[row, :len(l)] = torch.tensor(l)
-                mask[row, :len(t)] = 1
-            progress = min(1.0, elapsed / budget)
-            lr = args.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * progress))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            losses.append(loss.item())
-            step += 1
-            if step % 25 == 0:
-                print(f"step {step}  {elapsed / 60:.1f} min  loss {np.mean(losses[-25:]):.3f}  lr {lr:.2e}",
-                      flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    np.save(args.out / "envelope_codebook.npy", data["centroids"])
-    from audio_pipeline.decoders.lpc import save_lpc_decoder
-
-    save_lpc_decoder(args.out / "lpc", data["centroids"])  # the codec, as the engine loads it
-    (args.out / "phonemes.json").write_text(json.dumps(list(map(str, data["inventory"]))))
-    print(f"saved {args.out} after {step} steps, final loss {np.mean(losses[-25:]):.3f}")
+    queue: list[list[int]] = []
+    while True:
+        # With a time budget the schedule runs on whichever ends first, steps or minutes, so the
+        # learning rate has always decayed by the end.
+        progress = step / args.steps
+        if args.minutes:
+            progress = max(progress, (time.time() - started) / (args.minutes * 60))
+        if progress >= 1:
+            break
+        if not queue:
+            queue = batches[:]
+            rng.shuffle(queue)
+        members = queue.pop()
+        ids, labels, mask = collate(examples, members)
+        corrupt(ids, [examples[i][1] for i in members], args.corrupt, noise)
+        ids, labels, mask = ids.to(device), labels.to(device), mask.to(device)
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        prompts = [examples[i][1] for i in members]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss, accuracy = slot_loss(model, ids, labels, mask, prompts)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        step += 1
+        if step % 25 == 0:
+            print(f"step {step}  {(time.time() - started) / 60:.1f} min  loss {np.mean(losses[-25:]):.3f}  "
+                  f"lr {lr:.2e}  acc " + " ".join(f"{k} {v:.3f}" for k, v in accuracy.items()), flush=True)
+        if args.save_every and step % args.save_every == 0:
+            save(final=False)
+    save(final=True)
+    print(f"saved {args.out} at step {step}, loss {np.mean(losses[-50:]) if losses else float('nan'):.3f}, "
+          f"{(time.time() - started) / 60:.1f} min", flush=True)
     return 0
 
 

@@ -1,0 +1,153 @@
+"""eSpeak NG as a text front-end: the phonemes of a text and how long each one lasts.
+
+Runs the eSpeak NG C library through ctypes, from the ``espeakng-loader`` wheel (a PyPI package
+that ships the library and its data) or else a system ``libespeak-ng`` (Debian: ``espeak-ng``).
+eSpeak synthesizes the text in synchronous mode and reports a phoneme event at the sample where
+each phoneme starts; those timings, on the built-in voice's 50 Hz frame grid, are the explicit
+alignment its language model is trained and run with.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+AUDIO_OUTPUT_SYNCHRONOUS = 2
+INITIALIZE_PHONEME_EVENTS = 0x0001
+INITIALIZE_DONT_EXIT = 0x8000
+EVENT_LIST_TERMINATED, EVENT_PHONEME = 0, 7
+POS_CHARACTER = 1
+CHARS_UTF8 = 1
+PARAM_RATE = 1
+
+#: The pause phoneme; phonemes missing from a model's inventory fall back to it.
+PAUSE = "_"
+
+
+class _Id(ctypes.Union):
+    _fields_ = [("number", ctypes.c_int), ("name", ctypes.c_char_p), ("string", ctypes.c_char * 8)]
+
+
+class _Event(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint), ("text_position", ctypes.c_int),
+                ("length", ctypes.c_int), ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", _Id)]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
+
+
+def _library_and_data() -> tuple[str, str | None]:
+    try:  # the PyPI wheel, a dependency of this package
+        import espeakng_loader
+
+        return espeakng_loader.get_library_path(), espeakng_loader.get_data_path()
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("espeak-ng")
+    if not found:
+        raise RuntimeError("eSpeak NG is not installed: pip install espeakng-loader (or apt-get install espeak-ng)")
+    return found, None
+
+
+@dataclass
+class Utterance:
+    """eSpeak's speech for one text."""
+
+    samples: np.ndarray  # float32 mono in [-1, 1]; empty when audio was not kept
+    sample_rate: int
+    #: Samples eSpeak produced (also when the audio itself was not kept).
+    length: int
+    #: (phoneme name, start sample), in order; a phoneme lasts until the next one starts.
+    phonemes: list[tuple[str, int]]
+
+
+class ESpeak:
+    """The process's eSpeak NG engine (the C library is one global engine): use :func:`espeak`."""
+
+    def __init__(self, voice: str = "en-us"):
+        library, data = _library_and_data()
+        self.lib = ctypes.CDLL(library)
+        self.lib.espeak_Initialize.restype = ctypes.c_int
+        rate = self.lib.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, data.encode() if data else None,
+                                          INITIALIZE_PHONEME_EVENTS | INITIALIZE_DONT_EXIT)
+        if rate <= 0:
+            raise RuntimeError("eSpeak NG failed to initialise")
+        self.sample_rate = rate
+        if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise RuntimeError(f"eSpeak NG has no voice {voice!r}")
+        self.voice = voice
+        self._lock = threading.Lock()
+        self._keep_audio = True
+        self._chunks: list[np.ndarray] = []
+        self._length = 0
+        self._events: list[tuple[str, int]] = []
+        self._callback = _CALLBACK(self._on_audio)  # kept alive as long as the engine
+        self.lib.espeak_SetSynthCallback(self._callback)
+
+    def _on_audio(self, wav, count, events) -> int:
+        if count > 0:
+            self._length += count
+            if self._keep_audio:
+                self._chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
+        index = 0
+        while events[index].type != EVENT_LIST_TERMINATED:
+            event = events[index]
+            if event.type == EVENT_PHONEME:
+                name = bytes(event.id.string).split(b"\0", 1)[0].decode("utf-8", "replace")
+                self._events.append((name, event.sample))
+            index += 1
+        return 0
+
+    def synthesize(self, text: str, *, keep_audio: bool = True) -> Utterance:
+        """eSpeak's speech of ``text`` with its phoneme timings (thread-safe)."""
+        data = text.encode("utf-8") + b"\0"
+        with self._lock:
+            self._chunks, self._events, self._length, self._keep_audio = [], [], 0, keep_audio
+            status = self.lib.espeak_Synth(ctypes.c_char_p(data), ctypes.c_size_t(len(data)), 0, POS_CHARACTER, 0,
+                                           CHARS_UTF8, None, None)
+            if status != 0:
+                raise RuntimeError(f"eSpeak NG failed on {text!r} (status {status})")
+            self.lib.espeak_Synchronize()
+            chunks, events, length = self._chunks, self._events, self._length
+            self._chunks, self._events = [], []
+        samples = (np.concatenate(chunks).astype(np.float32) / 32768) if chunks else np.zeros(0, np.float32)
+        return Utterance(samples, self.sample_rate, length, events)
+
+
+_ENGINE: ESpeak | None = None
+_ENGINE_LOCK = threading.Lock()
+
+
+def espeak() -> ESpeak:
+    """The process's one eSpeak NG engine (US English), created on first use."""
+    global _ENGINE
+    with _ENGINE_LOCK:
+        if _ENGINE is None:
+            _ENGINE = ESpeak("en-us")
+        return _ENGINE
+
+
+def frame_count(samples: int, sample_rate: int, frame_rate: int) -> int:
+    """Whole frames of ``frame_rate`` Hz in ``samples`` samples at ``sample_rate``."""
+    return samples * frame_rate // sample_rate
+
+
+def phoneme_frames(phonemes: list[tuple[str, int]], samples: int, sample_rate: int,
+                   frame_rate: int) -> list[tuple[str, int]]:
+    """(phoneme, frames) on a ``frame_rate`` grid: phoneme i covers frames [b_i, b_i+1), where b_i is
+    its start rounded to the nearest frame (the first starts at frame 0, the last ends at the end).
+    Phonemes shorter than half a frame get no frame and are left out. The frames add up to
+    :func:`frame_count`."""
+    total = frame_count(samples, sample_rate, frame_rate)
+    if not phonemes or total == 0:
+        return []
+    bounds = [0]
+    for _, start in phonemes[1:]:  # eSpeak's starts never go back; max() keeps it so regardless
+        bounds.append(max(bounds[-1], min(total, int(round(start * frame_rate / sample_rate)))))
+    bounds.append(total)
+    return [(name, end - begin) for (name, _), begin, end in zip(phonemes, bounds, bounds[1:]) if end > begin]

@@ -1,0 +1,245 @@
+"""The "phoneme-lpc" speech-token layout of the built-in voice: phonemes with durations in, LPC
+vocoder frames out, with an explicit, monotonic alignment that the engine enforces.
+
+Ids (vocabulary of 4608):
+    0 pad, 1 begin, 2 end of speech, 3 start of speech, 4 end-of-phonemes marker, 5-7 unused,
+    8 + p                  phoneme p of the model's inventory (the tokenizer's ``<ph:NAME>`` tokens),
+    256 + 1024 * s + v     value v of frame slot s (0 phoneme, 1 context, 2 envelope, 3 prosody),
+    4352 + d               a duration of d + 1 frames (prompt only).
+
+Prompt: ``begin``, then for each phoneme of the text ``[phoneme, duration]`` (its frames at 50 Hz,
+from the eSpeak NG front-end), then ``end-of-phonemes`` and ``start of speech``.
+
+Each generated frame is ``[phoneme p, context, envelope, prosody]``: p is the phoneme sounding in
+this frame, context = ``next * 4 + min(left, 3)`` with ``next`` the phoneme that follows (or
+:data:`NO_NEXT` after the last) and ``left`` the frames p still has after this one. After the last
+frame of the last phoneme comes end of speech. The first two tokens of every frame (and the end)
+follow from the prompt alone: :meth:`PhonemeLPCLayout.alignment` computes them, and the engine
+forces them, so the model cannot skip, repeat or stretch a word; what it predicts is the
+acoustics of each frame given the phoneme, what comes next, and its own history.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PAD, BEGIN, END_OF_SPEECH, START_OF_SPEECH, END_OF_PHONEMES = 0, 1, 2, 3, 4
+PHONEME_BASE = 8
+MAX_PHONEMES = 248
+SLOT_BASE = PHONEME_BASE + MAX_PHONEMES  # 256
+CODEBOOK_SIZE = 1024
+TOKENS_PER_FRAME = 4
+PHONEME, CONTEXT, ENVELOPE, PROSODY = range(TOKENS_PER_FRAME)
+#: The context slot's "next phoneme" after the last phoneme.
+NO_NEXT = MAX_PHONEMES
+#: The context slot's frames-left values: 0, 1, 2 and "3 or more".
+LEFT_LEVELS = 4
+DURATION_BASE = SLOT_BASE + TOKENS_PER_FRAME * CODEBOOK_SIZE  # 4352
+#: Longest phoneme a prompt holds, in frames (5.12 s); longer ones (pauses) are cut to it.
+MAX_DURATION = 256
+VOCAB_SIZE = DURATION_BASE + MAX_DURATION
+FRAME_RATE = 50
+#: Phonemes one prompt may hold.
+MAX_PROMPT_PHONEMES = 1000
+
+SPECIAL_TOKENS = {PAD: "<pad>", BEGIN: "<begin>", END_OF_SPEECH: "<end_of_speech>",
+                  START_OF_SPEECH: "<start_of_speech>", END_OF_PHONEMES: "<end_of_phonemes>"}
+SLOT_NAMES = ("ph", "ctx", "env", "pros")
+
+
+def slot_token(slot: int, value: int) -> int:
+    return SLOT_BASE + slot * CODEBOOK_SIZE + value
+
+
+def phoneme_token_name(name: str) -> str:
+    return f"<ph:{name}>"
+
+
+def token_names(inventory: Sequence[str]) -> list[str]:
+    """Every id's token string, id order: what the tokenizer's vocabulary holds."""
+    if len(inventory) > MAX_PHONEMES:
+        raise ValueError(f"{len(inventory)} phonemes, more than the layout's {MAX_PHONEMES}")
+    names = [SPECIAL_TOKENS.get(i, f"<unused_{i}>") for i in range(PHONEME_BASE)]
+    names += [phoneme_token_name(p) for p in inventory]
+    names += [f"<unused_phoneme_{i}>" for i in range(len(inventory), MAX_PHONEMES)]
+    for slot in SLOT_NAMES:
+        names += [f"<{slot}_{v}>" for v in range(CODEBOOK_SIZE)]
+    names += [f"<dur_{d + 1}>" for d in range(MAX_DURATION)]
+    return names
+
+
+def write_tokenizer(path, inventory: Sequence[str]) -> None:
+    """A word-level tokenizer over :func:`token_names` (tokenizer.json + tokenizer_config.json),
+    loadable offline with transformers' AutoTokenizer."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = Path(path)
+    names = token_names(inventory)
+    tokenizer = Tokenizer(models.WordLevel(vocab={n: i for i, n in enumerate(names)}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL_TOKENS[BEGIN],
+        "eos_token": SPECIAL_TOKENS[END_OF_SPEECH], "pad_token": SPECIAL_TOKENS[PAD], "unk_token": SPECIAL_TOKENS[PAD],
+        "model_max_length": 8192}, indent=2))
+
+
+def prompt_ids(phonemes: Sequence[tuple[int, int]]) -> list[int]:
+    """The prompt for (phoneme id, frames) pairs (ids already offset by PHONEME_BASE; frames >= 1,
+    cut to MAX_DURATION)."""
+    if len(phonemes) > MAX_PROMPT_PHONEMES:
+        raise ValueError(f"{len(phonemes)} phonemes, more than the {MAX_PROMPT_PHONEMES} one request may hold")
+    ids = [BEGIN]
+    for phoneme, frames in phonemes:
+        if not PHONEME_BASE <= phoneme < SLOT_BASE or frames < 1:
+            raise ValueError(f"bad phoneme entry ({phoneme}, {frames})")
+        ids += [phoneme, DURATION_BASE + min(frames, MAX_DURATION) - 1]
+    return ids + [END_OF_PHONEMES, START_OF_SPEECH]
+
+
+def prompt_schedule(prompt: Sequence[int]) -> list[tuple[int, int]]:
+    """(phoneme id, frames) pairs read back from a prompt's ids; ValueError when it is not a
+    phoneme-lpc prompt."""
+    prompt = list(prompt)
+    if len(prompt) < 3 or prompt[0] != BEGIN or prompt[-2:] != [END_OF_PHONEMES, START_OF_SPEECH]:
+        raise ValueError("not a phoneme-lpc prompt")
+    body = prompt[1:-2]
+    if len(body) % 2:
+        raise ValueError("not a phoneme-lpc prompt")
+    pairs = []
+    for phoneme, duration in zip(body[0::2], body[1::2]):
+        if not (PHONEME_BASE <= phoneme < SLOT_BASE and DURATION_BASE <= duration < VOCAB_SIZE):
+            raise ValueError("not a phoneme-lpc prompt")
+        pairs.append((phoneme, duration - DURATION_BASE + 1))
+    return pairs
+
+
+def alignment_tokens(phonemes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Each frame's (phoneme, context) tokens for (phoneme id, frames) pairs."""
+    frames: list[tuple[int, int]] = []
+    for i, (phoneme, count) in enumerate(phonemes):
+        following = phonemes[i + 1][0] - PHONEME_BASE if i + 1 < len(phonemes) else NO_NEXT
+        for left in range(min(count, MAX_DURATION) - 1, -1, -1):
+            frames.append((slot_token(PHONEME, phoneme - PHONEME_BASE),
+                           slot_token(CONTEXT, following * LEFT_LEVELS + min(left, LEFT_LEVELS - 1))))
+    return frames
+
+
+def frame_tokens(phonemes: Sequence[tuple[int, int]], codes: Sequence[tuple[int, int]]) -> list[int]:
+    """The generated stream for (phoneme id, frames) pairs and per-frame (envelope, prosody) codes
+    (one per frame, phonemes cut to MAX_DURATION frames), end of speech included."""
+    alignment = alignment_tokens(phonemes)
+    if len(alignment) != len(codes):
+        raise ValueError(f"{len(codes)} frames of codes for a {len(alignment)}-frame alignment")
+    out: list[int] = []
+    for (phoneme, context), (envelope, prosody) in zip(alignment, codes):
+        out += [phoneme, context, slot_token(ENVELOPE, int(envelope)), slot_token(PROSODY, int(prosody))]
+    return out + [END_OF_SPEECH]
+
+
+class Alignment:
+    """The forced tokens of one request: every frame's phoneme and context, then end of speech."""
+
+    def __init__(self, frames: list[tuple[int, int]]):
+        self.frames = frames
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens the request makes, end of speech not counted."""
+        return TOKENS_PER_FRAME * len(self.frames)
+
+    def forced(self, position: int) -> int | None:
+        """The id generated token ``position`` must be, or None where the model chooses."""
+        frame, slot = divmod(position, TOKENS_PER_FRAME)
+        if slot >= ENVELOPE:
+            return None
+        if frame >= len(self.frames):
+            return END_OF_SPEECH if slot == PHONEME else None
+        return self.frames[frame][slot]
+
+
+@dataclass(frozen=True)
+class PhonemeLPCLayout:
+    """Maps between LM token ids and the lpc decoder's codes, and builds prompts with eSpeak NG."""
+
+    codebook_size: int = CODEBOOK_SIZE
+    tokens_per_frame: int = TOKENS_PER_FRAME
+    end_of_speech: int = END_OF_SPEECH
+    min_vocab_size: int = VOCAB_SIZE
+
+    # --- prompts ---------------------------------------------------------------------------------
+
+    def phonemes(self, tokenizer, text: str) -> list[tuple[int, int]]:
+        """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory."""
+        from audio_pipeline.models.espeak_frontend import PAUSE, espeak, phoneme_frames
+
+        engine = espeak()
+        utterance = engine.synthesize(text, keep_audio=False)
+        vocab = tokenizer.get_vocab()
+        out = []
+        for name, frames in phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, FRAME_RATE):
+            token = vocab.get(phoneme_token_name(name))
+            if token is None:  # unknown to this model: the same phoneme unstressed, else a pause
+                token = vocab.get(phoneme_token_name(name.lstrip("',")), vocab.get(phoneme_token_name(PAUSE)))
+                logger.debug("phoneme %r is not in the model's inventory", name)
+            out.append((token, frames))
+        return out
+
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
+        """The LM prompt for ``text`` (one voice: ``voice`` is not part of the prompt)."""
+        from audio_pipeline.errors import InvalidArgument
+
+        if reference is not None:
+            raise InvalidArgument("the built-in phoneme-lpc voice cannot be cloned", field="reference")
+        phonemes = self.phonemes(tokenizer, text)
+        if not phonemes:
+            raise InvalidArgument("has nothing to speak", field="text")
+        if len(phonemes) > MAX_PROMPT_PHONEMES:
+            raise InvalidArgument(f"{len(phonemes)} phonemes, over the {MAX_PROMPT_PHONEMES} one request may hold: "
+                                  "split the text", field="text")
+        return prompt_ids(phonemes)
+
+    # --- alignment -------------------------------------------------------------------------------
+
+    def alignment(self, prompt: Sequence[int]) -> Alignment:
+        """The request's forced tokens, from its prompt (the engine calls this once per request)."""
+        return Alignment(alignment_tokens(prompt_schedule(prompt)))
+
+    def forced_token(self, prompt: Sequence[int], generated: Sequence[int]) -> int | None:
+        """The id the next token must be, or None where the model chooses (envelope, prosody)."""
+        return self.alignment(prompt).forced(len(generated))
+
+    # --- ids <-> codes ---------------------------------------------------------------------------
+
+    def token_range(self, position: int) -> tuple[int, int]:
+        """Half-open range of the ids valid at ``position`` of a frame."""
+        start = slot_token(position % TOKENS_PER_FRAME, 0)
+        return start, start + CODEBOOK_SIZE
+
+    def is_valid_token(self, token_id: int, position: int) -> bool:
+        start, end = self.token_range(position)
+        return start <= token_id < end
+
+    def token_to_code(self, token_id: int, position: int) -> int:
+        """The code of ``token_id`` at frame position ``position``; ValueError when it is not valid there."""
+        if not self.is_valid_token(token_id, position):
+            start, end = self.token_range(position)
+            raise ValueError(f"token {token_id} is not a speech token for frame position "
+                             f"{position % TOKENS_PER_FRAME} (expected [{start}, {end}))")
+        return token_id - self.token_range(position)[0]
+
+    def tokens_to_codes(self, token_ids: Sequence[int], first_position: int = 0) -> torch.Tensor:
+        return torch.tensor([self.token_to_code(t, first_position + i) for i, t in enumerate(token_ids)],
+                            dtype=torch.long)
+
+    def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
+        return [self.token_range(first_position + i)[0] + int(c) for i, c in enumerate(codes)]

@@ -1,0 +1,219 @@
+"""The built-in voice (builtin:lpc-en, the default model): its phoneme-lpc layout, front-end, shipped
+files, the engine's alignment enforcement and budget, the gRPC service on the default model, and
+the regression guard: held-out sentences spoken through the engine are identified by pocketsphinx."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audio_pipeline.errors import InvalidArgument
+from audio_pipeline.models import phoneme_lpc as layout_module
+from audio_pipeline.models.phoneme_lpc import (CONTEXT, DURATION_BASE, END_OF_SPEECH, LEFT_LEVELS, NO_NEXT,
+                                              PHONEME, PHONEME_BASE, PhonemeLPCLayout, frame_tokens, prompt_ids,
+                                              prompt_schedule, slot_token)
+
+#: Held-out sentences spoken (from templates the training set never used); each must be told
+#: apart from all 40 held-out sentences of the recipe's evaluation.
+SPOKEN = 6
+MIN_IDENTIFIED = 5
+SAMPLES_PER_FRAME = 320
+
+
+def test_prompt_and_frames_follow_the_alignment_rules():
+    phonemes = [(PHONEME_BASE + 3, 2), (PHONEME_BASE + 7, 1), (PHONEME_BASE + 0, 5)]
+    prompt = prompt_ids(phonemes)
+    assert prompt[1:3] == [PHONEME_BASE + 3, DURATION_BASE + 1] and prompt_schedule(prompt) == phonemes
+    codes = [(e, 100 + e) for e in range(8)]
+    stream = frame_tokens(phonemes, codes)
+    layout = PhonemeLPCLayout()
+    phoneme = [t - slot_token(PHONEME, 0) for t in stream[0:-1:4]]
+    context = [divmod(t - slot_token(CONTEXT, 0), LEFT_LEVELS) for t in stream[1:-1:4]]
+    assert phoneme == [3, 3, 7, 0, 0, 0, 0, 0] and stream[-1] == END_OF_SPEECH
+    assert context == [(7, 1), (7, 0), (0, 0), (NO_NEXT, 3), (NO_NEXT, 3), (NO_NEXT, 2), (NO_NEXT, 1), (NO_NEXT, 0)]
+    # The rules name every alignment token of the stream and its end, and leave the acoustics to the model.
+    alignment = layout.alignment(prompt)
+    assert alignment.tokens == len(stream) - 1
+    for position, token in enumerate(stream):
+        assert alignment.forced(position) == (None if position % 4 >= 2 else token)
+        assert layout.forced_token(prompt, stream[:position]) == alignment.forced(position)
+    assert layout.tokens_to_codes(stream[:-1]).view(-1, 4)[:, 2:].tolist() == [list(c) for c in codes]
+    assert layout.codes_to_tokens(layout.tokens_to_codes(stream[:8])) == stream[:8]
+    with pytest.raises(ValueError, match="frame position 1"):
+        layout.token_to_code(slot_token(PHONEME, 5), 1)
+    with pytest.raises(ValueError, match="not a phoneme-lpc prompt"):
+        layout.alignment([1, 2, 3])
+
+
+def test_the_front_end_gives_phoneme_frames_that_fill_the_speech():
+    from audio_pipeline.models.espeak_frontend import espeak, frame_count, phoneme_frames
+
+    utterance = espeak().synthesize("Hello there, how are you?", keep_audio=False)
+    frames = phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, 50)
+    assert [name for name, _ in frames][:4] == ["h", "@", "l", "'oU"]
+    assert all(n > 0 for _, n in frames)
+    assert sum(n for _, n in frames) == frame_count(utterance.length, utterance.sample_rate, 50)
+
+
+@pytest.fixture(scope="module")
+def voice_dir():
+    from audio_pipeline.models.tiny import resolve_builtin_model
+
+    return resolve_builtin_model("lpc-en")
+
+
+def test_the_shipped_voice_is_a_small_hugging_face_directory(voice_dir):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from audio_pipeline.models.manifest import ModelManifest
+
+    size = sum(f.stat().st_size for f in voice_dir.rglob("*") if f.is_file())
+    assert size < 20e6
+    manifest = ModelManifest.read(voice_dir)
+    assert (manifest.family, manifest.audio_decoder, manifest.default_voice) == ("phoneme-lpc", "lpc", "lpc-en")
+    assert AutoConfig.from_pretrained(voice_dir).model_type == "llama"
+    tokenizer = AutoTokenizer.from_pretrained(voice_dir)
+    prompt = manifest.make_layout(voice_dir).build_prompt(tokenizer, "Good morning.", None)
+    assert prompt[0] == layout_module.BEGIN and prompt[-1] == layout_module.START_OF_SPEECH
+    assert tokenizer.convert_tokens_to_ids("<ph:'oU>") >= PHONEME_BASE
+
+
+def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
+    from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+
+    config = AudioGenerationConfig.load(env={})
+    assert DEFAULT_MODEL == config.model.model_path == "builtin:lpc-en"
+    assert config.resolved_audio_decoder == "lpc" and config.to_display_dict()["audio_decoder"] == "lpc"
+    # A decoder given explicitly wins; streaming settings are checked against the decoder in use.
+    explicit = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=causal-conv"])
+    assert explicit.resolved_audio_decoder == "causal-conv"
+    with pytest.raises(ValueError, match=r"chunk_size \[7\].*lpc's 4 tokens per frame"):
+        AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=7"])
+    tiny = AudioGenerationConfig.load(env={}, model={"model_path": "builtin:tiny-orpheus"})
+    assert tiny.resolved_audio_decoder == "snac"
+
+
+def _engine(*flags):
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+
+    engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=list(flags), model={"device": "cpu"}))
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The default model through the engine, streaming in chunks of 2 then 10 frames."""
+    engine = _engine("chunk_size=8,40")
+    yield engine
+    engine.stop()
+
+
+def test_held_out_sentences_through_the_engine_are_identified(engine, tmp_path):
+    from recipes.builtin_voice.corpus import held_out
+    from recipes.builtin_voice.evaluate import evaluate
+
+    candidates = held_out(40)
+    result = evaluate(candidates[:SPOKEN], lambda text: _speak(engine, text), str(tmp_path / "grammar.jsgf"),
+                      candidates=candidates)
+    assert result["identified"] >= MIN_IDENTIFIED, result
+
+
+def _speak(engine, text):
+    result = engine.synthesize(text, temperature=0.0)
+    assert result.stop_reason.value == "end_of_speech"
+    return result.samples, result.sample_rate
+
+
+def _run(engine, context):
+    """Submits ``context`` and returns (audio, stop reason)."""
+    import queue
+
+    events = queue.Queue()
+    engine.submit(context, events.put)
+    pieces = []
+    while (event := events.get(timeout=120)).kind == "audio":
+        pieces.append(event.samples)
+    assert event.kind == "complete", event
+    return np.concatenate(pieces), event.stop_reason.value
+
+
+def test_the_engine_keeps_the_alignment_even_when_sampling_wildly(engine):
+    text = "Please call Stella and ask her to bring these things with her from the store."
+    for seed in (1, 2):
+        context = engine.create_context(text, temperature=2.0, top_p=1.0, seed=seed)
+        assert context.alignment.tokens > 4 * 50 * 2  # over two seconds of speech
+        audio, stop = _run(engine, context)
+        # Every phoneme gets exactly its frames: nothing skipped, repeated or cut off.
+        assert stop == "end_of_speech" and len(context.generated) == context.alignment.tokens
+        assert len(audio) == context.alignment.tokens // 4 * SAMPLES_PER_FRAME
+        assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0
+
+
+def test_max_tokens_defaults_to_what_the_text_needs_and_an_explicit_one_is_kept(engine):
+    text = "This sentence is longer than six seconds of speech would be if it were spoken very slowly, " \
+           "and it goes on for a good while longer than the engine's general default of 1200 tokens."
+    context = engine.create_context(text)
+    assert context.sampling.max_tokens == context.alignment.tokens + 4 > engine.config.sampling.max_tokens
+    cut = engine.synthesize("Good morning, Anna.", max_tokens=40, temperature=0.0)
+    assert cut.stop_reason.value == "max_tokens" and len(cut.samples) == 10 * SAMPLES_PER_FRAME
+
+
+def test_a_text_over_the_token_limit_is_refused_naming_the_text():
+    engine = _engine("sampling.max_tokens=200", "sampling.max_tokens_limit=200")
+    try:
+        with pytest.raises(InvalidArgument, match="max_tokens_limit=200") as error:
+            engine.create_context("This text takes far longer than one second to say out loud.")
+        assert error.value.field == "text"
+        assert engine.synthesize("Hi.", temperature=0.0).stop_reason.value == "end_of_speech"
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("flags", [("chunk_size=4",), ("chunk_size=8,40", "buffer=8"), ("chunk_size=4,8,40",
+                                   "block_causal=true"), ("chunk_size=40", "buffer=16", "block_causal=true")])
+def test_streaming_settings_lose_no_samples_and_block_causal_equals_one_shot(engine, flags):
+    text = "Good morning, Anna."
+    one_shot = _engine()
+    try:
+        reference = one_shot.synthesize(text, temperature=0.0).samples
+    finally:
+        one_shot.stop()
+    streamed_engine = _engine(*flags)
+    try:
+        streamed = streamed_engine.synthesize(text, temperature=0.0).samples
+    finally:
+        streamed_engine.stop()
+    assert len(streamed) == len(reference) > 16000 * 0.5
+    if "block_causal=true" in flags:  # the lpc decoder is causal: block-causal streaming is exact
+        np.testing.assert_allclose(streamed, reference, atol=1e-5)
+    else:  # each chunk restarts the pulse phase and the noise: same speech, not the same samples
+        assert abs(np.sqrt(np.mean(streamed ** 2)) / np.sqrt(np.mean(reference ** 2)) - 1) < 0.25
+
+
+def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tmp_path):
+    import soundfile as sf
+
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline_client import TTSClient
+    from audio_pipeline_client.cli import main as tts_client
+
+    config = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=8,40"], model={"device": "cpu"},
+                                        voices_dir=str(tmp_path / "voices"))
+    server = BackgroundServer(config).start()
+    try:
+        with TTSClient(server.target) as client:
+            voices = client.list_voices()
+            assert [v.name for v in voices][:1] == ["lpc-en"]
+            chunks = list(client.stream("Good morning, Anna."))
+            whole = client.synthesize("Good morning, Anna.", temperature=0.0)
+        assert len(chunks) > 2 and whole.stop_reason == "end_of_speech" and whole.sample_rate == 16000
+        # The CLI client writes the default voice's speech to a WAV file.
+        assert tts_client(["--server", server.target, "--text", "Good morning, Anna.",
+                           "--output", str(tmp_path / "out.wav")]) == 0
+        audio, rate = sf.read(str(tmp_path / "out.wav"), dtype="float32")
+        assert rate == 16000 and len(audio) > 16000 * 0.5
+    finally:
+        server.stop()
