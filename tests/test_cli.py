@@ -52,7 +52,9 @@ def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
                      "--seed", "3", "--sample-rate", "16000")
     assert result.returncode == 0, result.stderr
     audio, rate = sf.read(out)
-    assert rate == 16000 and abs(len(audio) - 10 * 2048 * 2 / 3) <= 2 and abs(audio).max() > 0
+    # The built-in voice: 4 tokens per 20 ms frame at 16 kHz, so 70 tokens make 17 whole frames.
+    assert rate == 16000 and len(audio) == 17 * 320 and abs(audio).max() > 0
+    assert "max_tokens" in result.stderr
 
 
 def test_synthesize_reports_a_missing_model_directory(tmp_path, capsys):

@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
-    config = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=lpc", f"max_batch_size={max(streams)}",
-                                                             "sampling.max_tokens=2000", *args.task_arg],
+    config = AudioGenerationConfig.load(env={}, audio_flags=[f"max_batch_size={max(streams)}", *args.task_arg],
                                         model={"model_path": args.model, "device": "cpu"})
     engine = TTSEngine(config)
     engine.start()

@@ -76,34 +76,13 @@ def evaluate(sentences: Sequence[str], synthesize: Callable[[str], tuple[np.ndar
             "wer": errors / max(words, 1)}
 
 
-def enforce_alignment_rules() -> None:
-    """Applies, in this process only, the engine hook proposed in NOTES.md ("Hooks", 3): sampling may
-    only pick the layout's ``forced_token`` where it names one. For measuring what the hook buys."""
-    from audio_pipeline.context import TTSContext
-
-    if getattr(TTSContext.candidate_mask, "enforces_alignment", False):
-        return
-    original = TTSContext.candidate_mask
-
-    def candidate_mask(self, width=None):
-        forced = getattr(self.layout, "forced_token", None)
-        token = forced(self.prompt_ids, self.generated) if forced else None
-        if token is not None:
-            return self.candidate_ids(width) == token
-        return original(self, width)
-
-    candidate_mask.enforces_alignment = True
-    TTSContext.candidate_mask = candidate_mask
-
-
-def engine_synthesizer(model_dir: str, *, temperature: float | None = None, max_tokens: int = 2000,
-                       flags: Sequence[str] = ()):
+def engine_synthesizer(model_dir: str, *, temperature: float | None = None, flags: Sequence[str] = ()):
     """A started TTSEngine serving ``model_dir`` and a ``synthesize(text)`` that goes through it."""
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
 
     config = AudioGenerationConfig.load(
-        env={}, audio_flags=["audio_decoder=lpc", f"sampling.max_tokens={max_tokens}", *flags],
+        env={}, audio_flags=list(flags),
         model={"model_path": model_dir, "device": "cpu"})
     engine = TTSEngine(config)
     engine.start()
@@ -126,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="evaluate this model directory through the engine (or builtin:NAME)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
     parser.add_argument("--count", type=int, default=40)
-    parser.add_argument("--enforce-alignment", action="store_true",
-                        help="apply the proposed engine hook that enforces the layout's alignment rules")
     parser.add_argument("--write", help="write the first sentence's audio here (WAV)")
     args = parser.parse_args(argv)
     test = held_out(args.count)
@@ -140,11 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             return u.samples, u.sample_rate
         label = "eSpeak NG"
     elif args.model:
-        if args.enforce_alignment:
-            enforce_alignment_rules()
         engine, synthesize = engine_synthesizer(args.model, temperature=args.temperature)
-        label = (f"{args.model} (temperature {args.temperature if args.temperature is not None else 'default'}"
-                 f"{', alignment enforced' if args.enforce_alignment else ''})")
+        label = f"{args.model} (temperature {args.temperature if args.temperature is not None else 'default'})"
     else:
         parser.error("choose what to evaluate (--espeak or --model)")
     try:
