@@ -134,6 +134,30 @@ class TTSContext:
         if len(self.generated) >= self.token_budget:
             self.stop_reason = StopReason.MAX_TOKENS
 
+    def tokens_per_sample(self, total_position: int) -> int:
+        """Tokens known once the token at ``total_position`` (prompt included) is sampled: that
+        one, plus those the layout's alignment forces right after it, which the pipeline appends at
+        once (:meth:`append_forced_tokens`) so they take no model step of their own. 1 for layouts
+        without an alignment."""
+        if self.alignment is None:
+            return 1
+        position = total_position - len(self.prompt_ids)
+        count = 1
+        while position + count < self.token_budget:
+            forced = self.alignment.forced(position + count)
+            if forced is None or forced == self.layout.end_of_speech:
+                break
+            count += 1
+        return count
+
+    def append_forced_tokens(self) -> None:
+        """Appends the tokens the alignment forces next; a forced end of speech ends the request."""
+        while self.alignment is not None and not self.is_done:
+            forced = self.alignment.forced(len(self.generated))
+            if forced is None:
+                return
+            self.append_token(forced)
+
     def speech_codes(self, start: int, end: int) -> torch.Tensor:
         """Audio codes of generated tokens [start, end) (start on a frame boundary)."""
         return self.layout.tokens_to_codes(self.generated[start:end], first_position=start)

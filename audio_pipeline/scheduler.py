@@ -109,6 +109,23 @@ class _Entry:
         return self.expected_len - self.next_pos
 
 
+def _tokens_per_sample(request: Any, position: int) -> int:
+    """Tokens known after sampling the token at ``position``: 1, or more where the request's layout
+    forces the tokens that follow (they are appended without a model step of their own)."""
+    per_sample = getattr(request, "tokens_per_sample", None)
+    return per_sample(position) if per_sample is not None else 1
+
+
+def _after_samples(entry: "_Entry", steps: int) -> tuple[int, int]:
+    """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` have run: each step
+    computes every token known so far and samples one more."""
+    known, computed = entry.expected_len, entry.next_pos
+    for _ in range(steps):
+        computed = known
+        known += _tokens_per_sample(entry.request, known)
+    return computed, known
+
+
 @dataclass(frozen=True)
 class ScheduledItem:
     """Compute tokens [start, start + num_tokens) of ``request``; sample after them if ``sample``."""
@@ -286,7 +303,7 @@ class AudioGenerationScheduler:
         entry.next_pos += num_tokens
         entry.in_flight += 1
         if sample:
-            entry.expected_len += 1
+            entry.expected_len += _tokens_per_sample(entry.request, entry.expected_len)
         output.items.append(ScheduledItem(entry.request, start, num_tokens, sample))
 
     def _prefill_chunk(self, entry: _Entry, budget: int, first: bool) -> int:
@@ -367,7 +384,7 @@ class AudioGenerationScheduler:
                 break
             if entry.request.is_done or entry not in self._running:
                 continue
-            need = min(entry.next_pos + steps, entry.request.max_length)
+            need = min(_after_samples(entry, steps)[0], entry.request.max_length)
             while not self.block_manager.can_alloc(entry.request_id, need):
                 if not self._preempt_for(entry, protected=chosen, output=output):
                     break
@@ -380,8 +397,7 @@ class AudioGenerationScheduler:
         for entry in chosen:
             if pure and steps > 1:
                 start = entry.next_pos
-                entry.next_pos += steps
-                entry.expected_len += steps
+                entry.next_pos, entry.expected_len = _after_samples(entry, steps)
                 entry.in_flight += 1
                 output.items.append(ScheduledItem(entry.request, start, 1, True))
             else:

@@ -217,3 +217,55 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
         assert rate == 16000 and len(audio) > 16000 * 0.5
     finally:
         server.stop()
+
+
+TEXTS = ("Good morning, Anna.", "Please call Stella and ask her to bring these things with her.", "Thank you!")
+
+
+def _greedy_tokens(engine, texts):
+    """Each text's generated tokens, all submitted at once (greedy)."""
+    contexts = [engine.create_context(t, temperature=0.0) for t in texts]
+    import queue
+
+    events = queue.Queue()
+    for context in contexts:
+        engine.submit(context, events.put)
+    finished = 0
+    while finished < len(contexts):
+        event = events.get(timeout=300)
+        assert event.kind != "error", event
+        finished += event.kind == "complete"
+    assert all(c.stop_reason.value == "end_of_speech" for c in contexts)
+    return [list(c.generated) for c in contexts], contexts
+
+
+def test_forced_tokens_take_no_model_step(engine):
+    calls = []
+    execute = engine.model.execute
+
+    def counting(inputs):
+        calls.append(1)
+        return execute(inputs)
+
+    engine.model.execute = counting
+    try:
+        (tokens,), (context,) = _greedy_tokens(engine, TEXTS[1:2])
+    finally:
+        del engine.model.execute
+    frames = len(tokens) // 4
+    assert len(tokens) == context.alignment.tokens
+    # One step for the prompt and the first frame's phoneme, then two per frame (envelope, prosody).
+    assert len(calls) <= 2 * frames + 2
+
+
+@pytest.mark.parametrize("flags", [("enable_overlap_scheduler=true",),
+                                   ("enable_in_flight_batching=true", "max_batch_input_tokens=48"),
+                                   ("max_num_steps=1",), ("max_num_steps=3",)])
+def test_scheduling_modes_give_the_same_greedy_speech(engine, flags):
+    reference = [_greedy_tokens(engine, [t])[0][0] for t in TEXTS]
+    other = _engine(*flags)
+    try:
+        together, _ = _greedy_tokens(other, TEXTS)
+    finally:
+        other.stop()
+    assert together == reference

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -151,3 +152,12 @@ def phoneme_frames(phonemes: list[tuple[str, int]], samples: int, sample_rate: i
         bounds.append(max(bounds[-1], min(total, int(round(start * frame_rate / sample_rate)))))
     bounds.append(total)
     return [(name, end - begin) for (name, _), begin, end in zip(phonemes, bounds, bounds[1:]) if end > begin]
+
+
+@functools.lru_cache(maxsize=4096)
+def text_phoneme_frames(text: str, frame_rate: int) -> tuple[tuple[str, int], ...]:
+    """(phoneme, frames) of ``text`` from the process's engine, cached per text: eSpeak's timings
+    vary by a few milliseconds from call to call, and the cache keeps one text's prompt (and so a
+    seeded request's speech) the same for the life of the process."""
+    utterance = espeak().synthesize(text, keep_audio=False)
+    return tuple(phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, frame_rate))

@@ -180,13 +180,11 @@ class PhonemeLPCLayout:
 
     def phonemes(self, tokenizer, text: str) -> list[tuple[int, int]]:
         """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory."""
-        from audio_pipeline.models.espeak_frontend import PAUSE, espeak, phoneme_frames
+        from audio_pipeline.models.espeak_frontend import PAUSE, text_phoneme_frames
 
-        engine = espeak()
-        utterance = engine.synthesize(text, keep_audio=False)
         vocab = tokenizer.get_vocab()
         out = []
-        for name, frames in phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, FRAME_RATE):
+        for name, frames in text_phoneme_frames(text, FRAME_RATE):
             token = vocab.get(phoneme_token_name(name))
             if token is None:  # unknown to this model: the same phoneme unstressed, else a pause
                 token = vocab.get(phoneme_token_name(name.lstrip("',")), vocab.get(phoneme_token_name(PAUSE)))

@@ -129,7 +129,9 @@ class TextGenerationPipeline:
         # Multi-step decoding: every step feeds each request's sampled token back in.
         active = list(range(len(items)))
         for step in range(inputs.num_steps):
-            step_items = [items[i] if step == 0 else BatchItem(items[i].request, items[i].request.processed, 1, True)
+            step_items = [items[i] if step == 0 else BatchItem(items[i].request, items[i].request.processed,
+                                                               items[i].request.total_length
+                                                               - items[i].request.processed, True)
                           for i in active]
             step_tokens = self._forward(step_items)
             for i, new in zip(active, step_tokens):
@@ -167,6 +169,8 @@ class TextGenerationPipeline:
         context.processed = start + num_tokens
         for token in tokens:
             context.append_token(token)
+        if tokens:  # tokens the layout's alignment fixes next need no model step: append them now
+            context.append_forced_tokens()
 
     def _apply(self, result: _StepResult) -> dict[str, TextGenerationOutput]:
         """Writes a step's results into its contexts; returns them by request id."""
