@@ -22,7 +22,7 @@ from typing_extensions import Self
 from audio_pipeline import config_sources as sources
 from audio_pipeline.decoders.registry import audio_decoder_class
 
-#: The model served when none is named: a tiny random model the engine writes itself.
+#: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
 DEFAULT_MODEL = "builtin:lpc-en"
 
 #: Fields this engine accepts but does not honour yet -> the feature that will honour them.

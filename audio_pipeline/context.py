@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,6 +31,9 @@ class TTSContext:
     voice: str | None = None
     #: Speech codes of the voice prompt (a cloned voice's reference), for the decoder's prepend modes.
     prompt_speech_codes: torch.Tensor | None = None
+    #: The forced tokens of layouts with an explicit alignment (phoneme-lpc); computed from the
+    #: prompt when not given.
+    alignment: Any = None
     #: Generated speech-token ids (end-of-speech not included).
     generated: list[int] = field(default_factory=list)
     #: Tokens (prompt, then generated) whose keys and values are in the KV cache.
@@ -56,7 +60,8 @@ class TTSContext:
         # Layouts with an explicit alignment (phoneme-lpc) fix some tokens from the prompt alone;
         # the sampler may only pick those there.
         plan = getattr(self.layout, "alignment", None)
-        self.alignment = plan(self.prompt_ids) if plan is not None else None
+        if self.alignment is None and plan is not None:
+            self.alignment = plan(self.prompt_ids)
 
     @property
     def all_tokens(self) -> list[int]:

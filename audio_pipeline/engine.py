@@ -223,7 +223,9 @@ class TTSEngine:
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
         prompt = self.layout.build_prompt(self.tokenizer, text, voice, reference)
-        sampling = self._fit_budget(prompt, sampling, explicit=sampling_overrides.get("max_tokens") is not None)
+        plan = getattr(self.layout, "alignment", None)
+        alignment = plan(prompt) if plan is not None else None
+        sampling = self._fit_budget(alignment, sampling, explicit=sampling_overrides.get("max_tokens") is not None)
         if not self.config.enable_chunked_prefill and len(prompt) > self.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
                                   f"({self.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
@@ -232,17 +234,15 @@ class TTSEngine:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
                                   f"maximum sequence length {self.max_seq_len}", field="text")
         return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
-                          layout=self.layout, voice=voice,
+                          layout=self.layout, voice=voice, alignment=alignment,
                           prompt_speech_codes=reference.codes if reference is not None else None)
 
-    def _fit_budget(self, prompt: list[int], sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
+    def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's
         default max_tokens becomes exactly what the text needs; an explicit max_tokens is kept."""
-        plan = getattr(self.layout, "alignment", None)
-        if plan is None or explicit:
+        if alignment is None or explicit:
             return sampling
-        frame = self.layout.tokens_per_frame
-        needed = plan(prompt).tokens + frame  # the speech, then the frame slot of end-of-speech
+        needed = alignment.tokens + self.layout.tokens_per_frame  # the speech, then end-of-speech's frame slot
         limit = self.config.sampling.max_tokens_limit
         if needed > limit:
             raise InvalidArgument(f"the text needs {needed} speech tokens, over the server limit "

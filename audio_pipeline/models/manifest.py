@@ -71,12 +71,15 @@ def declared_audio_decoder(model_path: str) -> str | None:
     ``builtin:NAME``), read without loading or writing anything; None when it names none or cannot
     be read (the engine reports that properly when it loads the model)."""
     if model_path.startswith("builtin:"):
-        from audio_pipeline.builtin import SHIPPED_MODELS
+        from audio_pipeline.builtin import SHIPPED_MODELS, shipped_model_dir
 
         name = model_path.removeprefix("builtin:")
         if name not in SHIPPED_MODELS:  # the test models written on first use name snac, the default
             return None
-        directory = Path(__file__).resolve().parent.parent / "builtin" / name
+        try:
+            directory = shipped_model_dir(name)
+        except FileNotFoundError:
+            return None
     else:
         directory = Path(model_path).expanduser()
     try:
