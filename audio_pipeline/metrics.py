@@ -68,6 +68,12 @@ class EngineMetrics:
         self.time_to_first_audio = Histogram("tts_time_to_first_audio_seconds", "Arrival to first audio chunk",
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio produced", registry=r)
+        self.steps = Counter("tts_steps", "Engine steps with model work, by step kind", ["kind"], registry=r)
+        self.step_phase_seconds = Counter(
+            "tts_step_phase_seconds", "Engine step time by phase (schedule, inputs, model, sample, update, "
+            "decode, deliver)", ["phase"], registry=r)
+        self.decode_step_seconds = Counter("tts_decode_step_seconds", "Time of decode (tg) steps, all phases",
+                                           registry=r)
         self.requests = Counter("tts_engine_requests_finished", "Finished requests by stop reason", ["reason"],
                                 registry=r)
 

@@ -1,31 +1,57 @@
-"""Paged attention (torch reference) against plain causal attention over contiguous keys/values."""
+"""Ragged paged attention against plain causal attention over each sequence's contiguous keys/values."""
 
+import pytest
 import torch
 
-from audio_pipeline_kernels import causal_attention_reference, paged_attention_reference, write_paged_kv
+from audio_pipeline_kernels import (RaggedStep, causal_attention_reference, ragged_paged_attention,
+                                    sequence_slots, write_paged_kv)
 
 
-def test_paged_attention_equals_contiguous_attention_for_a_ragged_batch():
-    generator = torch.Generator().manual_seed(0)
-    heads, kv_heads, dim, block_size, num_blocks = 4, 2, 8, 4, 32
-    key_cache = torch.zeros(num_blocks, block_size, kv_heads, dim)
+def _ragged_case(generator, *, heads, kv_heads, block_size, lengths, new, dim=8):
+    """A paged cache holding random sequences in scattered blocks, and each one's contiguous keys/values."""
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 4
+    key_cache = torch.zeros(kv_heads, num_blocks * block_size, dim)
     value_cache = torch.zeros_like(key_cache)
-    # Three sequences: a decode step (1 query), a prefill chunk on top of a cache, a whole prompt.
-    lengths, new = [9, 13, 6], [1, 5, 6]
-    free = torch.randperm(num_blocks, generator=generator).tolist()  # scattered, out-of-order blocks
-    tables, full_k, full_v = [], [], []
+    free = torch.randperm(num_blocks, generator=generator).tolist()
+    width = max(-(-n // block_size) for n in lengths) + 1  # one spare column of padding
+    tables, contiguous = [], []
     for length in lengths:
         blocks = [free.pop() for _ in range(-(-length // block_size))]
-        tables.append(blocks + [0] * (4 - len(blocks)))
+        tables.append(blocks + [free[0]] * (width - len(blocks)))
         k = torch.randn(length, kv_heads, dim, generator=generator)
         v = torch.randn(length, kv_heads, dim, generator=generator)
-        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(length)])
+        slots = sequence_slots(torch.tensor(blocks), length, block_size)
         write_paged_kv(key_cache, value_cache, k, v, slots)
-        full_k.append(k)
-        full_v.append(v)
+        contiguous.append((k, v))
     queries = [torch.randn(n, heads, dim, generator=generator) for n in new]
-    starts = [0, 1, 6]
-    got = paged_attention_reference(torch.cat(queries), key_cache, value_cache, torch.tensor(tables),
-                                    torch.tensor(lengths), starts, new)
-    want = torch.cat([causal_attention_reference(q, k, v) for q, k, v in zip(queries, full_k, full_v)])
+    step = RaggedStep.build(torch.tensor(tables), torch.tensor(lengths), torch.tensor(new), block_size)
+    got = ragged_paged_attention(torch.cat(queries), key_cache, value_cache, step)
+    want = torch.cat([causal_attention_reference(q, k, v) for q, (k, v) in zip(queries, contiguous)])
+    return got, want, step
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("mix", ["decode", "forced", "prefill", "mixed"])
+def test_ragged_paged_attention_equals_contiguous_attention(block_size, heads, kv_heads, mix):
+    """One batched attention per layer equals per-sequence causal attention over contiguous KV, for
+    decode rows, multi-token rows (forced tokens), whole prompts and mixed steps, at several page
+    sizes and with grouped-query attention."""
+    generator = torch.Generator().manual_seed(block_size * 100 + heads * 10 + kv_heads)
+    lengths, new = {
+        "decode": ([9, 33, 17, 1], [1, 1, 1, 1]),
+        "forced": ([12, 40, 7, 3], [3, 1, 2, 3]),
+        "prefill": ([5, 31, 64], [5, 31, 64]),
+        "mixed": ([50, 13, 2, 29, 8], [1, 13, 2, 3, 5]),
+    }[mix]
+    got, want, _ = _ragged_case(generator, heads=heads, kv_heads=kv_heads, block_size=block_size,
+                                lengths=lengths, new=new)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_ragged_paged_attention_without_a_mask_when_nothing_needs_one():
+    """Equal full-block lengths with one query each need no mask; the result is still exact."""
+    generator = torch.Generator().manual_seed(7)
+    got, want, step = _ragged_case(generator, heads=4, kv_heads=2, block_size=4, lengths=[7, 7, 7], new=[1, 1, 1])
+    assert step.mask is None
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

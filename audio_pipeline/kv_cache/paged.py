@@ -9,14 +9,15 @@ import torch
 
 from audio_pipeline.interfaces import KVCacheParams
 from audio_pipeline.kv_cache.block_manager import BlockManager
-from audio_pipeline_kernels import paged_attention_reference, write_paged_kv
+from audio_pipeline_kernels import RaggedStep, ragged_paged_attention, write_paged_kv
 
 
 class PagedKVCache:
-    """Per layer, keys and values of shape [num_blocks, block_size, num_kv_heads, head_dim]."""
+    """Per layer, keys and values of shape [num_kv_heads, num_blocks * block_size, head_dim]: block b
+    holds slots [b * block_size, (b + 1) * block_size) (the layout of audio_pipeline_kernels)."""
 
     def __init__(self, params: KVCacheParams, num_blocks: int, device: torch.device):
-        shape = (num_blocks, params.page_size, params.n_kv_heads, params.head_dim)
+        shape = (params.n_kv_heads, num_blocks * params.page_size, params.head_dim)
         self.keys = [torch.zeros(shape, dtype=params.dtype, device=device) for _ in range(params.num_layers)]
         self.values = [torch.zeros(shape, dtype=params.dtype, device=device) for _ in range(params.num_layers)]
 
@@ -27,24 +28,23 @@ class PagedKVCache:
 
 @dataclass
 class PagedBatch:
-    """Where each sequence's new tokens sit in the flat batch, and where their KV lives."""
+    """Where a step's new tokens go in the cache, and how they attend (shared by every layer)."""
 
     cache: PagedKVCache
-    query_starts: list[int]
+    #: New tokens of each sequence (host-side).
     query_lengths: list[int]
     #: [B] each sequence's length after this step's tokens.
     seq_lens: torch.Tensor
-    #: [B, max_blocks] block ids (rows padded with block 0).
-    block_tables: torch.Tensor
     #: [T] flat cache slot of every new token.
     slot_mapping: torch.Tensor
+    #: The step's ragged layout for the attention kernel.
+    step: RaggedStep
 
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Writes the new tokens' keys/values of ``layer`` and returns their causal attention output."""
         key_cache, value_cache = self.cache.keys[layer], self.cache.values[layer]
         write_paged_kv(key_cache, value_cache, keys, values, self.slot_mapping)
-        return paged_attention_reference(query, key_cache, value_cache, self.block_tables, self.seq_lens,
-                                         self.query_starts, self.query_lengths)
+        return ragged_paged_attention(query, key_cache, value_cache, self.step)
 
 
 class PagedKVCacheManager:
@@ -85,21 +85,25 @@ class PagedKVCacheManager:
     def batch(self, request_ids: Sequence[str], starts: Sequence[int], lengths: Sequence[int]) -> PagedBatch:
         """The attention view of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i])."""
         manager = self.block_manager
+        page = self.page_size
         tables = [manager.block_table(r) for r in request_ids]
-        for request_id, table, start, length in zip(request_ids, tables, starts, lengths):
-            if (start + length) > len(table) * self.page_size:
-                raise RuntimeError(f"request {request_id!r}: KV for {start + length} tokens not allocated")
+        ends = [s + n for s, n in zip(starts, lengths)]
+        for request_id, table, end in zip(request_ids, tables, ends):
+            if end > len(table) * page:
+                raise RuntimeError(f"request {request_id!r}: KV for {end} tokens not allocated")
         width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        slots: list[int] = []
-        query_starts: list[int] = []
-        for table, start, length in zip(tables, starts, lengths):
-            query_starts.append(len(slots))
-            slots.extend(table[p // self.page_size] * self.page_size + p % self.page_size
-                         for p in range(start, start + length))
         device = self.device
-        return PagedBatch(
-            cache=self.cache, query_starts=query_starts, query_lengths=list(lengths),
-            seq_lens=torch.tensor([s + n for s, n in zip(starts, lengths)], dtype=torch.long, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.long, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device))
+        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
+        start_t = torch.tensor(starts, dtype=torch.long, device=device)
+        length_t = torch.tensor(lengths, dtype=torch.long, device=device)
+        seq_lens = start_t + length_t
+        # Slot of every new token, without a per-token loop: row -> its sequence -> its position.
+        total = sum(lengths)
+        sequence = torch.repeat_interleave(torch.arange(len(tables), device=device), length_t, output_size=total)
+        first_row = torch.cumsum(length_t, 0) - length_t
+        positions = start_t[sequence] + torch.arange(total, device=device) - first_row[sequence]
+        slots = block_tables[sequence, torch.div(positions, page, rounding_mode="floor")] * page + positions % page
+        max_len = max(ends)
+        step = RaggedStep.build(block_tables, seq_lens, length_t, page, self.params.dtype, max_len=max_len,
+                                max_query=max(lengths), uniform=min(ends) == max_len)
+        return PagedBatch(cache=self.cache, query_lengths=list(lengths), seq_lens=seq_lens, slot_mapping=slots, step=step)

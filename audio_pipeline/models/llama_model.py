@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,7 +161,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         if count != prev.logit_indices.shape[0]:
             raise ValueError("next_tokens must hold one token per sampled row of the previous step")
         lengths = prev.batch.seq_lens.tolist()
-        ends = [prev.batch.query_starts[i] + prev.batch.query_lengths[i] - 1 for i in range(len(lengths))]
+        ends = list(itertools.accumulate(prev.batch.query_lengths, initial=-1))[1:]
         sampled = [ends.index(row) for row in prev.logit_indices.tolist()]
         request_ids = [prev.request_ids[i] for i in sampled]
         return LlamaInputs(

@@ -24,6 +24,7 @@ from audio_pipeline.decoders.chunker import DecodeWindow
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.errors import InvalidArgument, ResourceExhausted, Unavailable
 from audio_pipeline.metrics import EngineMetrics
+from audio_pipeline.runtime import configure_cpu_runtime
 from audio_pipeline.pipelines.text_generation import TextGenerationInputs, TextGenerationPipeline
 from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerOutput
 
@@ -86,13 +87,15 @@ class AudioGenerationEngine:
 
     def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, streaming: StreamSettings,
                  scheduler: AudioGenerationScheduler, *, metrics: EngineMetrics | None = None,
-                 on_step: Callable[["AudioGenerationEngine"], None] | None = None):
+                 on_step: Callable[["AudioGenerationEngine"], None] | None = None, num_threads: int | None = None):
         self.pipeline = pipeline
         self.decoder = decoder
         self.streaming = streaming
         self.scheduler = scheduler
         self.metrics = metrics or EngineMetrics()
         self.on_step = on_step
+        #: Intra-op threads set on the engine thread (None leaves torch's setting alone).
+        self.num_threads = num_threads
         self._requests: dict[str, _Request] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Condition()
@@ -184,6 +187,8 @@ class AudioGenerationEngine:
     # --- the loop --------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.num_threads is not None:
+            configure_cpu_runtime(self.num_threads)
         while True:
             with self._lock:
                 while not (self._requests or self._stopping or self._in_flight):
@@ -191,7 +196,9 @@ class AudioGenerationEngine:
                 if self._stopping and not self._requests and not self._in_flight:
                     return
                 self._apply_cancellations()
+                started = time.perf_counter()
                 output = self.scheduler.schedule()
+                self.pipeline.timer.add("schedule", time.perf_counter() - started)
                 for request, reason in output.failed:
                     request.stop_reason = StopReason.FAILED
                     self._finish(self._requests[request.request_id], event_kind="error", error=reason)
@@ -204,10 +211,20 @@ class AudioGenerationEngine:
                         self._lock.wait(timeout=output.wait_s or 0.005)
                 continue
             self._step(output)
+            self._record_step(output)
             with self._lock:
                 self._lock.notify_all()
             if self.on_step is not None:
                 self.on_step(self)
+
+    def _record_step(self, output: SchedulerOutput) -> None:
+        seconds = self.pipeline.timer.flush()
+        for phase, value in seconds.items():
+            self.metrics.step_phase_seconds.labels(phase).inc(value)
+        if output.items:
+            self.metrics.steps.labels(output.kind).inc()
+            if output.kind == "tg":
+                self.metrics.decode_step_seconds.inc(sum(seconds.values()))
 
     def _apply_cancellations(self) -> None:
         for request_id in list(self._cancelled):
@@ -305,7 +322,11 @@ class AudioGenerationEngine:
     def _decode(self, jobs: list[tuple[_Request, DecodeWindow]]) -> None:
         if not jobs:
             return
-        waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end)) for r, w in jobs])
+        timer = self.pipeline.timer
+        with timer.phase("decode"):
+            waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end))
+                                                  for r, w in jobs])
+        started = time.perf_counter()
         for (request, window), wave in zip(jobs, waves):
             context = request.context
             samples = wave.numpy()
@@ -318,6 +339,7 @@ class AudioGenerationEngine:
             self.metrics.audio_seconds.inc(samples.shape[0] / self.decoder.sample_rate)
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
+        timer.add("deliver", time.perf_counter() - started)
 
     def _update_load(self) -> None:
         metrics, scheduler = self.metrics, self.scheduler

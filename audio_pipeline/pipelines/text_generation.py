@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.pipelines.step_timing import StepTimer
 from audio_pipeline.sampling import candidate_width, sample_next_tokens
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class TextGenerationPipeline:
         self.pipeline_model = pipeline_model
         self._tokenizer = tokenizer
         self._lock = threading.Lock()
+        #: Seconds per step phase; the engine flushes it into its metrics.
+        self.timer = StepTimer()
 
     # --- properties of the seed interface ---------------------------------------------------------
 
@@ -146,19 +149,24 @@ class TextGenerationPipeline:
 
     def _forward(self, items: Sequence[Any]) -> list[list[int]]:
         model = self.pipeline_model
-        contexts = [item.request for item in items]
-        for item in items:
-            item.request.active_length = item.num_tokens
-        model_inputs = model.prepare_initial_token_inputs(contexts, sample_rows=[item.sample for item in items])
-        sampling = [item.request for item in items if item.sample]
-        if sampling:  # only the ids each request may produce next get logits
-            width = candidate_width(sampling)
-            ids = [c.candidate_ids(width) for c in sampling]
-            codebook = sampling[0].layout.codebook_size
-            model_inputs.candidate_ranges = [(int(i[0]), int(i[0]) + codebook) for i in ids]
-            model_inputs.candidate_extra_ids = torch.stack([i[codebook:] for i in ids]).to(model_inputs.tokens.device)
-        outputs = model.execute(model_inputs)
-        sampled = iter(sample_next_tokens(outputs.next_token_logits, sampling, candidate_logits=True))
+        timer = self.timer
+        with timer.phase("inputs"):
+            contexts = [item.request for item in items]
+            for item in items:
+                item.request.active_length = item.num_tokens
+            model_inputs = model.prepare_initial_token_inputs(contexts, sample_rows=[item.sample for item in items])
+            sampling = [item.request for item in items if item.sample]
+            if sampling:  # only the ids each request may produce next get logits
+                width = candidate_width(sampling)
+                ids = [c.candidate_ids(width) for c in sampling]
+                codebook = sampling[0].layout.codebook_size
+                model_inputs.candidate_ranges = [(int(i[0]), int(i[0]) + codebook) for i in ids]
+                model_inputs.candidate_extra_ids = torch.stack([i[codebook:] for i in ids]).to(
+                    model_inputs.tokens.device)
+        with timer.phase("model"):
+            outputs = model.execute(model_inputs)
+        with timer.phase("sample"):
+            sampled = iter(sample_next_tokens(outputs.next_token_logits, sampling, candidate_logits=True))
         return [[next(sampled)] if item.sample else [] for item in items]
 
     @staticmethod
@@ -175,11 +183,13 @@ class TextGenerationPipeline:
     def _apply(self, result: _StepResult) -> dict[str, TextGenerationOutput]:
         """Writes a step's results into its contexts; returns them by request id."""
         outputs: dict[str, TextGenerationOutput] = {}
-        for item, tokens in zip(result.items, result.tokens):
-            context = item.request
-            if item.num_tokens:  # multi-step results are already applied
-                self._apply_one(context, item.start, item.num_tokens, tokens)
-            outputs[context.request_id] = TextGenerationOutput(context.request_id, list(tokens), context.stop_reason)
+        with self.timer.phase("update"):
+            for item, tokens in zip(result.items, result.tokens):
+                context = item.request
+                if item.num_tokens:  # multi-step results are already applied
+                    self._apply_one(context, item.start, item.num_tokens, tokens)
+                outputs[context.request_id] = TextGenerationOutput(context.request_id, list(tokens),
+                                                                   context.stop_reason)
         return outputs
 
     def release(self, request_id: str) -> None:

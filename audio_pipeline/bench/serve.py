@@ -1,0 +1,385 @@
+"""Serving benchmark through the real server: N concurrent streaming clients against `audio-pipeline serve`.
+
+    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:lpc-en]
+                                         [--task-arg NAME=VALUE ...] [--rounds 1]
+
+It starts `audio-pipeline serve` in a subprocess (default settings unless ``--task-arg`` or
+``--model`` say otherwise), waits for it to report SERVING, then for each N starts N streams at once
+with the client library (`AsyncTTSClient.stream`) and records when every audio chunk arrives.
+
+Per stream:
+- TTFA: request sent to first audio chunk received.
+- RTF: request sent to the completion received, over the seconds of audio received.
+- stall: a player that starts at the first chunk and plays continuously waits
+  ``max_k(arrival_k - t_first - audio_before_k)`` (at least 0); the stream *holds real time* when
+  that is at most 100 ms.
+
+It prints, per N: TTFA p50/p99, RTF median, streams holding real time, aggregate x real time (all
+audio over the round's wall time) and the engine's step time split (from the server's /metrics:
+scheduling, inputs, model, sampling, update, audio decoding, delivery, per step). With the search
+on, it then finds the largest N at which every stream holds real time with TTFA p99 under 300 ms.
+
+In the same run it times a plain padded-batch forward of the same model (contiguous per-sequence
+KV, one ``scaled_dot_product_attention`` per layer, eager torch, in this process) at batch 1 and 16,
+and prints the engine's mean decode-step time at those batch sizes as a ratio to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+#: A stream holds real time when its player never waits longer than this.
+STALL_LIMIT_S = 0.1
+#: The search's TTFA goal (p99).
+TTFA_P99_LIMIT_S = 0.3
+
+TEXTS = [
+    "The train to the coast leaves from platform four at a quarter past nine.",
+    "Please remember to water the plants on the balcony while we are away.",
+    "A small dog ran across the garden and hid behind the old wooden fence.",
+    "Our meeting has moved to Thursday afternoon, right after lunch.",
+    "The museum opens at ten and stays open late on Friday evenings.",
+    "She painted the kitchen a warm yellow that caught the morning light.",
+    "If the weather holds, we will walk along the river after dinner.",
+    "The library keeps a quiet room upstairs for anyone who needs to read.",
+    "He found his keys in the pocket of the coat he wore yesterday.",
+    "Every winter the lake freezes and the children skate near the shore.",
+    "The package should arrive on Monday, but it may take another day.",
+    "Turn left at the second light and the hotel is on your right.",
+]
+
+#: Engine step phases, in the order the benchmark prints them (the server's tts_step_phase_seconds).
+PHASES = ("schedule", "inputs", "model", "sample", "update", "decode", "deliver")
+
+
+@dataclass
+class StreamResult:
+    ttfa: float
+    rtf: float
+    stall: float
+    audio_seconds: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def playback_stall(arrivals: list[tuple[float, float]]) -> float:
+    """How long a player that starts at the first chunk waits at most: arrivals are (time, seconds
+    of audio in that chunk)."""
+    if not arrivals:
+        return float("inf")
+    first = arrivals[0][0]
+    played = 0.0
+    worst = 0.0
+    for arrival, seconds in arrivals:
+        worst = max(worst, arrival - first - played)
+        played += seconds
+    return worst
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`audio-pipeline serve` in a subprocess, on free ports, with /metrics."""
+
+    def __init__(self, model: str | None, task_args: list[str], log_level: str = "WARNING"):
+        self.metrics_port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
+        command = [sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                   "--metrics-port", str(self.metrics_port), "--log-level", log_level]
+        if model:
+            command += ["--model", model]
+        for arg in task_args:
+            command += ["--task-arg", arg]
+        self.command = command
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.port = self._read_port()
+
+    def _read_port(self) -> int:
+        """The port from the server's 'listening on HOST:PORT' line (on its stderr)."""
+        while self.process.poll() is None:
+            match = re.search(r"listening on [\d.]+:(\d+)", Path(self.log.name).read_text())
+            if match:
+                return int(match.group(1))
+            time.sleep(0.2)
+        raise RuntimeError(f"the server exited before listening; its log ({self.log.name}):\n"
+                           + Path(self.log.name).read_text()[-4000:])
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def metrics(self) -> dict[str, float]:
+        """The server's /metrics as {'name{labels}': value}."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+async def wait_ready(target: str, timeout: float) -> None:
+    from audio_pipeline_client import AsyncTTSClient
+
+    async with AsyncTTSClient(target) as client:
+        await client.wait_ready(timeout=timeout)
+
+
+async def one_stream(client, text: str) -> StreamResult:
+    arrivals: list[tuple[float, float]] = []
+    sent = time.perf_counter()
+    async for chunk in client.stream(text):
+        now = time.perf_counter()
+        if chunk.final:
+            audio = sum(seconds for _, seconds in arrivals)
+            return StreamResult(ttfa=arrivals[0][0] - sent if arrivals else float("inf"),
+                                rtf=(now - sent) / audio if audio else float("inf"),
+                                stall=playback_stall(arrivals), audio_seconds=audio)
+        arrivals.append((now, chunk.samples.shape[0] / chunk.sample_rate))
+    raise RuntimeError("the stream ended without its completion")
+
+
+async def run_round(target: str, count: int, offset: int) -> tuple[list[StreamResult], float]:
+    """``count`` streams at once; (their results, the round's wall seconds)."""
+    from audio_pipeline_client import AsyncTTSClient
+
+    async with AsyncTTSClient(target, retries=0) as client:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one_stream(client, TEXTS[(offset + i) % len(TEXTS)])
+                                         for i in range(count)))
+        return list(results), time.perf_counter() - started
+
+
+def step_split(before: dict[str, float], after: dict[str, float]) -> tuple[int, dict[str, float]]:
+    """(engine steps, mean milliseconds per step of each phase) between two scrapes."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    steps = int(sum(delta(k) for k in after if k.startswith("tts_steps_total")))
+    split = {phase: 1000 * delta(f'tts_step_phase_seconds_total{{phase="{phase}"}}') / max(steps, 1)
+             for phase in PHASES}
+    return steps, split
+
+
+def decode_step_ms(before: dict[str, float], after: dict[str, float]) -> float:
+    """Mean milliseconds of one decode step (model runner phases) between two scrapes."""
+    steps = after.get('tts_steps_total{kind="tg"}', 0) - before.get('tts_steps_total{kind="tg"}', 0)
+    seconds = (after.get('tts_decode_step_seconds_total', 0) - before.get('tts_decode_step_seconds_total', 0))
+    return 1000 * seconds / steps if steps else float("nan")
+
+
+@dataclass
+class RoundSummary:
+    count: int
+    results: list[StreamResult]
+    wall: float
+    steps: int
+    split: dict[str, float]
+    decode_ms: float
+
+    @property
+    def holding(self) -> int:
+        return sum(r.stall <= STALL_LIMIT_S for r in self.results)
+
+    @property
+    def ttfa_p99(self) -> float:
+        return percentile([r.ttfa for r in self.results], 99)
+
+    @property
+    def passes(self) -> bool:
+        return self.holding == self.count and self.ttfa_p99 < TTFA_P99_LIMIT_S
+
+    def row(self) -> str:
+        ttfa = [r.ttfa for r in self.results]
+        audio = sum(r.audio_seconds for r in self.results)
+        split = " ".join(f"{self.split[p]:>6.2f}" for p in PHASES)
+        return (f"{self.count:>4} {1000 * percentile(ttfa, 50):>8.0f} {1000 * percentile(ttfa, 99):>8.0f} "
+                f"{statistics.median(r.rtf for r in self.results):>7.3f} "
+                f"{self.holding:>4}/{self.count:<4} {max(r.stall for r in self.results):>7.2f} "
+                f"{audio / self.wall:>7.1f}x {self.steps / self.wall:>7.0f} {split}")
+
+
+HEADER = (f"{'N':>4} {'TTFA p50':>8} {'TTFA p99':>8} {'RTF med':>7} {'holding':>9} {'stall s':>7} "
+          f"{'x real':>8} {'steps/s':>7} " + " ".join(f"{p[:6]:>6}" for p in PHASES))
+
+
+def measure(server: Server, count: int, rounds: int, offset: int) -> RoundSummary:
+    before = server.metrics()
+    results: list[StreamResult] = []
+    wall = 0.0
+    for r in range(rounds):
+        got, seconds = asyncio.run(run_round(server.target, count, offset + r * count))
+        results += got
+        wall += seconds
+    after = server.metrics()
+    steps, split = step_split(before, after)
+    return RoundSummary(count, results, wall, steps, split, decode_step_ms(before, after))
+
+
+def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, print_row) -> int:
+    """Largest N that passes: doubling past the largest passing N measured, then bisection."""
+    passing = [n for n, s in summaries.items() if s.passes]
+    failing = [n for n, s in summaries.items() if not s.passes]
+    low = max(passing, default=0)
+    high = min((n for n in failing if n > low), default=None)
+
+    def probe(n: int) -> bool:
+        if n not in summaries:
+            summaries[n] = measure(server, n, rounds, offset=n)
+            print_row(summaries[n])
+        return summaries[n].passes
+
+    while high is None:
+        candidate = max(1, low * 2)
+        if candidate > 512:
+            return low
+        if probe(candidate):
+            low = candidate
+        else:
+            high = candidate
+    while high - low > max(1, low // 16):
+        middle = (low + high) // 2
+        if probe(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def plain_forward_ms(model: str | None, batch: int, context: int, repeats: int = 50) -> float:
+    """Milliseconds per decode step of a plain padded batch of the same model: contiguous KV per
+    sequence ([B, kv_heads, L, D] per layer), one SDPA per layer, one new token per row."""
+    import torch
+    import torch.nn.functional as F
+
+    from audio_pipeline.config import DEFAULT_MODEL
+    from audio_pipeline.engine import resolve_model_dir
+    from audio_pipeline.models.llama import LlamaForCausalLM, rotate_half
+    from audio_pipeline.models.weights import load_safetensors_into
+    from transformers import AutoConfig
+
+    model_dir = resolve_model_dir(model or DEFAULT_MODEL)
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        lm = LlamaForCausalLM(config)
+    load_safetensors_into(lm, model_dir, torch.float32, torch.device("cpu"))
+    lm.reset_rotary(torch.device("cpu"))
+    lm.eval()
+    attn = lm.model.layers[0].self_attn
+    heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    caches = [(torch.randn(batch, kv_heads, context + repeats + 1, dim),
+               torch.randn(batch, kv_heads, context + repeats + 1, dim)) for _ in lm.model.layers]
+    tokens = torch.randint(0, config.vocab_size, (batch,))
+
+    @torch.inference_mode()
+    def step(position: int) -> torch.Tensor:
+        x = lm.model.embed_tokens(tokens)
+        cos, sin = lm.rotary(torch.full((batch,), position), x.dtype)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        for layer, (keys, values) in zip(lm.model.layers, caches):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).view(batch, heads, dim)
+            k = a.k_proj(h).view(batch, kv_heads, dim)
+            v = a.v_proj(h).view(batch, kv_heads, dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            keys[:, :, position] = k
+            values[:, :, position] = v
+            out = F.scaled_dot_product_attention(q[:, :, None], keys[:, :, :position + 1],
+                                                 values[:, :, :position + 1], enable_gqa=heads != kv_heads)
+            x = x + a.o_proj(out.reshape(batch, heads * dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return lm.compute_logits(lm.model.norm(x))
+
+    for i in range(5):
+        step(context + i)
+    started = time.perf_counter()
+    for i in range(repeats):
+        step(context + i)
+    return 1000 * (time.perf_counter() - started) / repeats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,8,16,32,64", help="comma-separated concurrent stream counts")
+    parser.add_argument("--no-search", dest="search", action="store_false",
+                        help="skip the search for the largest N that holds real time")
+    parser.add_argument("--model", help="--model for the server (default: the server's default model)")
+    parser.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="server settings, as for `audio-pipeline serve` (repeatable)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of N streams per measurement")
+    parser.add_argument("--context", type=int, default=160,
+                        help="KV length of the plain padded forward's sequences (default 160)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the plain padded forward in this process (default 1)")
+    args = parser.parse_args(argv)
+    counts = [int(s) for s in args.streams.split(",")]
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    plain = {b: plain_forward_ms(args.model, b, args.context) for b in (1, 16)}
+    print(f"plain padded forward ({args.threads} thread(s), context {args.context}): "
+          f"batch 1 {plain[1]:.2f} ms, batch 16 {plain[16]:.2f} ms per step", flush=True)
+
+    server = Server(args.model, args.task_arg)
+    try:
+        asyncio.run(wait_ready(server.target, timeout=600))
+        print(f"server: {' '.join(server.command[3:])}", flush=True)
+        measure(server, 2, 1, offset=0)  # warm-up
+        print(HEADER + "   (step phases: ms per engine step)", flush=True)
+        summaries: dict[int, RoundSummary] = {}
+        for count in counts:
+            summaries[count] = measure(server, count, args.rounds, offset=count)
+            print(summaries[count].row(), flush=True)
+        if args.search:
+            best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True))
+            print(f"largest N with every stream holding real time (stall <= {1000 * STALL_LIMIT_S:.0f} ms) and "
+                  f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
+        for batch in (1, 16):
+            if batch in summaries:
+                engine_ms = summaries[batch].decode_ms
+                print(f"engine decode step at N={batch}: {engine_ms:.2f} ms = {engine_ms / plain[batch]:.1f}x the "
+                      f"plain padded forward at batch {batch}")
+    finally:
+        server.stop()
+        os.unlink(server.log.name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
