@@ -74,6 +74,8 @@ class EngineMetrics:
             "decode, deliver)", ["phase"], registry=r)
         self.decode_step_seconds = Counter("tts_decode_step_seconds", "Time of decode (tg) steps, all phases",
                                            registry=r)
+        self.forward_passes = Counter("tts_forward_passes", "Model forward passes, by step kind", ["kind"],
+                                      registry=r)
         self.requests = Counter("tts_engine_requests_finished", "Finished requests by stop reason", ["reason"],
                                 registry=r)
 

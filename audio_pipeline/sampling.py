@@ -75,8 +75,54 @@ def candidate_width(contexts: Sequence["TTSContext"]) -> int:
     return max(c.layout.codebook_size + len(c.stop_ids) for c in contexts)
 
 
+@dataclass
+class CandidateBatch:
+    """Each row's candidate ids and which of them are allowed now, for a whole batch at once (what
+    each context's ``candidate_ids`` / ``candidate_mask`` give, built without per-row tensors).
+
+    Row i's candidates are its next frame slot's codebook ``[starts[i], starts[i] + codebook)``
+    followed by ``extra_ids[i]`` (its stop ids, padded with end-of-speech to a common width).
+    """
+
+    starts: list[int]
+    codebook_size: int
+    #: [B, E] stop ids per row.
+    extra_ids: torch.Tensor
+    #: [B, codebook + E] every candidate id.
+    ids: torch.Tensor
+    #: [B, codebook + E] allowed now.
+    allowed: torch.Tensor
+
+    @classmethod
+    def build(cls, contexts: Sequence["TTSContext"]) -> "CandidateBatch":
+        layout = contexts[0].layout
+        codebook, frame, eos = layout.codebook_size, layout.tokens_per_frame, layout.end_of_speech
+        stops = [c.stop_ids for c in contexts]
+        width = max(len(s) for s in stops)
+        starts, forced, stop_ok = [], [], []
+        for context in contexts:
+            position = len(context.generated)
+            starts.append(layout.token_range(position)[0])
+            fixed = context.alignment.forced(position) if context.alignment is not None else None
+            forced.append(-1 if fixed is None else fixed)
+            stop_ok.append(position % frame == 0 and position > 0 and position >= context.sampling.min_tokens)
+        extra = torch.tensor([list(s) + [eos] * (width - len(s)) for s in stops], dtype=torch.long)
+        start_t = torch.tensor(starts, dtype=torch.long)
+        ids = torch.cat([start_t[:, None] + torch.arange(codebook)[None, :], extra], dim=1)
+        columns = torch.arange(width)[None, :]
+        stop_allowed = torch.tensor(stop_ok)[:, None] & (columns < torch.tensor([len(s) for s in stops])[:, None])
+        allowed = torch.cat([torch.ones(len(contexts), codebook, dtype=torch.bool), stop_allowed], dim=1)
+        forced_t = torch.tensor(forced, dtype=torch.long)
+        allowed = torch.where((forced_t >= 0)[:, None], ids == forced_t[:, None], allowed)
+        return cls(starts, codebook, extra, ids, allowed)
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        return [(start, start + self.codebook_size) for start in self.starts]
+
+
 def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *,
-                       candidate_logits: bool = False) -> list[int]:
+                       candidate_logits: bool = False, candidates: CandidateBatch | None = None) -> list[int]:
     """One speech token per context from ``logits`` ([batch, vocab]), all rows at once.
 
     Each row only considers the ids its next frame slot allows (plus end-of-speech on a frame
@@ -86,15 +132,16 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *
 
     ``logits`` is [batch, vocab], or with ``candidate_logits`` already [batch, candidates] in the
     order of each context's ``candidate_ids(candidate_width(contexts))`` (the model computes
-    only those columns then, which is much cheaper than the whole vocabulary).
+    only those columns then, which is much cheaper than the whole vocabulary). ``candidates`` is
+    the batch's CandidateBatch when the caller has built it already.
     """
     if not contexts:
         return []
-    width = candidate_width(contexts)
-    candidate_ids = torch.stack([c.candidate_ids(width) for c in contexts]).to(logits.device)  # [B, C]
-    allowed = torch.stack([c.candidate_mask(width) for c in contexts]).to(logits.device)
+    candidates = candidates or CandidateBatch.build(contexts)
+    candidate_ids = candidates.ids.to(logits.device)  # [B, C]
+    allowed = candidates.allowed.to(logits.device)
     scores = logits.float() if candidate_logits else logits.float().gather(1, candidate_ids)
-    counts = torch.stack([c.candidate_counts(width) for c in contexts]).to(logits.device)
+    counts = torch.stack([c.candidate_counts(candidate_ids.shape[1]) for c in contexts]).to(logits.device)
     params = [c.sampling for c in contexts]
 
     def column(name: str) -> torch.Tensor:

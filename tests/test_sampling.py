@@ -119,3 +119,19 @@ def test_invalid_values_name_the_field():
         SamplingParams().with_overrides(max_tokens_limit=100, tokens_per_frame=7, top_p=0.0)
     with pytest.raises(InvalidArgument, match="sampling.stop_token_ids"):
         SamplingParams().with_overrides(max_tokens_limit=2000, tokens_per_frame=7, stop_token_ids=[-1])
+
+
+def test_candidate_batch_equals_each_contexts_own_candidates():
+    """The batched candidate builder gives every row exactly its context's candidate ids and mask:
+    frame slots, stop ids of different counts (padded), min_tokens, and rows that may stop."""
+    from audio_pipeline.sampling import CandidateBatch
+
+    contexts = [context("a"), context("b", stop_token_ids=(5, 6)), context("c", min_tokens=14)]
+    for i, c in enumerate(contexts):
+        for _ in range(i * 7 + (3 if i == 1 else 0)):
+            c.append_token(LAYOUT.token_range(len(c.generated))[0] + 1)
+    batch = CandidateBatch.build(contexts)
+    width = candidate_width(contexts)
+    assert torch.equal(batch.ids, torch.stack([c.candidate_ids(width) for c in contexts]))
+    assert torch.equal(batch.allowed, torch.stack([c.candidate_mask(width) for c in contexts]))
+    assert batch.allowed[:, LAYOUT.codebook_size:].any(), "some row may stop here"

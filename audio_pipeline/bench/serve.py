@@ -15,13 +15,15 @@ Per stream:
   that is at most 100 ms.
 
 It prints, per N: TTFA p50/p99, RTF median, streams holding real time, aggregate x real time (all
-audio over the round's wall time) and the engine's step time split (from the server's /metrics:
-scheduling, inputs, model, sampling, update, audio decoding, delivery, per step). With the search
+audio over the round's wall time), forward passes per second and the engine's time split (from
+the server's /metrics: scheduling, inputs, model, sampling, update, audio decoding, delivery, in
+ms per forward pass). With the search
 on, it then finds the largest N at which every stream holds real time with TTFA p99 under 300 ms.
 
 In the same run it times a plain padded-batch forward of the same model (contiguous per-sequence
 KV, one ``scaled_dot_product_attention`` per layer, eager torch, in this process) at batch 1 and 16,
-and prints the engine's mean decode-step time at those batch sizes as a ratio to it.
+and prints the engine's time per decode forward pass (every phase of its decode steps, over their
+forward passes) at N = 1 and 16 as a ratio to it.
 """
 
 from __future__ import annotations
@@ -183,19 +185,21 @@ async def run_round(target: str, count: int, offset: int) -> tuple[list[StreamRe
 
 
 def step_split(before: dict[str, float], after: dict[str, float]) -> tuple[int, dict[str, float]]:
-    """(engine steps, mean milliseconds per step of each phase) between two scrapes."""
+    """(model forward passes, mean engine milliseconds per forward pass in each phase) between two scrapes."""
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    steps = int(sum(delta(k) for k in after if k.startswith("tts_steps_total")))
+    steps = int(sum(delta(k) for k in after if k.startswith("tts_forward_passes_total")))
     split = {phase: 1000 * delta(f'tts_step_phase_seconds_total{{phase="{phase}"}}') / max(steps, 1)
              for phase in PHASES}
     return steps, split
 
 
 def decode_step_ms(before: dict[str, float], after: dict[str, float]) -> float:
-    """Mean milliseconds of one decode step (model runner phases) between two scrapes."""
-    steps = after.get('tts_steps_total{kind="tg"}', 0) - before.get('tts_steps_total{kind="tg"}', 0)
+    """Mean milliseconds of engine time per decode forward pass (all phases of decode steps, over
+    their forward passes: a multi-step decode step runs several) between two scrapes."""
+    key = 'tts_forward_passes_total{kind="tg"}'
+    steps = after.get(key, 0) - before.get(key, 0)
     seconds = (after.get('tts_decode_step_seconds_total', 0) - before.get('tts_decode_step_seconds_total', 0))
     return 1000 * seconds / steps if steps else float("nan")
 
@@ -232,7 +236,7 @@ class RoundSummary:
 
 
 HEADER = (f"{'N':>4} {'TTFA p50':>8} {'TTFA p99':>8} {'RTF med':>7} {'holding':>9} {'stall s':>7} "
-          f"{'x real':>8} {'steps/s':>7} " + " ".join(f"{p[:6]:>6}" for p in PHASES))
+          f"{'x real':>8} {'fwd/s':>7} " + " ".join(f"{p[:6]:>6}" for p in PHASES))
 
 
 def measure(server: Server, count: int, rounds: int, offset: int) -> RoundSummary:
@@ -342,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
                         help="server settings, as for `audio-pipeline serve` (repeatable)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of N streams per measurement")
-    parser.add_argument("--context", type=int, default=160,
-                        help="KV length of the plain padded forward's sequences (default 160)")
+    parser.add_argument("--context", type=int, default=400,
+                        help="KV length of the plain padded forward's sequences (default 400, about the mean "
+                             "KV length of the benchmark's streams with the built-in voice)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the plain padded forward in this process (default 1)")
     args = parser.parse_args(argv)
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(wait_ready(server.target, timeout=600))
         print(f"server: {' '.join(server.command[3:])}", flush=True)
         measure(server, 2, 1, offset=0)  # warm-up
-        print(HEADER + "   (step phases: ms per engine step)", flush=True)
+        print(HEADER + "   (engine phases: ms per forward pass)", flush=True)
         summaries: dict[int, RoundSummary] = {}
         for count in counts:
             summaries[count] = measure(server, count, args.rounds, offset=count)
@@ -373,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (1, 16):
             if batch in summaries:
                 engine_ms = summaries[batch].decode_ms
-                print(f"engine decode step at N={batch}: {engine_ms:.2f} ms = {engine_ms / plain[batch]:.1f}x the "
-                      f"plain padded forward at batch {batch}")
+                print(f"engine time per decode forward pass at N={batch}: {engine_ms:.2f} ms = "
+                      f"{engine_ms / plain[batch]:.1f}x the plain padded forward at batch {batch}")
     finally:
         server.stop()
         os.unlink(server.log.name)

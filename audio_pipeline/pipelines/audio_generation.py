@@ -218,11 +218,13 @@ class AudioGenerationEngine:
                 self.on_step(self)
 
     def _record_step(self, output: SchedulerOutput) -> None:
+        forwards = self.pipeline.timer.forwards
         seconds = self.pipeline.timer.flush()
         for phase, value in seconds.items():
             self.metrics.step_phase_seconds.labels(phase).inc(value)
         if output.items:
             self.metrics.steps.labels(output.kind).inc()
+            self.metrics.forward_passes.labels(output.kind).inc(forwards)
             if output.kind == "tg":
                 self.metrics.decode_step_seconds.inc(sum(seconds.values()))
 

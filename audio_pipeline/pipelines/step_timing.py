@@ -19,6 +19,8 @@ class StepTimer:
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        #: Forward passes since the last flush (a multi-step decode step runs several).
+        self.forwards = 0
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -34,4 +36,5 @@ class StepTimer:
     def flush(self) -> dict[str, float]:
         """The seconds gathered since the last flush (and starts over)."""
         seconds, self.seconds = self.seconds, dict.fromkeys(PHASES, 0.0)
+        self.forwards = 0
         return seconds
