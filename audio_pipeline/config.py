@@ -243,7 +243,7 @@ class PipelineConfig(BaseModel):
         if data.get("config_file") is not None:
             from_file = sources.read_config_file(type(self), data["config_file"], data.get("section_name"))
             data = sources.deep_merge(from_file, data)
-        super().__init__(**data)
+        super().__init__(**type(self)._with_model_defaults(data))
         # Here rather than in model_post_init, where pydantic would bury the message in a ValidationError.
         if not self.defer_resolve:
             self.resolve()
@@ -286,6 +286,11 @@ class PipelineConfig(BaseModel):
         data = sources.deep_merge(sources.normalize_mapping(cls, config_flags, "keyword argument"),
                                   sources.parse_flags(cls, audio_flags))
         return cls(**data)
+
+    @classmethod
+    def _with_model_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with the model's own defaults added where it sets nothing (see subclasses)."""
+        return data
 
     def resolve(self) -> Self:
         """Checks the rules that span fields, then rejects what is not implemented; returns self.
@@ -396,9 +401,13 @@ class AudioGenerationConfig(PipelineConfig):
     audio_decoder_weights: str = Field(
         "", description="Decoder weights (file or directory); empty = the decoder that comes with the model.")
     chunk_size: list[Annotated[int, Field(ge=1)]] | None = Field(
-        None, min_length=1, description="Speech tokens per streamed chunk, last entry repeating; None = no streaming.")
-    buffer: int = Field(0, ge=0, description="Already-decoded tokens given as left context to each decode.")
-    block_causal: bool = Field(False, description="Context tokens may not see the current block.")
+        None, min_length=1, description="Speech tokens per streamed chunk, last entry repeating; none = no "
+        "streaming (one chunk at the end). When not set: the model's streaming default (its manifest's, or "
+        "28,56,112 for Orpheus-layout models).")
+    buffer: int = Field(0, ge=0, description="Already-decoded tokens given as left context to each decode; "
+                                             "when not set, the model's streaming default, else 0.")
+    block_causal: bool = Field(False, description="Context tokens may not see the current block; when not "
+                                                  "set, the model's streaming default, else false.")
     prepend_prompt_speech_tokens: PrependPromptSpeechTokens = Field(
         PrependPromptSpeechTokens.NEVER, description="Whether voice-prompt speech tokens are decoder context.")
     prepend_prompt_speech_tokens_causal: bool = Field(
@@ -424,6 +433,22 @@ class AudioGenerationConfig(PipelineConfig):
         from audio_pipeline.models.manifest import declared_audio_decoder
 
         return declared_audio_decoder(self.model.model_path) or self.audio_decoder
+
+    @classmethod
+    def _with_model_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Fills in the model's streaming defaults (chunk_size, buffer, block_causal from its manifest,
+        or its family's) for the settings ``data`` leaves out; set ones, even to none, are kept. They
+        are made for the model's own decoder: with another audio_decoder there are none."""
+        from audio_pipeline.models.manifest import declared_audio_decoder, declared_streaming
+
+        model = data.get("model")
+        path = getattr(model, "model_path", None) if not isinstance(model, Mapping) else model.get("model_path")
+        path = path or DEFAULT_MODEL
+        decoder = data.get("audio_decoder")
+        if decoder and decoder != (declared_audio_decoder(path) or cls.model_fields["audio_decoder"].default):
+            return data
+        defaults = declared_streaming(path)
+        return {**{k: v for k, v in defaults.items() if k not in data}, **data}
 
     def to_display_dict(self) -> dict[str, Any]:
         """Every field, with audio_decoder as resolved (the decoder the model names, if not set)."""

@@ -93,6 +93,46 @@ def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
     assert tiny.resolved_audio_decoder == "snac"
 
 
+def test_models_stream_by_default_unless_the_configuration_says_otherwise(tmp_path):
+    """A model's manifest names its streaming defaults; Orpheus-layout models start at 28 tokens and
+    grow; whatever the configuration sets (even chunk_size=none) wins, and so does another decoder."""
+    import json
+
+    from audio_pipeline.builtin import shipped_model_dir
+    from audio_pipeline.config import AudioGenerationConfig
+
+    default = AudioGenerationConfig.load(env={})
+    assert (default.chunk_size, default.buffer, default.block_causal) == ([8, 40], 0, True)
+    shown = default.to_display_dict()
+    assert (shown["chunk_size"], shown["block_causal"]) == ([8, 40], True)
+    off = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=none"])
+    assert off.chunk_size is None and off.block_causal is True
+    own = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=4", "block_causal=false"])
+    assert (own.chunk_size, own.block_causal) == ([4], False)
+    other = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=causal-conv"])
+    assert (other.chunk_size, other.block_causal) == (None, False)
+    tiny = AudioGenerationConfig.load(env={}, model={"model_path": "builtin:tiny-orpheus"})
+    assert (tiny.chunk_size, tiny.buffer, tiny.block_causal) == ([28, 56, 112], 0, False)
+    # A model directory whose manifest names its own streaming settings.
+    shipped = shipped_model_dir("lpc-en")
+    model = tmp_path / "voice"
+    model.mkdir()
+    for item in shipped.iterdir():
+        if item.is_file():
+            (model / item.name).write_bytes(item.read_bytes())
+    manifest = json.loads((shipped / "audio_pipeline.json").read_text())
+    manifest["streaming"] = {"chunk_size": [12, 24], "buffer": 4}
+    (model / "audio_pipeline.json").write_text(json.dumps(manifest))
+    custom = AudioGenerationConfig.load(env={}, model={"model_path": str(model)})
+    assert (custom.chunk_size, custom.buffer, custom.block_causal) == ([12, 24], 4, False)
+    manifest["streaming"] = {"chunk_sizes": [12]}
+    (model / "audio_pipeline.json").write_text(json.dumps(manifest))
+    from audio_pipeline.models.manifest import ModelManifest
+
+    with pytest.raises(ValueError, match="unknown streaming settings.*chunk_sizes"):
+        ModelManifest.read(model)
+
+
 def _engine(*flags):
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
@@ -200,8 +240,8 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
     from audio_pipeline_client import TTSClient
     from audio_pipeline_client.cli import main as tts_client
 
-    config = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=8,40"], model={"device": "cpu"},
-                                        voices_dir=str(tmp_path / "voices"))
+    # Default settings: the voice's manifest makes the server stream from its first frames.
+    config = AudioGenerationConfig.load(env={}, model={"device": "cpu"}, voices_dir=str(tmp_path / "voices"))
     server = BackgroundServer(config).start()
     try:
         with TTSClient(server.target) as client:
@@ -210,6 +250,7 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
             chunks = list(client.stream("Good morning, Anna."))
             whole = client.synthesize("Good morning, Anna.", temperature=0.0)
         assert len(chunks) > 2 and whole.stop_reason == "end_of_speech" and whole.sample_rate == 16000
+        assert chunks[0].samples.shape[0] == 2 * 320, "the first chunk holds the first 2 frames (8 tokens)"
         # The CLI client writes the default voice's speech to a WAV file.
         assert tts_client(["--server", server.target, "--text", "Good morning, Anna.",
                            "--output", str(tmp_path / "out.wav")]) == 0

@@ -11,6 +11,11 @@ from audio_pipeline.models import orpheus
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
 FAMILIES = ("orpheus", "phoneme-lpc")
+#: Streaming settings a manifest may name (``streaming``), used where the configuration sets none.
+STREAMING_KEYS = ("chunk_size", "buffer", "block_causal")
+#: Streaming defaults of families whose manifest names none: SNAC decodes 28 tokens (4 frames)
+#: first for early audio, then larger chunks that cost less per token.
+FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}}
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ class ModelManifest:
     audio_decoder: str | None = None
     #: Decoder weights, relative to the model directory.
     audio_decoder_weights: str | None = None
+    #: Streaming defaults for this model (chunk_size, buffer, block_causal); the configuration wins.
+    streaming: dict = field(default_factory=dict)
 
     @classmethod
     def read(cls, model_dir: Path) -> "ModelManifest":
@@ -45,6 +52,9 @@ class ModelManifest:
             manifest = cls(voices=voices, **data)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: invalid model manifest: {exc}") from exc
+        unknown = set(manifest.streaming) - set(STREAMING_KEYS)
+        if unknown:
+            raise ValueError(f"{path}: unknown streaming settings {sorted(unknown)} (known: {', '.join(STREAMING_KEYS)})")
         if manifest.family not in FAMILIES:
             raise ValueError(f"{path}: unsupported model family {manifest.family!r} (supported: {', '.join(FAMILIES)})")
         names = [v.name for v in manifest.voices]
@@ -66,24 +76,40 @@ class ModelManifest:
         return orpheus.OrpheusLayout()
 
 
-def declared_audio_decoder(model_path: str) -> str | None:
-    """The audio decoder named by the manifest of the model at ``model_path`` (a directory or
-    ``builtin:NAME``), read without loading or writing anything; None when it names none or cannot
-    be read (the engine reports that properly when it loads the model)."""
+def _declared(model_path: str) -> dict:
+    """The manifest of the model at ``model_path`` (a directory or ``builtin:NAME``) as written, read
+    without loading or writing anything; {} when there is none or it cannot be read (the engine
+    reports that properly when it loads the model)."""
     if model_path.startswith("builtin:"):
         from audio_pipeline.builtin import SHIPPED_MODELS, shipped_model_dir
 
         name = model_path.removeprefix("builtin:")
-        if name not in SHIPPED_MODELS:  # the test models written on first use name snac, the default
-            return None
+        if name not in SHIPPED_MODELS:  # the test models written on first use are Orpheus-layout
+            return {}
         try:
             directory = shipped_model_dir(name)
         except FileNotFoundError:
-            return None
+            return {}
     else:
         directory = Path(model_path).expanduser()
     try:
-        decoder = json.loads((directory / MANIFEST_NAME).read_text()).get("audio_decoder")
-    except (OSError, ValueError, AttributeError):
-        return None
+        data = json.loads((directory / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def declared_audio_decoder(model_path: str) -> str | None:
+    """The audio decoder named by the manifest of the model at ``model_path``, or None."""
+    decoder = _declared(model_path).get("audio_decoder")
     return decoder if isinstance(decoder, str) and decoder else None
+
+
+def declared_streaming(model_path: str) -> dict:
+    """The streaming defaults of the model at ``model_path``: its manifest's ``streaming``, else
+    its family's (Orpheus-layout models stream from 28 tokens), else none."""
+    data = _declared(model_path)
+    streaming = data.get("streaming")
+    if isinstance(streaming, dict):
+        return {k: v for k, v in streaming.items() if k in STREAMING_KEYS}
+    return dict(FAMILY_STREAMING.get(data.get("family", "orpheus"), {}))
