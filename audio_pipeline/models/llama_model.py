@@ -51,6 +51,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         load_safetensors_into(self.model, model_dir, dtype, self.devices[0])
         self.model.reset_rotary(self.devices[0])
         self.model.eval()
+        #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
+        self.forward = torch.compile(self.model, dynamic=True) if pipeline_config.model.compile else self.model
         self.kv_manager: PagedKVCacheManager | None = None
 
     # --- sizes -----------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
     def execute(self, model_inputs: LlamaInputs) -> ModelOutputs:
         """Runs the step. Logits are over the whole vocabulary, or over the candidates only when
         ``candidate_ranges`` is set (same values, far fewer columns)."""
-        hidden = self.model(model_inputs.tokens, model_inputs.positions, model_inputs.batch)
+        hidden = self.forward(model_inputs.tokens, model_inputs.positions, model_inputs.batch)
         rows = hidden[model_inputs.logit_indices]
         if model_inputs.candidate_ranges is not None:
             logits = self.compute_candidate_logits(rows, model_inputs.candidate_ranges,
