@@ -139,29 +139,41 @@ class TTSContext:
         if len(self.generated) >= self.token_budget:
             self.stop_reason = StopReason.MAX_TOKENS
 
+    def forced_run(self, position: int) -> tuple[list[int], bool]:
+        """The layout's one rule for forced tokens: the ids its alignment fixes from generated
+        position ``position`` on, up to the next slot the model chooses, and whether an end of
+        speech comes right after them. ([], False) for layouts without an alignment."""
+        run: list[int] = []
+        if self.alignment is None:
+            return run, False
+        while (forced := self.alignment.forced(position + len(run))) is not None:
+            if forced == self.layout.end_of_speech:
+                return run, True
+            run.append(forced)
+        return run, False
+
     def tokens_per_sample(self, total_position: int) -> int:
         """Tokens known once the token at ``total_position`` (prompt included) is sampled: that
-        one, plus those the layout's alignment forces right after it, which the pipeline appends at
-        once (:meth:`append_forced_tokens`) so they take no model step of their own. 1 for layouts
-        without an alignment."""
+        one, plus the forced run right after it (:meth:`forced_run`), which :meth:`append_sample`
+        appends at once so it takes no model step of its own; never past the token budget."""
         if self.alignment is None:
             return 1
         position = total_position - len(self.prompt_ids)
-        count = 1
-        while position + count < self.token_budget:
-            forced = self.alignment.forced(position + count)
-            if forced is None or forced == self.layout.end_of_speech:
-                break
-            count += 1
-        return count
+        return 1 + min(len(self.forced_run(position + 1)[0]), max(0, self.token_budget - position - 1))
 
-    def append_forced_tokens(self) -> None:
-        """Appends the tokens the alignment forces next; a forced end of speech ends the request."""
-        while self.alignment is not None and not self.is_done:
-            forced = self.alignment.forced(len(self.generated))
-            if forced is None:
-                return
+    def append_sample(self, token_id: int) -> None:
+        """Records a sampled token, then the forced run that follows it (a forced end of speech
+        ends the request)."""
+        self.append_token(token_id)
+        if self.is_done:
+            return
+        run, ends = self.forced_run(len(self.generated))
+        for forced in run:
             self.append_token(forced)
+            if self.is_done:
+                return
+        if ends:
+            self.append_token(self.layout.end_of_speech)
 
     def speech_codes(self, start: int, end: int) -> torch.Tensor:
         """Audio codes of generated tokens [start, end) (start on a frame boundary)."""

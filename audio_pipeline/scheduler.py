@@ -109,6 +109,21 @@ class _Entry:
         return self.expected_len - self.next_pos
 
 
+def apply_sample(request: Any, start: int, num_tokens: int, tokens: list[int]) -> None:
+    """The one place a step's result enters a request: tokens [start, start + num_tokens) are now
+    in the KV cache, then each sampled token is appended with the forced run that follows it (the
+    same rule the scheduler plans with, ``tokens_per_sample``). A request finished meanwhile
+    (cancelled while its step ran) is left as it is."""
+    if hasattr(request, "active_length"):
+        request.active_length = 0
+    if request.is_done:
+        return
+    request.processed = start + num_tokens
+    append = getattr(request, "append_sample", None) or request.append_token
+    for token in tokens:
+        append(token)
+
+
 def _tokens_per_sample(request: Any, position: int) -> int:
     """Tokens known after sampling the token at ``position``: 1, or more where the request's layout
     forces the tokens that follow (they are appended without a model step of their own)."""
@@ -235,8 +250,9 @@ class AudioGenerationScheduler:
         entry = self._by_id.get(request_id)
         return entry is not None and entry.in_flight > 0
 
-    def batch_done(self, output: SchedulerOutput) -> None:
-        """The pipeline applied ``output``'s results: commits the written KV to the prefix cache."""
+    def update(self, output: SchedulerOutput) -> None:
+        """``output``'s step is done and its tokens applied (:func:`apply_sample`): its requests
+        leave flight and the KV they wrote is committed to the prefix cache."""
         for item in output.items:
             entry = self._by_id.get(item.request.request_id)
             if entry is None:

@@ -69,7 +69,7 @@ def run_step(scheduler, output):
         if item.sample:
             assert request.processed == request.total_length, "samples only at the end of the known tokens"
             request.generated.append(1000 + len(request.generated))
-    scheduler.batch_done(output)
+    scheduler.update(output)
 
 
 def drain(scheduler, limit=500):

@@ -265,7 +265,7 @@ class AudioGenerationEngine:
                 results = self.pipeline.execute(TextGenerationInputs(output.items, output.num_steps))
             done_batches = len(self._in_flight) - (1 if self.pipeline.has_pending_outputs() else 0)
             for _ in range(done_batches):
-                self.scheduler.batch_done(self._in_flight.popleft())
+                self.scheduler.update(self._in_flight.popleft())
             now = time.monotonic()
             for request_id, result in results.items():
                 request = self._requests.get(request_id)
@@ -301,7 +301,7 @@ class AudioGenerationEngine:
             while self._in_flight:
                 failed = self._in_flight.popleft()
                 batch.extend(item.request for item in failed.items)
-                self.scheduler.batch_done(failed)
+                self.scheduler.update(failed)
             for context in batch:
                 request = self._requests.get(context.request_id)
                 if request is None:

@@ -23,6 +23,7 @@ import torch
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.pipelines.step_timing import StepTimer
 from audio_pipeline.sampling import CandidateBatch, sample_next_tokens
+from audio_pipeline.scheduler import apply_sample
 
 if TYPE_CHECKING:
     from audio_pipeline.config import PipelineConfig
@@ -140,7 +141,7 @@ class TextGenerationPipeline:
             for i, new in zip(active, step_tokens):
                 tokens[i].extend(new)
                 first = items[i] if step == 0 else step_items[active.index(i)]
-                self._apply_one(first.request, first.start, first.num_tokens, new)
+                apply_sample(first.request, first.start, first.num_tokens, new)
             active = [i for i in active if not items[i].request.is_done]
             if not active:
                 break
@@ -169,25 +170,16 @@ class TextGenerationPipeline:
                                               candidates=candidates))
         return [[next(sampled)] if item.sample else [] for item in items]
 
-    @staticmethod
-    def _apply_one(context: TTSContext, start: int, num_tokens: int, tokens: list[int]) -> None:
-        context.active_length = 0
-        if context.is_done:  # cancelled while its step ran
-            return
-        context.processed = start + num_tokens
-        for token in tokens:
-            context.append_token(token)
-        if tokens:  # tokens the layout's alignment fixes next need no model step: append them now
-            context.append_forced_tokens()
-
     def _apply(self, result: _StepResult) -> dict[str, TextGenerationOutput]:
-        """Writes a step's results into its contexts; returns them by request id."""
+        """Writes a step's results into its contexts (through the scheduler's apply_sample, the one
+        place tokens enter a request) as soon as the step is collected: the overlap pipeline builds
+        the next step's inputs from them right after. Returns them by request id."""
         outputs: dict[str, TextGenerationOutput] = {}
         with self.timer.phase("update"):
             for item, tokens in zip(result.items, result.tokens):
                 context = item.request
                 if item.num_tokens:  # multi-step results are already applied
-                    self._apply_one(context, item.start, item.num_tokens, tokens)
+                    apply_sample(context, item.start, item.num_tokens, tokens)
                 outputs[context.request_id] = TextGenerationOutput(context.request_id, list(tokens),
                                                                    context.stop_reason)
         return outputs
