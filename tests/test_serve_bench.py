@@ -1,0 +1,33 @@
+"""The serving benchmark: its playback-stall rule, and one end-to-end run against a real server
+(figures are never asserted, only that every stream is measured and reported)."""
+
+import re
+
+import pytest
+import torch
+
+from audio_pipeline.bench.serve import main, percentile, playback_stall
+
+
+def test_a_player_waits_only_when_a_chunk_arrives_after_the_audio_before_it_ran_out():
+    # Chunks of 0.5 s arriving every 0.5 s: the player never waits.
+    assert playback_stall([(10.0, 0.5), (10.5, 0.5), (11.0, 0.5)]) == pytest.approx(0.0)
+    # The third chunk comes 0.3 s after the first second of audio has played.
+    assert playback_stall([(10.0, 0.5), (10.4, 0.5), (11.3, 0.5)]) == pytest.approx(0.3)
+    # Early chunks build a lead that later late ones use up.
+    assert playback_stall([(0.0, 2.0), (0.1, 0.1), (2.15, 1.0)]) == pytest.approx(0.05)
+    assert playback_stall([]) == float("inf")
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+
+
+def test_the_serving_benchmark_runs_against_a_real_server_and_reports_every_stream(capsys):
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--streams", "1,2", "--no-search", "--context", "32", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "plain padded forward" in out and "server: serve" in out
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\s+(\d+)\s+\d+\s+\d+\s+[\d.]+\s+(\d+/\d+)", out, re.M)}
+    assert set(rows) == {1, 2} and rows[2].endswith("/2")
+    assert re.search(r"engine time per decode forward pass at N=1: [\d.]+ ms", out)
