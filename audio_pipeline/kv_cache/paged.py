@@ -106,4 +106,5 @@ class PagedKVCacheManager:
         max_len = max(ends)
         step = RaggedStep.build(block_tables, seq_lens, length_t, page, self.params.dtype, max_len=max_len,
                                 max_query=max(lengths), uniform=min(ends) == max_len)
-        return PagedBatch(cache=self.cache, query_lengths=list(lengths), seq_lens=seq_lens, slot_mapping=slots, step=step)
+        return PagedBatch(cache=self.cache, query_lengths=list(lengths), seq_lens=seq_lens, slot_mapping=slots,
+                          step=step)

@@ -54,7 +54,8 @@ class ModelManifest:
             raise ValueError(f"{path}: invalid model manifest: {exc}") from exc
         unknown = set(manifest.streaming) - set(STREAMING_KEYS)
         if unknown:
-            raise ValueError(f"{path}: unknown streaming settings {sorted(unknown)} (known: {', '.join(STREAMING_KEYS)})")
+            raise ValueError(f"{path}: unknown streaming settings {sorted(unknown)} "
+                             f"(known: {', '.join(STREAMING_KEYS)})")
         if manifest.family not in FAMILIES:
             raise ValueError(f"{path}: unsupported model family {manifest.family!r} (supported: {', '.join(FAMILIES)})")
         names = [v.name for v in manifest.voices]
