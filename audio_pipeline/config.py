@@ -102,6 +102,10 @@ class KVCacheConfig(BaseModel):
     kv_cache_memory_bytes: int | None = Field(
         None, ge=1, description="KV cache size in bytes; None measures free memory after a warm-up.")
     cache_dtype: str | None = Field(None, description="KV cache dtype, e.g. bfloat16; None uses the model's dtype.")
+    attention_kernel: Literal["auto", "native", "torch"] = Field(
+        "auto", description="Paged attention: native (a C++ CPU kernel that reads the cache in place, built on "
+        "first use; needs a C++ compiler), torch (one gather and one scaled_dot_product_attention per layer), "
+        "or auto (native on CPU with float32 where it builds, else torch).")
 
 
 class ModelConfig(BaseModel):

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from audio_pipeline_kernels import (RaggedStep, causal_attention_reference, ragged_paged_attention,
-                                    sequence_slots, write_paged_kv)
+from audio_pipeline_kernels import (RaggedStep, causal_attention_reference, native_attention,
+                                    ragged_paged_attention, sequence_slots, write_paged_kv)
 
 
-def _ragged_case(generator, *, heads, kv_heads, block_size, lengths, new, dim=8):
+def _ragged_case(generator, *, heads, kv_heads, block_size, lengths, new, dim=8, kernel="torch"):
     """A paged cache holding random sequences in scattered blocks, and each one's contiguous keys/values."""
     num_blocks = sum(-(-n // block_size) for n in lengths) + 4
     key_cache = torch.zeros(kv_heads, num_blocks * block_size, dim)
@@ -25,18 +25,28 @@ def _ragged_case(generator, *, heads, kv_heads, block_size, lengths, new, dim=8)
         contiguous.append((k, v))
     queries = [torch.randn(n, heads, dim, generator=generator) for n in new]
     step = RaggedStep.build(torch.tensor(tables), torch.tensor(lengths), torch.tensor(new), block_size)
-    got = ragged_paged_attention(torch.cat(queries), key_cache, value_cache, step)
+    if kernel == "native":
+        native = native_attention()
+        if native is None:
+            pytest.skip("the native kernel cannot be built here (no C++ compiler)")
+        new_t = torch.tensor(new)
+        got = native(torch.cat(queries), key_cache, value_cache, torch.tensor(tables), torch.tensor(lengths),
+                     torch.cumsum(new_t, 0) - new_t, new_t, block_size, dim ** -0.5)
+    else:
+        got = ragged_paged_attention(torch.cat(queries), key_cache, value_cache, step)
     want = torch.cat([causal_attention_reference(q, k, v) for q, (k, v) in zip(queries, contiguous)])
     return got, want, step
 
 
+@pytest.mark.parametrize("kernel", ["torch", "native"])
 @pytest.mark.parametrize("block_size", [1, 4, 16, 128])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
 @pytest.mark.parametrize("mix", ["decode", "forced", "prefill", "mixed"])
-def test_ragged_paged_attention_equals_contiguous_attention(block_size, heads, kv_heads, mix):
-    """One batched attention per layer equals per-sequence causal attention over contiguous KV, for
-    decode rows, multi-token rows (forced tokens), whole prompts and mixed steps, at several page
-    sizes and with grouped-query attention."""
+def test_ragged_paged_attention_equals_contiguous_attention(block_size, heads, kv_heads, mix, kernel):
+    """One batched attention per layer (the torch form, and the native kernel that reads the cache in
+    place) equals per-sequence causal attention over contiguous KV, for decode rows, multi-token rows
+    (forced tokens), whole prompts and mixed steps, at several page sizes and with grouped-query
+    attention."""
     generator = torch.Generator().manual_seed(block_size * 100 + heads * 10 + kv_heads)
     lengths, new = {
         "decode": ([9, 33, 17, 1], [1, 1, 1, 1]),
@@ -45,7 +55,7 @@ def test_ragged_paged_attention_equals_contiguous_attention(block_size, heads, k
         "mixed": ([50, 13, 2, 29, 8], [1, 13, 2, 3, 5]),
     }[mix]
     got, want, _ = _ragged_case(generator, heads=heads, kv_heads=kv_heads, block_size=block_size,
-                                lengths=lengths, new=new)
+                                lengths=lengths, new=new, kernel=kernel)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -19,10 +19,11 @@ from audio_pipeline.models.weights import load_safetensors_into
 LOGITS_ATOL = 1e-4
 
 
-def paged_manager(config, block_size=4, num_blocks=64):
+def paged_manager(config, block_size=4, num_blocks=64, attention_kernel="auto"):
     """A real paged KV cache for driving the model directly (small blocks: sequences span several)."""
     params = LlamaPipelineModel.get_kv_params(config, 1, KVCacheConfig(kv_cache_page_size=block_size), torch.float32)
-    return PagedKVCacheManager(params, torch.device("cpu"), num_blocks, enable_prefix_caching=False)
+    return PagedKVCacheManager(params, torch.device("cpu"), num_blocks, enable_prefix_caching=False,
+                               attention_kernel=attention_kernel)
 
 
 def load_ours(model_dir):
@@ -45,13 +46,16 @@ def model_dir(request, tmp_path_factory):
     return write_tiny_orpheus_model(path, seed=3, with_decoder=False, **overrides)
 
 
-def test_logits_match_transformers_for_a_ragged_batch(model_dir):
+@pytest.mark.parametrize("attention_kernel", ["auto", "torch"])
+def test_logits_match_transformers_for_a_ragged_batch(model_dir, attention_kernel):
+    """Both attention forms (the native kernel that auto picks on CPU, and the torch form)."""
     ours = load_ours(model_dir)
     reference = ReferenceLlama.from_pretrained(model_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(0, 150000, (n,), generator=generator) for n in (5, 17, 2, 9)]
     splits = [len(s) - min(3, len(s) - 1) for s in sequences]  # both passes non-empty
-    kv = paged_manager(ours.config)
+    kv = paged_manager(ours.config, attention_kernel=attention_kernel)
+    assert attention_kernel == "auto" or kv.native is None
     ids = [f"seq{i}" for i in range(len(sequences))]
     for seq_id, s in zip(ids, sequences):
         kv.claim(seq_id)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from audio_pipeline.interfaces import KVCacheParams
 from audio_pipeline.kv_cache.block_manager import BlockManager
-from audio_pipeline_kernels import RaggedStep, ragged_paged_attention, write_paged_kv
+from audio_pipeline_kernels import RaggedStep, native_attention, ragged_paged_attention, write_paged_kv
 
 
 class PagedKVCache:
@@ -37,13 +37,23 @@ class PagedBatch:
     seq_lens: torch.Tensor
     #: [T] flat cache slot of every new token.
     slot_mapping: torch.Tensor
-    #: The step's ragged layout for the attention kernel.
-    step: RaggedStep
+    #: [B, max_blocks] block ids (rows padded with block 0), [B] first flat row and new tokens of each sequence.
+    block_tables: torch.Tensor
+    query_starts: torch.Tensor
+    query_lens: torch.Tensor
+    page_size: int
+    #: The native kernel (reads the cache in place), or None for the torch form.
+    native: Callable | None = None
+    #: The step's ragged layout for the torch form (None with the native kernel).
+    step: RaggedStep | None = None
 
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Writes the new tokens' keys/values of ``layer`` and returns their causal attention output."""
         key_cache, value_cache = self.cache.keys[layer], self.cache.values[layer]
         write_paged_kv(key_cache, value_cache, keys, values, self.slot_mapping)
+        if self.native is not None:
+            return self.native(query, key_cache, value_cache, self.block_tables, self.seq_lens, self.query_starts,
+                               self.query_lens, self.page_size, query.shape[-1] ** -0.5)
         return ragged_paged_attention(query, key_cache, value_cache, self.step)
 
 
@@ -51,7 +61,7 @@ class PagedKVCacheManager:
     """The block manager plus the cache tensors it indexes."""
 
     def __init__(self, params: KVCacheParams, device: torch.device, total_num_blocks: int, *,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, attention_kernel: str = "auto"):
         if total_num_blocks < 1:
             raise ValueError(f"the KV cache holds {total_num_blocks} blocks of {params.page_size} tokens; "
                              "give it more memory (kv_cache_memory_bytes) or use a smaller kv_cache_page_size")
@@ -60,6 +70,13 @@ class PagedKVCacheManager:
         self.block_manager = BlockManager(total_num_blocks, params.page_size,
                                           enable_prefix_caching=enable_prefix_caching)
         self.cache = PagedKVCache(params, total_num_blocks, device)
+        #: The native attention kernel when in use (attention_kernel: native, or auto on CPU with float32).
+        self.native = None
+        if attention_kernel != "torch" and device.type == "cpu" and params.dtype == torch.float32:
+            self.native = native_attention()
+        if attention_kernel == "native" and self.native is None:
+            raise ValueError("model.kv_cache.attention_kernel=native: the native kernel runs on CPU with float32 "
+                             "and needs a C++ compiler (see the log); use auto or torch")
 
     @property
     def page_size(self) -> int:
@@ -103,8 +120,11 @@ class PagedKVCacheManager:
         first_row = torch.cumsum(length_t, 0) - length_t
         positions = start_t[sequence] + torch.arange(total, device=device) - first_row[sequence]
         slots = block_tables[sequence, torch.div(positions, page, rounding_mode="floor")] * page + positions % page
-        max_len = max(ends)
-        step = RaggedStep.build(block_tables, seq_lens, length_t, page, self.params.dtype, max_len=max_len,
-                                max_query=max(lengths), uniform=min(ends) == max_len)
+        step = None
+        if self.native is None:
+            max_len = max(ends)
+            step = RaggedStep.build(block_tables, seq_lens, length_t, page, self.params.dtype, max_len=max_len,
+                                    max_query=max(lengths), uniform=min(ends) == max_len)
         return PagedBatch(cache=self.cache, query_lengths=list(lengths), seq_lens=seq_lens, slot_mapping=slots,
-                          step=step)
+                          block_tables=block_tables, query_starts=first_row, query_lens=length_t, page_size=page,
+                          native=self.native, step=step)

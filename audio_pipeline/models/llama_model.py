@@ -121,7 +121,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
                                            self.huggingface_config, self.kv_cache_config, self.dtype)
         blocks = size // PagedKVCache.bytes_per_block(params)
         self.kv_manager = PagedKVCacheManager(params, self.devices[0], blocks,
-                                              enable_prefix_caching=self.kv_cache_config.enable_prefix_caching)
+                                              enable_prefix_caching=self.kv_cache_config.enable_prefix_caching,
+                                              attention_kernel=self.kv_cache_config.attention_kernel)
         return self.kv_manager
 
     # --- execution -------------------------------------------------------------------------------

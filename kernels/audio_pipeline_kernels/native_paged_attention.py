@@ -1,0 +1,119 @@
+"""Paged attention on CPU as a small C++ kernel, built on first use; reads keys and values in place.
+
+The torch form (``ragged_paged_attention``) gathers every sequence's keys and values into a padded
+batch each layer before one ``scaled_dot_product_attention``; on CPU that gather and the padding are
+most of a decode step's attention time. This kernel walks each sequence's block table and reads the
+cache rows where they are, with an online softmax per (sequence, head), so nothing is copied and
+short sequences do not pay for long ones.
+
+It is compiled with torch's C++ extension builder (needs a C++ compiler and the ``ninja`` package)
+the first time it is used and cached in torch's extension folder; where that fails,
+``native_attention()`` returns None and callers use the torch form.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+// query [T, H, D]; caches [Hkv, S, D]; tables [B, W] (int64); seq_lens, query_starts, query_lens [B].
+torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                              torch::Tensor tables, torch::Tensor seq_lens, torch::Tensor query_starts,
+                              torch::Tensor query_lens, int64_t block_size, double scale) {
+  TORCH_CHECK(query.scalar_type() == torch::kFloat && key_cache.scalar_type() == torch::kFloat,
+              "float32 only");
+  query = query.contiguous();
+  auto out = torch::zeros_like(query);
+  const int64_t heads = query.size(1), dim = query.size(2);
+  const int64_t kv_heads = key_cache.size(0), slots = key_cache.size(1), width = tables.size(1);
+  const int64_t group = heads / kv_heads, batch = seq_lens.size(0);
+  const float* q = query.data_ptr<float>();
+  const float* kc = key_cache.data_ptr<float>();
+  const float* vc = value_cache.data_ptr<float>();
+  const int64_t* tab = tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const int64_t* qs = query_starts.data_ptr<int64_t>();
+  const int64_t* ql = query_lens.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
+    for (int64_t work = begin; work < end; ++work) {
+      const int64_t b = work / heads, h = work % heads, kvh = h / group;
+      const int64_t len = lens[b], nq = ql[b], first = len - nq;
+      const float* kbase = kc + kvh * slots * dim;
+      const float* vbase = vc + kvh * slots * dim;
+      // Pass 1: every query's scores over the keys it may see (query i sees keys up to first + i).
+      scores.assign(nq * len, 0.f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* k = kbase + (tab[b * width + j / block_size] * block_size + j % block_size) * dim;
+        for (int64_t i = (j > first ? j - first : 0); i < nq; ++i) {
+          const float* qi = q + ((qs[b] + i) * heads + h) * dim;
+          float s = 0.f;
+          for (int64_t d = 0; d < dim; ++d) s += qi[d] * k[d];
+          scores[i * len + j] = s * fscale;
+        }
+      }
+      // Pass 2: softmax weights per query.
+      for (int64_t i = 0; i < nq; ++i) {
+        float* si = scores.data() + i * len;
+        const int64_t visible = first + i + 1;
+        float m = si[0];  // every query sees at least key 0
+        for (int64_t j = 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
+        float sum = 0.f;
+        for (int64_t j = 0; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < visible; ++j) si[j] *= inv;
+      }
+      // Pass 3: weighted sum of the values, each value row read once for all queries.
+      acc.assign(nq * dim, 0.f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* v = vbase + (tab[b * width + j / block_size] * block_size + j % block_size) * dim;
+        for (int64_t i = (j > first ? j - first : 0); i < nq; ++i) {
+          const float p = scores[i * len + j];
+          float* a = acc.data() + i * dim;
+          for (int64_t d = 0; d < dim; ++d) a[d] += p * v[d];
+        }
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        float* oi = o + ((qs[b] + i) * heads + h) * dim;
+        for (int64_t d = 0; d < dim; ++d) oi[d] = acc[i * dim + d];
+      }
+    }
+  });
+  return out;
+}
+"""
+
+_lock = threading.Lock()
+_module = None
+_tried = False
+
+
+def native_attention():
+    """The compiled kernel's ``paged_attention`` function, or None where it cannot be built."""
+    global _module, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            try:
+                from torch.utils.cpp_extension import load_inline
+
+                _module = load_inline("audio_pipeline_paged_attention_v3", cpp_sources=_SOURCE,
+                                      functions=["paged_attention"], extra_cflags=["-O3", "-ffast-math"], verbose=False)
+            except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, ...: the torch form serves
+                logger.warning("the native CPU paged-attention kernel could not be built (%s); using the torch "
+                               "form", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                _module = None
+        return None if _module is None else _module.paged_attention
