@@ -14,6 +14,8 @@ the first time it is used and cached in torch's extension folder; where that fai
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
 
 import torch
@@ -101,6 +103,18 @@ _module = None
 _tried = False
 
 
+def _put_ninja_on_path() -> None:
+    """torch's builder runs the ``ninja`` command; the ``ninja`` package installs it beside this
+    interpreter (a virtual environment's bin/, not on PATH unless activated)."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def native_attention():
     """The compiled kernel's ``paged_attention`` function, or None where it cannot be built."""
     global _module, _tried
@@ -110,7 +124,8 @@ def native_attention():
             try:
                 from torch.utils.cpp_extension import load_inline
 
-                _module = load_inline("audio_pipeline_paged_attention_v3", cpp_sources=_SOURCE,
+                _put_ninja_on_path()
+                _module = load_inline("audio_pipeline_paged_attention", cpp_sources=_SOURCE,
                                       functions=["paged_attention"], extra_cflags=["-O3", "-ffast-math"], verbose=False)
             except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, ...: the torch form serves
                 logger.warning("the native CPU paged-attention kernel could not be built (%s); using the torch "
