@@ -157,18 +157,52 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *
     chosen = scores.argmax(dim=1)
     if not bool(greedy.all()):
         scores = scores / column("temperature").clamp_min(1e-6)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else scores.shape[1] for p in params], device=logits.device)
-        ordered, order = scores.sort(dim=1, descending=True)
-        ranks = torch.arange(scores.shape[1], device=logits.device)[None, :]
-        ordered = ordered.masked_fill(ranks >= top_k[:, None], float("-inf"))
-        probs = torch.softmax(ordered, dim=1)
-        probs = probs.masked_fill(probs < column("min_p") * probs[:, :1], 0.0)
-        before = probs.cumsum(dim=1) - probs  # probability mass ranked above each candidate
-        probs = probs.masked_fill(before > column("top_p"), 0.0)
-        probs[:, 0] = torch.where(probs[:, 0] > 0, probs[:, 0], torch.ones_like(probs[:, 0]))
-        cumulative = probs.cumsum(dim=1)
         uniform = torch.cat([torch.rand(1, generator=c.generator) for c in contexts]).to(logits.device)
-        picks = torch.searchsorted(cumulative, (uniform * cumulative[:, -1])[:, None]).clamp_max(scores.shape[1] - 1)
-        sampled = order.gather(1, picks)[:, 0]
+        top_k = [p.top_k if 0 < p.top_k < scores.shape[1] else scores.shape[1] for p in params]
+        sampled = None
+        if scores.shape[1] > NUCLEUS_PREFIX and all(k == scores.shape[1] or k <= NUCLEUS_PREFIX for k in top_k):
+            sampled = _sample_nucleus(scores, top_k, column("min_p"), column("top_p"), uniform, NUCLEUS_PREFIX)
+        if sampled is None:
+            sampled = _sample_nucleus(scores, top_k, column("min_p"), column("top_p"), uniform, scores.shape[1])
         chosen = torch.where(greedy, chosen, sampled)
     return candidate_ids.gather(1, chosen[:, None])[:, 0].tolist()
+
+
+#: Candidates ranked before top-k / top-p / min-p filtering when that suffices (see _sample_nucleus):
+#: a full sort of a 1,024-code row costs about 45 us per row on CPU, a top-64 selection a fraction.
+NUCLEUS_PREFIX = 64
+
+
+def _sample_nucleus(scores: torch.Tensor, top_k: list[int], min_p: torch.Tensor, top_p: torch.Tensor,
+                    uniform: torch.Tensor, prefix: int) -> torch.Tensor | None:
+    """Top-k, min-p and top-p filtering, then one draw per row, over each row's ``prefix`` best
+    candidates; None when a row's kept set might reach past them (then call again with the whole
+    row: ``prefix = scores.shape[1]``).
+
+    With the whole row this is the plain rule. With a prefix it picks exactly the same: the
+    probabilities are normalized over the whole row (or over its top_k, all inside the prefix), and
+    when the prefix's kept mass exceeds top_p, every candidate past the prefix would have been cut
+    by top_p anyway.
+    """
+    width = scores.shape[1]
+    if prefix >= width:
+        ordered, order = scores.sort(dim=1, descending=True)
+    else:
+        ordered, order = scores.topk(prefix, dim=1)
+    ranks = torch.arange(ordered.shape[1], device=scores.device)[None, :]
+    k = torch.tensor(top_k, device=scores.device)
+    best = ordered[:, :1]
+    weights = torch.exp(ordered - best).masked_fill(ranks >= k[:, None], 0.0)
+    whole_row = (k == width)[:, None]
+    denominator = torch.where(whole_row, torch.exp(scores - best).sum(dim=1, keepdim=True),
+                              weights.sum(dim=1, keepdim=True))
+    probs = weights / denominator
+    probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
+    before = probs.cumsum(dim=1) - probs  # probability mass ranked above each candidate
+    if prefix < width and not bool(((before[:, -1:] + probs[:, -1:] > top_p) | ~whole_row).all()):
+        return None
+    probs = probs.masked_fill(before > top_p, 0.0)
+    probs[:, 0] = torch.where(probs[:, 0] > 0, probs[:, 0], torch.ones_like(probs[:, 0]))
+    cumulative = probs.cumsum(dim=1)
+    picks = torch.searchsorted(cumulative, (uniform * cumulative[:, -1])[:, None]).clamp_max(ordered.shape[1] - 1)
+    return order.gather(1, picks)[:, 0]

@@ -135,3 +135,25 @@ def test_candidate_batch_equals_each_contexts_own_candidates():
     assert torch.equal(batch.ids, torch.stack([c.candidate_ids(width) for c in contexts]))
     assert torch.equal(batch.allowed, torch.stack([c.candidate_mask(width) for c in contexts]))
     assert batch.allowed[:, LAYOUT.codebook_size:].any(), "some row may stop here"
+
+
+@pytest.mark.parametrize("spread", [10.0, 0.5])
+def test_the_nucleus_over_the_best_candidates_picks_what_the_whole_row_picks(spread):
+    """Top-p / top-k / min-p over a top-64 prefix is exact: where the kept set fits the prefix the
+    draw equals the full-sort rule's; where it might not (flat rows) the prefix declines."""
+    from audio_pipeline.sampling import _sample_nucleus
+
+    generator = torch.Generator().manual_seed(11)
+    rows, width = 24, 1025
+    scores = torch.randn(rows, width, generator=generator) * spread
+    scores[:, -3:] = float("-inf")  # masked stop columns
+    top_k = [width if i % 3 else 16 for i in range(rows)]
+    min_p = torch.tensor([[0.0 if i % 2 else 0.05] for i in range(rows)])
+    top_p = torch.full((rows, 1), 0.9)
+    uniform = torch.rand(rows, generator=generator)
+    full = _sample_nucleus(scores, top_k, min_p, top_p, uniform, width)
+    prefix = _sample_nucleus(scores, top_k, min_p, top_p, uniform, 64)
+    if spread > 1:
+        assert prefix is not None and torch.equal(prefix, full)
+    else:
+        assert prefix is None  # a flat row's nucleus reaches past 64 candidates
