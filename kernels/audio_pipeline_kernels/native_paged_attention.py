@@ -115,6 +115,21 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def _cpu_tag() -> str:
+    """A short fingerprint of this CPU's model and instruction-set flags."""
+    import hashlib
+    import platform
+
+    identity = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags"))]
+        identity += "".join(sorted(set(lines)))
+    except OSError:  # not Linux: the processor string is what there is
+        identity += platform.processor()
+    return hashlib.sha1(identity.encode()).hexdigest()[:10]
+
+
 def native_attention():
     """The compiled kernel's ``paged_attention`` function, or None where it cannot be built."""
     global _module, _tried
@@ -125,8 +140,11 @@ def native_attention():
                 from torch.utils.cpp_extension import load_inline
 
                 _put_ninja_on_path()
-                _module = load_inline("audio_pipeline_paged_attention", cpp_sources=_SOURCE,
-                                      functions=["paged_attention"], extra_cflags=["-O3", "-ffast-math"], verbose=False)
+                # Built for this CPU's instruction set (AVX2 / AVX-512 where present); the name carries
+                # the CPU's identity, so a cache folder shared with another kind of CPU never serves it.
+                _module = load_inline(f"audio_pipeline_paged_attention_{_cpu_tag()}", cpp_sources=_SOURCE,
+                                      functions=["paged_attention"],
+                                      extra_cflags=["-O3", "-ffast-math", "-march=native"], verbose=False)
             except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, ...: the torch form serves
                 logger.warning("the native CPU paged-attention kernel could not be built (%s); using the torch "
                                "form", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
