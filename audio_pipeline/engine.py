@@ -27,7 +27,7 @@ from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, che
                                    read_reference_audio)
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
 from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
-from audio_pipeline.runtime import configure_cpu_runtime, default_num_threads
+from audio_pipeline.runtime import default_num_threads
 from audio_pipeline.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,6 @@ class TTSEngine:
         dtype = resolve_dtype(config.model.dtype, device)
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
         self.num_threads = config.model.num_threads or default_num_threads(device)
-        configure_cpu_runtime(self.num_threads)
         hf_config = AutoConfig.from_pretrained(self.model_dir)
         self.layout = self.manifest.make_layout(self.model_dir)
         if hf_config.vocab_size < self.layout.min_vocab_size:

@@ -159,11 +159,12 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *
         scores = scores / column("temperature").clamp_min(1e-6)
         uniform = torch.cat([torch.rand(1, generator=c.generator) for c in contexts]).to(logits.device)
         top_k = [p.top_k if 0 < p.top_k < scores.shape[1] else scores.shape[1] for p in params]
+        min_p, top_p = column("min_p"), column("top_p")
         sampled = None
         if scores.shape[1] > NUCLEUS_PREFIX and all(k == scores.shape[1] or k <= NUCLEUS_PREFIX for k in top_k):
-            sampled = _sample_nucleus(scores, top_k, column("min_p"), column("top_p"), uniform, NUCLEUS_PREFIX)
+            sampled = _sample_nucleus(scores, top_k, min_p, top_p, uniform, NUCLEUS_PREFIX)
         if sampled is None:
-            sampled = _sample_nucleus(scores, top_k, column("min_p"), column("top_p"), uniform, scores.shape[1])
+            sampled = _sample_nucleus(scores, top_k, min_p, top_p, uniform, scores.shape[1])
         chosen = torch.where(greedy, chosen, sampled)
     return candidate_ids.gather(1, chosen[:, None])[:, 0].tolist()
 
