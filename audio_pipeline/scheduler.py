@@ -124,6 +124,26 @@ def apply_sample(request: Any, start: int, num_tokens: int, tokens: list[int]) -
         append(token)
 
 
+@dataclass
+class StepResult:
+    """What a model step produced, as plain data: for each item it ran (``request``, ``start``,
+    ``num_tokens``, ``sample``), the ids it sampled (empty where it did not sample). Nothing in it
+    has touched a request yet; :meth:`AudioGenerationScheduler.update` applies it."""
+
+    items: list[Any] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)
+
+    def by_request(self) -> dict[str, list[int]]:
+        """Sampled ids by request id."""
+        return {item.request.request_id: tokens for item, tokens in zip(self.items, self.tokens)}
+
+
+def apply_step(result: StepResult) -> None:
+    """Applies every item of ``result`` with :func:`apply_sample`."""
+    for item, tokens in zip(result.items, result.tokens):
+        apply_sample(item.request, item.start, item.num_tokens, tokens)
+
+
 def _tokens_per_sample(request: Any, position: int) -> int:
     """Tokens known after sampling the token at ``position``: 1, or more where the request's layout
     forces the tokens that follow (they are appended without a model step of their own)."""
@@ -250,9 +270,16 @@ class AudioGenerationScheduler:
         entry = self._by_id.get(request_id)
         return entry is not None and entry.in_flight > 0
 
-    def update(self, output: SchedulerOutput) -> None:
-        """``output``'s step is done and its tokens applied (:func:`apply_sample`): its requests
-        leave flight and the KV they wrote is committed to the prefix cache."""
+    def update(self, output: SchedulerOutput, result: StepResult | None = None, *, last: bool = True) -> None:
+        """The one place a step's result enters its requests: ``result``'s tokens are applied
+        (:func:`apply_sample`: sampled ids, the forced tokens that follow them, and the stop
+        conditions they meet). When ``last`` (the step's final forward pass; a multi-step batch
+        has several), ``output``'s requests leave flight and the KV they wrote is committed to the
+        prefix cache. ``result`` is None for a step that failed: nothing is applied."""
+        if result is not None:
+            apply_step(result)
+        if not last:
+            return
         for item in output.items:
             entry = self._by_id.get(item.request.request_id)
             if entry is None:

@@ -162,8 +162,9 @@ def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, 
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
-def test_overlap_pipeline_returns_the_previous_batch(tiny_model_dir):
+def test_overlap_pipeline_hands_back_plain_data_and_the_scheduler_applies_it(tiny_model_dir):
     from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationInputs
+    from audio_pipeline.scheduler import ScheduledItem, SchedulerOutput
 
     engine = TTSEngine(make_config(tiny_model_dir))
     pipeline = OverlapTextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
@@ -173,17 +174,27 @@ def test_overlap_pipeline_returns_the_previous_batch(tiny_model_dir):
         manager.claim(context.request_id)
         manager.alloc(context.request_id, context.total_length + 1)
         assert pipeline.overlap_active and not pipeline.has_pending_outputs()
-        first = pipeline.execute(TextGenerationInputs.from_contexts([context]))
-        assert first == {} and pipeline.has_pending_outputs()
-        second = pipeline.execute(TextGenerationInputs())
-        assert list(second) == [context.request_id] and len(second[context.request_id].tokens) == 1
-        assert not pipeline.has_pending_outputs() and len(context.generated) == 1
+        pipeline.submit(TextGenerationInputs.from_contexts([context]))
+        assert pipeline.has_pending_outputs()
+        with pytest.raises(RuntimeError, match="not collected"):
+            pipeline.submit(TextGenerationInputs.from_contexts([context]))
+        result = pipeline.collect()
+        assert not pipeline.has_pending_outputs() and pipeline.collect() is None
+        # The runner sampled one id and wrote nothing into the request.
+        assert list(result.by_request()) == [context.request_id]
+        assert len(result.tokens[0]) == 1 and context.generated == [] and context.processed == 0
+        # The scheduler's update is what applies it (the sample and the forced tokens after it).
+        engine.scheduler.update(SchedulerOutput(items=[ScheduledItem(context, 0, context.total_length, True)]),
+                                result, last=False)
+        assert context.generated[0] == result.tokens[0][0] and context.processed == len(context.prompt_ids)
 
         synchronous = OverlapTextGenerationPipeline(engine.config, engine.model, engine.tokenizer,
                                                     disable_overlap=True)
         assert not synchronous.overlap_active
-        out = synchronous.execute(TextGenerationInputs.from_contexts([context]))
-        assert list(out) == [context.request_id] and len(context.generated) == 2
+        known = context.total_length
+        out = synchronous.execute(TextGenerationInputs.from_contexts([context]))  # applies as it returns
+        assert list(out) == [context.request_id] and len(out[context.request_id].tokens) == 1
+        assert context.processed == known and context.total_length > known
         synchronous.close()
     finally:
         pipeline.close()

@@ -25,8 +25,8 @@ from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.errors import InvalidArgument, ResourceExhausted, Unavailable
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.runtime import configure_cpu_runtime
-from audio_pipeline.pipelines.text_generation import TextGenerationInputs, TextGenerationPipeline
-from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerOutput
+from audio_pipeline.pipelines.text_generation import BatchItem, TextGenerationInputs, TextGenerationPipeline
+from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerOutput, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -260,21 +260,17 @@ class AudioGenerationEngine:
             for item in output.items:
                 if not item.sample or item.start < len(item.request.prompt_ids):
                     self.metrics.input_tokens.inc(item.num_tokens)
-            results = {}
-            if output.items or self._in_flight:
-                results = self.pipeline.execute(TextGenerationInputs(output.items, output.num_steps))
-            done_batches = len(self._in_flight) - (1 if self.pipeline.has_pending_outputs() else 0)
-            for _ in range(done_batches):
-                self.scheduler.update(self._in_flight.popleft())
+            results = self._run_model(output)
             now = time.monotonic()
-            for request_id, result in results.items():
-                request = self._requests.get(request_id)
-                if request is None or not result.tokens:
-                    continue
-                self.metrics.output_tokens.inc(len(result.tokens))
-                if request.context.first_token_time is None:
-                    request.context.first_token_time = now
-                    self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
+            for result in results:
+                for request_id, tokens in result.by_request().items():
+                    request = self._requests.get(request_id)
+                    if request is None or not tokens:
+                        continue
+                    self.metrics.output_tokens.inc(len(tokens))
+                    if request.context.first_token_time is None:
+                        request.context.first_token_time = now
+                        self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
             with self._lock:
                 active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
             windows = [(r, self._next_window(r)) for r in active]
@@ -290,14 +286,47 @@ class AudioGenerationEngine:
             self._finish_ready()
             self._update_load()
 
+    def _run_model(self, output: SchedulerOutput) -> list[StepResult]:
+        """Runs ``output``'s forward passes and applies what they sample through the scheduler's
+        update, the one writer of requests. With the overlap pipeline, the pass before it is
+        collected and applied first (its tokens are this pass's inputs) and this one is left
+        running; the results applied here are returned."""
+        pipeline, scheduler, timer = self.pipeline, self.scheduler, self.pipeline.timer
+        applied: list[StepResult] = []
+
+        def apply(step: SchedulerOutput, result: StepResult | None, last: bool = True) -> None:
+            with timer.phase("update"):
+                scheduler.update(step, result, last=last)
+            if last and step is self._in_flight[0]:
+                self._in_flight.popleft()
+            if result is not None:
+                applied.append(result)
+
+        if pipeline.has_pending_outputs():
+            apply(self._in_flight[0], pipeline.collect())
+        if not output.items:
+            return applied
+        items = output.items
+        for _ in range(output.num_steps):  # several only for a pure decode batch, never overlapped
+            pipeline.submit(TextGenerationInputs(items))
+            if pipeline.overlap_active and output.num_steps == 1:
+                return applied  # collected at the next step
+            apply(output, pipeline.collect(), last=False)
+            # A further step computes what the last one appended (the sample and its forced run).
+            contexts = [item.request for item in items if not item.request.is_done]
+            items = [BatchItem(c, c.processed, c.total_length - c.processed, True) for c in contexts]
+            if not items:
+                break
+        apply(output, None)
+        return applied
+
     def _recover_from_failure(self, batch: list[TTSContext], exc: Exception) -> None:
         with self._lock:
-            drain = getattr(self.pipeline, "_drain", None)
-            try:
-                if drain is not None:
-                    drain()
-            except Exception:  # noqa: BLE001 - the failed batch's result is the same error
-                pass
+            if self.pipeline.has_pending_outputs():
+                try:
+                    self.pipeline.collect()
+                except Exception:  # noqa: BLE001 - the failed batch's result is the same error
+                    pass
             while self._in_flight:
                 failed = self._in_flight.popleft()
                 batch.extend(item.request for item in failed.items)

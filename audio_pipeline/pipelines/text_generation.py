@@ -4,9 +4,14 @@ A step takes scheduled items (a context, the tokens to compute from ``processed`
 sample after them): prefill chunks and decode tokens run in one ragged batch on the paged KV
 cache, then every item that reached the end of its known tokens samples its next speech token.
 
-``OverlapTextGenerationPipeline.execute`` starts the batch on a worker thread and returns the
-outputs of the *previous* batch, so the caller's work between steps (scheduling, audio decoding,
-delivery) overlaps the model's forward pass.
+A pipeline runs one forward pass per ``submit`` and hands back what it sampled, as plain data, from
+``collect`` (a :class:`~audio_pipeline.scheduler.StepResult`); it never writes a request. The engine
+applies results through ``scheduler.update``, the one place tokens enter requests.
+``OverlapTextGenerationPipeline.submit`` starts the pass on a worker thread and returns at once, so
+the caller's work between steps (scheduling, audio decoding, delivery) overlaps the forward pass.
+
+``execute`` and ``generate`` (the seed's GenerateMixin, for use without an engine) submit, collect
+and apply in one call, with the same rule (:func:`~audio_pipeline.scheduler.apply_step`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,7 +28,7 @@ import torch
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.pipelines.step_timing import StepTimer
 from audio_pipeline.sampling import CandidateBatch, sample_next_tokens
-from audio_pipeline.scheduler import apply_sample
+from audio_pipeline.scheduler import StepResult, apply_step
 
 if TYPE_CHECKING:
     from audio_pipeline.config import PipelineConfig
@@ -42,15 +47,14 @@ class BatchItem:
 
 @dataclass
 class TextGenerationInputs:
-    """One step's items (from the scheduler), and how many decode steps to run (pure decode only)."""
+    """One forward pass's items (from the scheduler)."""
 
     items: list[Any] = field(default_factory=list)
-    num_steps: int = 1
 
     @classmethod
-    def from_contexts(cls, contexts: Sequence[TTSContext], num_steps: int = 1) -> "TextGenerationInputs":
+    def from_contexts(cls, contexts: Sequence[TTSContext]) -> "TextGenerationInputs":
         """Every context's unprocessed tokens, each followed by a sample."""
-        return cls([BatchItem(c, c.processed, c.total_length - c.processed, True) for c in contexts], num_steps)
+        return cls([BatchItem(c, c.processed, c.total_length - c.processed, True) for c in contexts])
 
     @property
     def batch(self) -> list[TTSContext]:
@@ -64,12 +68,6 @@ class TextGenerationOutput:
     final_status: StopReason | None = None
 
 
-@dataclass
-class _StepResult:
-    items: list[Any]
-    tokens: list[list[int]]
-
-
 class TextGenerationPipeline:
     """Runs steps synchronously: ``execute`` returns the outputs of the batch it was given."""
 
@@ -78,6 +76,7 @@ class TextGenerationPipeline:
         self.pipeline_model = pipeline_model
         self._tokenizer = tokenizer
         self._lock = threading.Lock()
+        self._done: StepResult | None = None
         #: Seconds per step phase; the engine flushes it into its metrics.
         self.timer = StepTimer()
 
@@ -104,49 +103,48 @@ class TextGenerationPipeline:
         return False
 
     def has_pending_outputs(self) -> bool:
-        return False
+        return self._done is not None
 
     # --- execution --------------------------------------------------------------------------------
 
-    def execute(self, inputs: TextGenerationInputs) -> dict[str, TextGenerationOutput]:
-        """Runs ``inputs`` and returns its outputs by request id."""
+    def submit(self, inputs: TextGenerationInputs) -> None:
+        """Runs one forward pass of ``inputs`` (here, synchronously); ``collect`` returns its result.
+        The previous result must have been collected."""
         with self._lock:
-            result = self._compute(inputs)
-            return self._apply(result)
+            if self._done is not None:
+                raise RuntimeError("the previous step's result was not collected")
+            self._done = self._compute(inputs)
 
-    def _compute(self, inputs: TextGenerationInputs) -> _StepResult:
-        """Forward passes and sampling; touches no context state except the sampling generators.
+    def collect(self) -> StepResult | None:
+        """The submitted pass's result (None if nothing was submitted)."""
+        with self._lock:
+            result, self._done = self._done, None
+            return result
 
-        Multi-step batches (num_steps > 1) append each step's tokens as they go.
-        """
+    def execute(self, inputs: TextGenerationInputs) -> dict[str, TextGenerationOutput]:
+        """Runs ``inputs``, applies the result to its contexts and returns it by request id (the
+        seed's GenerateMixin; the engine uses submit, collect and its scheduler's update instead)."""
+        self.submit(inputs)
+        return self._outputs(self.collect())
+
+    @staticmethod
+    def _outputs(result: StepResult | None) -> dict[str, TextGenerationOutput]:
+        if result is None:
+            return {}
+        apply_step(result)
+        return {item.request.request_id: TextGenerationOutput(item.request.request_id, list(tokens),
+                                                              item.request.stop_reason)
+                for item, tokens in zip(result.items, result.tokens)}
+
+    def _compute(self, inputs: TextGenerationInputs) -> StepResult:
+        """One forward pass and its sampling; reads its contexts, writes none of them (only the
+        sampling generators advance)."""
         items = [item for item in inputs.items if not item.request.is_done and item.num_tokens > 0]
-        tokens: list[list[int]] = [[] for _ in items]
-        if not items:
-            return _StepResult(items, tokens)
         for item in items:
             if item.start != item.request.processed:
                 raise RuntimeError(f"request {item.request.request_id}: step starts at {item.start} but "
                                    f"{item.request.processed} tokens are computed")
-        if inputs.num_steps == 1:
-            tokens = self._forward(items)
-            return _StepResult(items, tokens)
-        # Multi-step decoding: every step feeds each request's sampled token back in.
-        active = list(range(len(items)))
-        for step in range(inputs.num_steps):
-            step_items = [items[i] if step == 0 else BatchItem(items[i].request, items[i].request.processed,
-                                                               items[i].request.total_length
-                                                               - items[i].request.processed, True)
-                          for i in active]
-            step_tokens = self._forward(step_items)
-            for i, new in zip(active, step_tokens):
-                tokens[i].extend(new)
-                first = items[i] if step == 0 else step_items[active.index(i)]
-                apply_sample(first.request, first.start, first.num_tokens, new)
-            active = [i for i in active if not items[i].request.is_done]
-            if not active:
-                break
-        # num_tokens=0 tells _apply that these tokens are already in their contexts.
-        return _StepResult([BatchItem(it.request, it.start, 0, False) for it in items], tokens)
+        return StepResult(items, self._forward(items) if items else [])
 
     def _forward(self, items: Sequence[Any]) -> list[list[int]]:
         model = self.pipeline_model
@@ -170,20 +168,6 @@ class TextGenerationPipeline:
                                               candidates=candidates))
         return [[next(sampled)] if item.sample else [] for item in items]
 
-    def _apply(self, result: _StepResult) -> dict[str, TextGenerationOutput]:
-        """Writes a step's results into its contexts (through the scheduler's apply_sample, the one
-        place tokens enter a request) as soon as the step is collected: the overlap pipeline builds
-        the next step's inputs from them right after. Returns them by request id."""
-        outputs: dict[str, TextGenerationOutput] = {}
-        with self.timer.phase("update"):
-            for item, tokens in zip(result.items, result.tokens):
-                context = item.request
-                if item.num_tokens:  # multi-step results are already applied
-                    apply_sample(context, item.start, item.num_tokens, tokens)
-                outputs[context.request_id] = TextGenerationOutput(context.request_id, list(tokens),
-                                                                   context.stop_reason)
-        return outputs
-
     def release(self, request_id: str) -> None:
         """Frees what the request holds in the KV cache (the scheduler normally does this)."""
         self.kv_manager.release(request_id)
@@ -205,9 +189,7 @@ class TextGenerationPipeline:
             while active := [c for c in contexts if not c.is_done]:
                 for context in active:
                     manager.alloc(context.request_id, context.total_length)
-                self._drain()
                 outputs = self.execute(TextGenerationInputs.from_contexts(active))
-                outputs.update(self._drain())
                 for context in active:
                     manager.step(context.request_id, context.all_tokens[:context.processed])
                 for request_id, output in outputs.items():
@@ -222,15 +204,16 @@ class TextGenerationPipeline:
         """``generate`` on a worker thread, for use from an event loop."""
         return await asyncio.to_thread(self.generate, prompts)
 
-    def _drain(self) -> dict[str, TextGenerationOutput]:
-        return {}
 
 
 class OverlapTextGenerationPipeline(TextGenerationPipeline):
-    """``execute`` returns the previous batch's outputs while the given batch runs in the background.
+    """``submit`` starts the forward pass on a worker thread and returns at once; ``collect`` waits
+    for it.
 
-    With ``disable_overlap`` it synchronizes right after each batch (then it behaves like
-    TextGenerationPipeline). Multi-step batches run one step at a time here.
+    The engine collects (and applies) the previous pass before it submits the next one, whose
+    inputs are built from the applied tokens; everything else it does between steps overlaps the
+    pass. With ``disable_overlap`` ``submit`` waits for its pass (then it behaves like
+    TextGenerationPipeline).
     """
 
     def __init__(self, pipeline_config: "PipelineConfig", pipeline_model: "LlamaPipelineModel",
@@ -238,7 +221,7 @@ class OverlapTextGenerationPipeline(TextGenerationPipeline):
         super().__init__(pipeline_config, pipeline_model, tokenizer)
         self.disable_overlap = disable_overlap
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"overlap-{uuid.uuid4().hex[:6]}")
-        self._pending: Future[_StepResult] | None = None
+        self._pending: Future[StepResult] | None = None
 
     @property
     def overlap_active(self) -> bool:
@@ -247,33 +230,28 @@ class OverlapTextGenerationPipeline(TextGenerationPipeline):
     def has_pending_outputs(self) -> bool:
         return self._pending is not None
 
-    def execute(self, inputs: TextGenerationInputs) -> dict[str, TextGenerationOutput]:
-        """Starts ``inputs`` and returns the outputs of the batch before it ({} if there was none)."""
+    def submit(self, inputs: TextGenerationInputs) -> None:
         with self._lock:
-            previous = self._collect()
-            if inputs.items:
-                # Inputs are prepared here, after the previous batch's tokens are applied.
-                single = TextGenerationInputs(inputs.items, 1)
-                self._pending = self._executor.submit(self._compute, single)
-                if self.disable_overlap:
-                    previous.update(self._collect())
-            return previous
+            if self._pending is not None:
+                raise RuntimeError("the previous step's result was not collected")
+            self._pending = self._executor.submit(self._compute, inputs)
+            if self.disable_overlap:
+                wait([self._pending])
 
-    def _collect(self) -> dict[str, TextGenerationOutput]:
-        if self._pending is None:
-            return {}
-        pending, self._pending = self._pending, None
-        return self._apply(pending.result())
-
-    def _drain(self) -> dict[str, TextGenerationOutput]:
+    def collect(self) -> StepResult | None:
+        """The pass in flight's result, once it is done (None if none is in flight); its error, if
+        it failed."""
         with self._lock:
-            return self._collect()
+            if self._pending is None:
+                return None
+            pending, self._pending = self._pending, None
+            return pending.result()
 
     def close(self) -> None:
         """Waits for the batch in flight and stops the worker thread."""
         with self._lock:
             if self._pending is not None:
-                self._pending.result()
+                wait([self._pending])  # its result (or error) has no one left to take it
                 self._pending = None
         self._executor.shutdown(wait=True)
 
