@@ -59,6 +59,17 @@ def test_ragged_paged_attention_equals_contiguous_attention(block_size, heads, k
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [32, 48, 64, 96, 128, 40])
+@pytest.mark.parametrize("block_size", [4, 128])
+def test_native_kernel_at_real_head_sizes(dim, block_size):
+    """The native kernel unrolls the common head sizes (32 ... 128) and loops over any other (40):
+    both equal contiguous attention on a mixed ragged step with forced-token rows."""
+    generator = torch.Generator().manual_seed(dim + block_size)
+    got, want, _ = _ragged_case(generator, heads=4, kv_heads=2, block_size=block_size,
+                                lengths=[50, 13, 2, 29, 300, 130], new=[1, 13, 2, 3, 2, 1], dim=dim, kernel="native")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_ragged_paged_attention_without_a_mask_when_nothing_needs_one():
     """Equal full-block lengths with one query each need no mask; the result is still exact."""
     generator = torch.Generator().manual_seed(7)

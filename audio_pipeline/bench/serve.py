@@ -218,6 +218,12 @@ class RoundSummary:
         return sum(r.stall <= STALL_LIMIT_S for r in self.results)
 
     @property
+    def passes_per_audio_second(self) -> float:
+        """Engine forward passes per second of audio delivered (per stream: every pass serves all)."""
+        audio = sum(r.audio_seconds for r in self.results)
+        return self.steps * self.count / audio if audio else float("nan")
+
+    @property
     def ttfa_p99(self) -> float:
         return percentile([r.ttfa for r in self.results], 99)
 
@@ -336,6 +342,10 @@ def plain_forward_ms(model: str | None, batch: int, context: int, repeats: int =
     return 1000 * (time.perf_counter() - started) / repeats
 
 
+#: Batch sizes the plain padded forward is timed at.
+PLAIN_BATCHES = (1, 16, 32)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -357,9 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    plain = {b: plain_forward_ms(args.model, b, args.context) for b in (1, 16)}
+    plain = {b: plain_forward_ms(args.model, b, args.context) for b in PLAIN_BATCHES}
     print(f"plain padded forward ({args.threads} thread(s), context {args.context}): "
-          f"batch 1 {plain[1]:.2f} ms, batch 16 {plain[16]:.2f} ms per step", flush=True)
+          + ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in plain.items()) + " per step", flush=True)
 
     server = Server(args.model, args.task_arg)
     try:
@@ -375,6 +385,13 @@ def main(argv: list[str] | None = None) -> int:
             best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True))
             print(f"largest N with every stream holding real time (stall <= {1000 * STALL_LIMIT_S:.0f} ms) and "
                   f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
+        first = summaries[min(summaries)]
+        per_audio_second = first.passes_per_audio_second
+        # Every stream needs this many passes per second of its audio, and one pass serves the whole
+        # batch: real time at any N needs a pass of batch N within this budget.
+        print(f"forward passes per second of audio (N={first.count}): {per_audio_second:.1f}; real time needs a "
+              f"forward pass of batch N within {1000 / per_audio_second:.2f} ms (plain padded forward: "
+              + ", ".join(f"{ms:.2f} ms at batch {b}" for b, ms in plain.items()) + ")")
         for batch in (1, 16):
             if batch in summaries:
                 engine_ms = summaries[batch].decode_ms

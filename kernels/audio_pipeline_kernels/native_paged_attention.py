@@ -26,8 +26,84 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
-#include <limits>
 #include <vector>
+
+// One (sequence, head): scores, softmax and the weighted value sum. DIM is the head size when it is
+// one of the common ones (known at compile time, the dot products and row updates unroll into a
+// few vector operations and the value accumulators stay in registers); 0 for any other size.
+template <int DIM>
+static void attend_one(const float* q, const float* kbase, const float* vbase, const int64_t* table,
+                       int64_t block_size, int64_t len, int64_t nq, int64_t q_stride, int64_t dim_rt,
+                       float scale, float* out, std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t dim = DIM ? DIM : dim_rt;
+  const int64_t first = len - nq;
+  scores.resize(nq * len);
+  acc.assign(nq * dim, 0.f);
+  // Pass 1: scores, one page of keys at a time (it stays in L1 across the queries that see it).
+  for (int64_t start = 0; start < len; start += block_size) {
+    const int64_t n = std::min(block_size, len - start);
+    const float* kb = kbase + table[start / block_size] * block_size * dim;
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t visible = std::min(n, first + i + 1 - start);
+      float qi[DIM ? DIM : 1];
+      const float* qsrc = q + i * q_stride;
+      if (DIM) for (int64_t d = 0; d < DIM; ++d) qi[d] = qsrc[d];
+      float* si = scores.data() + i * len + start;
+      for (int64_t t = 0; t < visible; ++t) {
+        const float* k = kb + t * dim;
+        float s = 0.f;
+        if (DIM) { for (int64_t d = 0; d < DIM; ++d) s += qi[d] * k[d]; }
+        else { for (int64_t d = 0; d < dim; ++d) s += qsrc[d] * k[d]; }
+        si[t] = s * scale;
+      }
+    }
+  }
+  // Pass 2: softmax per query over the keys it sees.
+  for (int64_t i = 0; i < nq; ++i) {
+    float* si = scores.data() + i * len;
+    const int64_t visible = first + i + 1;
+    float m = si[0];
+    for (int64_t j = 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
+    float sum = 0.f;
+    for (int64_t j = 0; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
+    const float inv = 1.f / sum;
+    for (int64_t j = 0; j < visible; ++j) si[j] *= inv;
+  }
+  // Pass 3: weighted sum of the values into accumulators that live in registers (two, so
+  // consecutive multiply-adds do not wait on each other).
+  for (int64_t i = 0; i < nq; ++i) {
+    const float* si = scores.data() + i * len;
+    const int64_t visible_all = first + i + 1;
+    if (DIM) {
+      float a0[DIM ? DIM : 1] = {}, a1[DIM ? DIM : 1] = {};
+      for (int64_t start = 0; start < visible_all; start += block_size) {
+        const int64_t n = std::min(block_size, visible_all - start);
+        const float* vb = vbase + table[start / block_size] * block_size * dim;
+        int64_t t = 0;
+        for (; t + 1 < n; t += 2) {
+          const float p0 = si[start + t], p1 = si[start + t + 1];
+          const float* v0 = vb + t * DIM; const float* v1 = v0 + DIM;
+          for (int64_t d = 0; d < DIM; ++d) { a0[d] += p0 * v0[d]; a1[d] += p1 * v1[d]; }
+        }
+        if (t < n) {
+          const float p0 = si[start + t];
+          const float* v0 = vb + t * DIM;
+          for (int64_t d = 0; d < DIM; ++d) a0[d] += p0 * v0[d];
+        }
+      }
+      for (int64_t d = 0; d < DIM; ++d) out[i * q_stride + d] = a0[d] + a1[d];
+    } else {
+      float* a = acc.data() + i * dim;
+      for (int64_t start = 0; start < visible_all; start += block_size) {
+        const int64_t n = std::min(block_size, visible_all - start);
+        const float* vb = vbase + table[start / block_size] * block_size * dim;
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t d = 0; d < dim; ++d) a[d] += si[start + t] * vb[t * dim + d];
+      }
+      for (int64_t d = 0; d < dim; ++d) out[i * q_stride + d] = a[d];
+    }
+  }
+}
 
 // query [T, H, D]; caches [Hkv, S, D]; tables [B, W] (int64); seq_lens, query_starts, query_lens [B].
 torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
@@ -36,7 +112,7 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
   TORCH_CHECK(query.scalar_type() == torch::kFloat && key_cache.scalar_type() == torch::kFloat,
               "float32 only");
   query = query.contiguous();
-  auto out = torch::zeros_like(query);
+  auto out = torch::empty_like(query);
   const int64_t heads = query.size(1), dim = query.size(2);
   const int64_t kv_heads = key_cache.size(0), slots = key_cache.size(1), width = tables.size(1);
   const int64_t group = heads / kv_heads, batch = seq_lens.size(0);
@@ -53,44 +129,16 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
     std::vector<float> scores, acc;
     for (int64_t work = begin; work < end; ++work) {
       const int64_t b = work / heads, h = work % heads, kvh = h / group;
-      const int64_t len = lens[b], nq = ql[b], first = len - nq;
-      const float* kbase = kc + kvh * slots * dim;
-      const float* vbase = vc + kvh * slots * dim;
-      // Pass 1: every query's scores over the keys it may see (query i sees keys up to first + i).
-      scores.assign(nq * len, 0.f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float* k = kbase + (tab[b * width + j / block_size] * block_size + j % block_size) * dim;
-        for (int64_t i = (j > first ? j - first : 0); i < nq; ++i) {
-          const float* qi = q + ((qs[b] + i) * heads + h) * dim;
-          float s = 0.f;
-          for (int64_t d = 0; d < dim; ++d) s += qi[d] * k[d];
-          scores[i * len + j] = s * fscale;
-        }
-      }
-      // Pass 2: softmax weights per query.
-      for (int64_t i = 0; i < nq; ++i) {
-        float* si = scores.data() + i * len;
-        const int64_t visible = first + i + 1;
-        float m = si[0];  // every query sees at least key 0
-        for (int64_t j = 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
-        float sum = 0.f;
-        for (int64_t j = 0; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < visible; ++j) si[j] *= inv;
-      }
-      // Pass 3: weighted sum of the values, each value row read once for all queries.
-      acc.assign(nq * dim, 0.f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float* v = vbase + (tab[b * width + j / block_size] * block_size + j % block_size) * dim;
-        for (int64_t i = (j > first ? j - first : 0); i < nq; ++i) {
-          const float p = scores[i * len + j];
-          float* a = acc.data() + i * dim;
-          for (int64_t d = 0; d < dim; ++d) a[d] += p * v[d];
-        }
-      }
-      for (int64_t i = 0; i < nq; ++i) {
-        float* oi = o + ((qs[b] + i) * heads + h) * dim;
-        for (int64_t d = 0; d < dim; ++d) oi[d] = acc[i * dim + d];
+      const float* qb = q + (qs[b] * heads + h) * dim;
+      float* ob = o + (qs[b] * heads + h) * dim;
+      const float* kb = kc + kvh * slots * dim;
+      const float* vb = vc + kvh * slots * dim;
+      const int64_t* table = tab + b * width;
+      switch (dim) {
+#define CASE(D) case D: attend_one<D>(qb, kb, vb, table, block_size, lens[b], ql[b], heads * dim, dim, fscale, ob, scores, acc); break;
+        CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128)
+#undef CASE
+        default: attend_one<0>(qb, kb, vb, table, block_size, lens[b], ql[b], heads * dim, dim, fscale, ob, scores, acc);
       }
     }
   });
