@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from audio_pipeline.kv_cache.block_manager import BlockManager
 
@@ -142,6 +142,37 @@ def apply_step(result: StepResult) -> None:
     """Applies every item of ``result`` with :func:`apply_sample`."""
     for item, tokens in zip(result.items, result.tokens):
         apply_sample(item.request, item.start, item.num_tokens, tokens)
+
+
+class _TokenPrefix(Sequence[int]):
+    """The first ``length`` tokens of prompt + generated, without joining the two lists: the block
+    manager reads only the blocks that filled since the last step, so the update does not copy
+    every request's whole context at every step."""
+
+    def __init__(self, prompt: list[int], generated: list[int], length: int):
+        self._prompt, self._generated, self._length = prompt, generated, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if not isinstance(index, slice):
+            index = range(self._length)[index]
+            split = len(self._prompt)
+            return self._prompt[index] if index < split else self._generated[index - split]
+        start, stop, step = index.indices(self._length)
+        if step != 1:
+            return [self[i] for i in range(start, stop, step)]
+        split = len(self._prompt)
+        return self._prompt[start:min(stop, split)] + self._generated[max(start - split, 0):max(stop - split, 0)]
+
+
+def _computed_tokens(request: Any) -> Sequence[int]:
+    """The tokens of ``request`` whose KV is in the cache (its first ``processed``)."""
+    prompt, generated = getattr(request, "prompt_ids", None), getattr(request, "generated", None)
+    if isinstance(prompt, list) and isinstance(generated, list):
+        return _TokenPrefix(prompt, generated, request.processed)
+    return request.all_tokens[:request.processed]
 
 
 def _tokens_per_sample(request: Any, position: int) -> int:
@@ -287,7 +318,7 @@ class AudioGenerationScheduler:
             entry.in_flight -= 1
             request = entry.request
             if request.request_id in self.block_manager:
-                self.block_manager.step(request.request_id, request.all_tokens[:request.processed])
+                self.block_manager.step(request.request_id, _computed_tokens(request))
 
     # --- scheduling ------------------------------------------------------------------------------
 

@@ -326,3 +326,21 @@ def test_config_validation():
         SchedulerConfig(max_num_steps=0)
     with pytest.raises(ValueError, match="kvcache_ce_watermark"):
         SchedulerConfig(kvcache_ce_watermark=0)
+
+
+def test_the_committed_token_prefix_reads_like_the_joined_list():
+    """The scheduler hands the block manager prompt + generated without joining them; every slice
+    and index the block manager may take reads the same as the joined list."""
+    from audio_pipeline.scheduler import _TokenPrefix
+
+    prompt, generated = list(range(100, 110)), list(range(200, 207))
+    joined = prompt + generated
+    for length in (0, 5, 10, 13, 17):
+        view = _TokenPrefix(prompt, generated, length)
+        assert len(view) == length and list(view) == joined[:length]
+        for start in range(0, length + 1):
+            for stop in range(start, length + 2):
+                assert view[start:stop] == joined[:length][start:stop]
+        assert view[::2] == joined[:length][::2]
+        if length:
+            assert view[-1] == joined[length - 1] and view[length // 2] == joined[length // 2]
