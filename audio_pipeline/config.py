@@ -401,6 +401,26 @@ class PipelineConfig(BaseModel):
         ]
 
 
+class LimitsConfig(BaseModel):
+    """Bounds on what a request carries and what a client may hold, so that no request can take the
+    server's memory or time from the others. Every one is checked before any work is done."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    max_message_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest gRPC message received (a reference recording rides in one).")
+    max_reference_audio_bytes: int = Field(
+        10 * 1024 * 1024, ge=1, description="Largest reference recording (encoded bytes) for cloning or a request.")
+    max_stop_token_ids: int = Field(64, ge=0, description="Most stop_token_ids one request may list.")
+    max_voice_name_chars: int = Field(64, ge=1, description="Longest voice name.")
+    max_request_id_chars: int = Field(128, ge=1, description="Longest client request id (a label for logs).")
+    max_description_chars: int = Field(1000, ge=0, description="Longest registered voice description.")
+    max_concurrent_streams: int = Field(
+        100, ge=1, description="Most RPCs one client connection may have open at once (HTTP/2 streams).")
+    max_registered_voices: int = Field(100, ge=0, description="Most registered (cloned) voices kept.")
+    max_registered_voice_bytes: int = Field(
+        256 * 1024 * 1024, ge=0, description="Most bytes all registered voices may take on disk together.")
+
+
 class AudioGenerationConfig(PipelineConfig):
     """A text-to-speech pipeline: the speech-token model plus the streaming audio decoder."""
 
@@ -425,13 +445,14 @@ class AudioGenerationConfig(PipelineConfig):
     prometheus_metrics_mode: PrometheusMetricsMode = Field(
         PrometheusMetricsMode.INSTRUMENT_ONLY, description="How Prometheus metrics are exposed.")
     audio_decoder_config: dict[str, Any] = Field(default_factory=dict, description="Decoder-specific settings.")
-    voices_dir: str | None = Field(None, description="Directory of registered voices; None = no registration.")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
     voices_dir: str | None = Field(
         None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "
                           "$AUDIO_PIPELINE_CACHE or ~/.cache/audio-pipeline.")
     max_reference_seconds: float = Field(
         30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
+    limits: "LimitsConfig" = Field(default_factory=lambda: LimitsConfig(),
+                                   description="Bounds on what one request or client may ask of the server.")
 
     @property
     def resolved_audio_decoder(self) -> str:
