@@ -34,6 +34,22 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="logging level (default: INFO)")
 
 
+def _add_security_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security (default: plaintext, no authentication)")
+    group.add_argument("--tls-cert-file", metavar="PEM", help="serve TLS with this certificate (chain); needs "
+                                                              "--tls-key-file")
+    group.add_argument("--tls-key-file", metavar="PEM", help="private key of --tls-cert-file")
+    group.add_argument("--tls-client-ca-file", metavar="PEM",
+                       help="mutual TLS: clients must present a certificate signed by this CA")
+    group.add_argument("--auth-token-file", metavar="FILE",
+                       help="require 'authorization: Bearer <token>' on every RPC but health and reflection; one "
+                            "token a line, '#' comments (also: $AUDIO_PIPELINE_AUTH_TOKENS, comma-separated; the "
+                            "tokens of both are accepted)")
+    group.add_argument("--admin-token-file", metavar="FILE",
+                       help="RegisterVoice and DeleteVoice need one of these tokens, which also pass wherever a "
+                            "client token does; same format (also: $AUDIO_PIPELINE_ADMIN_TOKENS)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Text-to-speech serving engine.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -43,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=50051, help="gRPC port (default: 50051; 0 picks a free one)")
     serve.add_argument("--metrics-port", type=int, metavar="PORT",
                        help="serve Prometheus /metrics on PORT (default 8001 when prometheus_metrics_mode launches a server)")
+    serve.add_argument("--metrics-host", metavar="HOST",
+                       help="address /metrics listens on (default: the same as --host; e.g. 127.0.0.1 keeps it local)")
+    _add_security_flags(serve)
     _add_config_flags(serve)
 
     synth = commands.add_parser("synthesize", help="synthesize text to a WAV file in-process (no server)")
@@ -96,9 +115,14 @@ def read_text(args: argparse.Namespace) -> str:
 
 def run_serve(args: argparse.Namespace, config) -> None:
     from audio_pipeline.server.app import ServerOptions, serve
+    from audio_pipeline.server.auth import AuthTokens
+    from audio_pipeline.server.tls import TLSFiles
 
     config.log_basic_config()
     options = ServerOptions(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                            metrics_host=args.metrics_host,
+                            tls=TLSFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file),
+                            auth=AuthTokens.load(args.auth_token_file, args.admin_token_file),
                             on_listening=lambda port: print(f"{PROG}: listening on {args.host}:{port}",
                                                             file=sys.stderr, flush=True))
     asyncio.run(serve(config, options))

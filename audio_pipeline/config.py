@@ -150,7 +150,7 @@ class SamplingConfig(BaseModel):
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling probability mass.")
     top_k: int = Field(-1, description="Sample from the k most likely tokens; -1 = all.")
     min_p: float = Field(0.0, ge=0, le=1, description="Drop tokens below min_p times the top probability.")
-    repetition_penalty: float = Field(1.1, gt=0, description="Divides logits of tokens already generated (>1 penalizes).")
+    repetition_penalty: float = Field(1.1, ge=0.01, le=100, description="Divides logits of tokens already generated (>1 penalizes); 0.01 to 100.")
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Subtracted per earlier occurrence of a token.")
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="Subtracted once from every token already generated.")
     max_tokens: int = Field(1200, ge=1, description="Speech tokens generated per request unless it asks otherwise.")

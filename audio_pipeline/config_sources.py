@@ -27,7 +27,8 @@ except ModuleNotFoundError:  # Python 3.10: TOML files need 3.11's tomllib
 #: Prefix of the environment variables that set fields: AUDIO_PIPELINE_BUFFER, AUDIO_PIPELINE_MODEL__DTYPE.
 ENV_PREFIX = "AUDIO_PIPELINE_"
 #: Variables with that prefix that other parts of the program read; they are not config fields.
-ENV_NOT_CONFIG = frozenset({"AUDIO_PIPELINE_CACHE", "AUDIO_PIPELINE_SERVER", "AUDIO_PIPELINE_LOG_LEVEL"})
+ENV_NOT_CONFIG = frozenset({"AUDIO_PIPELINE_CACHE", "AUDIO_PIPELINE_SERVER", "AUDIO_PIPELINE_LOG_LEVEL",
+                            "AUDIO_PIPELINE_TOKEN", "AUDIO_PIPELINE_AUTH_TOKENS", "AUDIO_PIPELINE_ADMIN_TOKENS"})
 _NONE_WORDS = ("none", "")
 _INT = re.compile(r"[+-]?\d+")
 

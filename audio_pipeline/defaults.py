@@ -4,5 +4,3 @@
 DEFAULT_MAX_BATCH_SIZE = 32
 #: Requests that may wait for a batch slot when max_queue_size_tg is None.
 DEFAULT_MAX_QUEUE_SIZE = 256
-#: Longest request_id a client may send.
-MAX_REQUEST_ID_CHARS = 128

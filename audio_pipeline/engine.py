@@ -18,12 +18,12 @@ import torch
 from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.decoders import load_audio_decoder
-from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, MAX_REQUEST_ID_CHARS
-from audio_pipeline.errors import InvalidArgument, NotFound, RequestError
+from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
+from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
-from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_transcript,
+from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    read_reference_audio)
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
 from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
@@ -173,20 +173,30 @@ class TTSEngine:
         return self.voice_store.voices() if self.voice_store is not None else []
 
     def register_voice(self, name: str, audio: bytes, transcript: str, description: str = "") -> RegisteredVoice:
-        """Clones a voice from a recording and its transcript and keeps it under ``name``."""
+        """Clones a voice from a recording and its transcript and keeps it under ``name``.
+
+        The cheap checks (sizes, name, a full store: config.limits) come before the recording is decoded.
+        """
         store = self._require_store()
+        limits = self.config.limits
+        reserved = {v.name for v in self.manifest.voices}
+        check_reference_size(audio, limits.max_reference_audio_bytes)
+        store.check_new(name, description, reserved, limits)
         samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
         transcript = check_transcript(transcript, self.config.sampling.max_text_chars)
-        return store.register(name, samples, transcript, description, reserved={v.name for v in self.manifest.voices})
+        return store.register(name, samples, transcript, description, reserved=reserved, limits=limits)
 
     def delete_voice(self, name: str) -> None:
+        if len(name) > self.config.limits.max_voice_name_chars:  # longer than any voice name: no lookup
+            raise NotFound(f"no registered voice named {echo(name)}", field="name")
         if name in {v.name for v in self.manifest.voices}:
-            raise InvalidArgument(f"{name!r} is a preset voice of the model and cannot be deleted", field="name")
+            raise InvalidArgument(f"{echo(name)} is a preset voice of the model and cannot be deleted", field="name")
         self._require_store().delete(name)
 
     def reference_prompt(self, audio: bytes, transcript: str) -> VoicePrompt:
         """A one-request voice prompt from a recording and its transcript."""
         self._require_store()
+        check_reference_size(audio, self.config.limits.max_reference_audio_bytes)
         samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
         transcript = check_transcript(transcript, self.config.sampling.max_text_chars)
         return VoicePrompt(transcript, self._encode(samples))
@@ -211,8 +221,21 @@ class TTSEngine:
         limit = self.config.sampling.max_text_chars
         if len(text) > limit:
             raise InvalidArgument(f"{len(text)} characters, over the limit of {limit}", field="text")
-        if request_id is not None and len(request_id) > MAX_REQUEST_ID_CHARS:
-            raise InvalidArgument(f"longer than {MAX_REQUEST_ID_CHARS} characters", field="request_id")
+        limits = self.config.limits
+        if request_id is not None and len(request_id) > limits.max_request_id_chars:
+            raise InvalidArgument(f"longer than {limits.max_request_id_chars} characters", field="request_id")
+        if voice and len(voice) > limits.max_voice_name_chars:
+            raise InvalidArgument(f"{len(voice)} characters, over the limit of {limits.max_voice_name_chars}",
+                                  field="voice")
+        stop_ids = sampling_overrides.get("stop_token_ids") or ()
+        if len(stop_ids) > limits.max_stop_token_ids:
+            raise InvalidArgument(f"{len(stop_ids)} ids, over the limit of {limits.max_stop_token_ids}",
+                                  field="sampling.stop_token_ids")
+        vocab = self.model.huggingface_config.vocab_size
+        if any(not 0 <= t < vocab for t in stop_ids):
+            bad = next(t for t in stop_ids if not 0 <= t < vocab)
+            raise InvalidArgument(f"{bad} is not a token id of this model (0 to {vocab - 1})",
+                                  field="sampling.stop_token_ids")
         if reference is not None and voice:
             raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
         names = [v.name for v in self.voices]
@@ -221,7 +244,7 @@ class TTSEngine:
         elif reference is None:
             voice = voice or self.manifest.default_voice
             if voice is not None and voice not in names:
-                raise NotFound(f"unknown voice {voice!r}; available: {', '.join(names)}", field="voice")
+                raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)

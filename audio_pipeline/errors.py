@@ -29,3 +29,10 @@ class Unavailable(RequestError):
 
 class AlreadyExists(RequestError):
     """A name to create is taken (gRPC ALREADY_EXISTS)."""
+
+
+def echo(value: str, limit: int = 40) -> str:
+    """A client-sent string as it may appear in an error or a log line: quoted, control characters
+    escaped (no forged log lines) and cut to ``limit`` characters (no huge echoes)."""
+    text = value if len(value) <= limit else value[:limit] + "..."
+    return repr(text)

@@ -51,6 +51,10 @@ class EngineMetrics:
                                     **gauge_mode)
         self.kv_blocks_total = Gauge("tts_kv_cache_blocks_total", "KV cache blocks in all", registry=r,
                                      **gauge_mode)
+        self.last_step_age = Gauge(
+            "tts_engine_last_step_age_seconds", "Seconds since the engine loop last came round while it holds "
+            "requests (0 when idle): a watchdog for a stuck engine", registry=r,
+            **({"multiprocess_mode": "max"} if self.multiprocess else {}))
         self.prefix_cache_queried_tokens = Counter(
             "tts_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", registry=r)
         self.prefix_cache_hit_tokens = Counter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Sequence
@@ -9,6 +10,9 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from audio_pipeline.errors import InvalidArgument
+
+#: Accepted repetition penalties (1 = none).
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 if TYPE_CHECKING:
     from audio_pipeline.config import SamplingConfig
@@ -51,13 +55,15 @@ class SamplingParams:
             if not ok:
                 raise InvalidArgument(f"{rule}, got {getattr(self, name)}", field=f"sampling.{name}")
 
-        check(self.temperature >= 0 and self.temperature == self.temperature, "temperature", "must be >= 0")
+        check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "must be a finite number >= 0")
         check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         check(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (no limit) or >= 1")
         check(0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
         check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]")
         check(-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]")
-        check(self.repetition_penalty > 0, "repetition_penalty", "must be > 0")
+        # Outside this range a penalty overflows the logits it divides (1e-40 makes them infinite).
+        check(REPETITION_PENALTY_RANGE[0] <= self.repetition_penalty <= REPETITION_PENALTY_RANGE[1],
+              "repetition_penalty", f"must be in [{REPETITION_PENALTY_RANGE[0]}, {REPETITION_PENALTY_RANGE[1]}]")
         check(tokens_per_frame <= self.max_tokens <= max_tokens_limit, "max_tokens",
               f"must be between {tokens_per_frame} (one audio frame) and the server limit {max_tokens_limit}")
         check(0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be between 0 and max_tokens")

@@ -15,21 +15,25 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import soundfile as sf
 import soxr
 import torch
 
-from audio_pipeline.errors import AlreadyExists, InvalidArgument, NotFound
+from audio_pipeline.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted, echo
+
+if TYPE_CHECKING:
+    from audio_pipeline.config import LimitsConfig
 
 MIN_REFERENCE_RATE = 8000
 MAX_REFERENCE_RATE = 192000
 #: Shortest usable reference: a tenth of a second.
 MIN_REFERENCE_SECONDS = 0.1
-MAX_DESCRIPTION_CHARS = 200
-VOICE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+#: Lower-case letters, digits, '-' and '_', starting with a letter or digit (it names a directory);
+#: the length is bounded by limits.max_voice_name_chars.
+VOICE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,13 @@ def read_reference_audio(data: bytes, sample_rate: int, *, max_seconds: float,
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
+def check_reference_size(audio: bytes, max_bytes: int, field: str = "reference.audio") -> None:
+    """InvalidArgument when the encoded recording is over ``max_bytes``; checked before decoding it."""
+    if len(audio) > max_bytes:
+        raise InvalidArgument(f"{len(audio)} bytes, over the limit of {max_bytes} "
+                              "(limits.max_reference_audio_bytes)", field=field)
+
+
 def check_transcript(transcript: str, max_chars: int, field: str = "reference.transcript") -> str:
     if not transcript or not transcript.strip():
         raise InvalidArgument("is required: the words spoken in the reference recording", field=field)
@@ -86,8 +97,32 @@ def check_transcript(transcript: str, max_chars: int, field: str = "reference.tr
     return transcript.strip()
 
 
+def check_voice_fields(name: str, description: str, limits: LimitsConfig) -> None:
+    """InvalidArgument for a registration's name or description; lengths first, so a huge string is
+    never matched against a pattern nor echoed back in full."""
+    if len(name) > limits.max_voice_name_chars:
+        raise InvalidArgument(f"{len(name)} characters, over the limit of {limits.max_voice_name_chars} "
+                              "(limits.max_voice_name_chars)", field="name")
+    if not VOICE_NAME.fullmatch(name or ""):
+        raise InvalidArgument(f"{echo(name or '')} is not a valid voice name (1 to {limits.max_voice_name_chars} "
+                              "of a-z, 0-9, '-', '_', starting with a letter or digit)", field="name")
+    if len(description) > limits.max_description_chars:
+        raise InvalidArgument(f"{len(description)} characters, over the limit of {limits.max_description_chars} "
+                              "(limits.max_description_chars)", field="description")
+
+
+def directory_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (what a registered voice takes on disk)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 class VoiceStore:
-    """Registered voices on disk; thread-safe."""
+    """Registered voices on disk; thread-safe.
+
+    It keeps the on-disk size of each voice, so that the limits on the number of voices and on their
+    bytes together (limits.max_registered_voices, limits.max_registered_voice_bytes) are checked
+    without walking the directory on every registration.
+    """
 
     def __init__(self, directory: Path, decoder_name: str, sample_rate: int,
                  encode: Callable[[np.ndarray], torch.Tensor]):
@@ -96,6 +131,7 @@ class VoiceStore:
         self.sample_rate = sample_rate
         self.encode = encode
         self._voices: dict[str, RegisteredVoice] = {}
+        self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def load(self) -> list[str]:
@@ -112,6 +148,7 @@ class VoiceStore:
                 skipped.append(entry.name)
                 continue
             self._voices[voice.name] = voice
+            self._bytes[voice.name] = directory_bytes(entry)  # after _read, which may add codes
         return skipped
 
     def _read(self, entry: Path) -> RegisteredVoice:
@@ -140,41 +177,69 @@ class VoiceStore:
         with self._lock:
             return self._voices.get(name)
 
-    def register(self, name: str, samples: np.ndarray, transcript: str, description: str,
-                 reserved: set[str]) -> RegisteredVoice:
-        """Encodes and stores a voice; ``reserved`` are names it may not take (preset voices)."""
-        if not VOICE_NAME.fullmatch(name or ""):
-            raise InvalidArgument(f"{name!r} is not a valid voice name (1 to 64 of a-z, 0-9, '-', '_', starting "
-                                  "with a letter or digit)", field="name")
-        if len(description) > MAX_DESCRIPTION_CHARS:
-            raise InvalidArgument(f"{len(description)} characters, over the limit of {MAX_DESCRIPTION_CHARS}",
-                                  field="description")
+    def check_new(self, name: str, description: str, reserved: set[str], limits: LimitsConfig) -> None:
+        """What can be refused before the recording is decoded and encoded: the name, the description,
+        a taken name, and a store already full (by count or by bytes)."""
+        check_voice_fields(name, description, limits)
         if name in reserved:
-            raise AlreadyExists(f"{name!r} is a preset voice of the model", field="name")
+            raise AlreadyExists(f"{echo(name)} is a preset voice of the model", field="name")
         with self._lock:
-            if name in self._voices:
-                raise AlreadyExists(f"a voice named {name!r} is already registered", field="name")
+            self._check_room(name, 0, limits)
+
+    def _check_room(self, name: str, new_bytes: int, limits: LimitsConfig) -> None:
+        """Under the lock: AlreadyExists for a taken name, ResourceExhausted when ``new_bytes`` more
+        would not fit."""
+        if name in self._voices:
+            raise AlreadyExists(f"a voice named {echo(name)} is already registered", field="name")
+        if len(self._voices) >= limits.max_registered_voices:
+            raise ResourceExhausted(f"{len(self._voices)} voices are registered, the most this server keeps "
+                                    f"(limits.max_registered_voices={limits.max_registered_voices}); delete one "
+                                    "first")
+        used, limit = sum(self._bytes.values()), limits.max_registered_voice_bytes
+        if used >= limit:  # full already: no new voice fits, whatever its size
+            raise ResourceExhausted(f"registered voices take {used} bytes, the most this server keeps "
+                                    f"(limits.max_registered_voice_bytes={limit}); delete one first")
+        if used + new_bytes > limit:
+            raise ResourceExhausted(f"this voice takes {new_bytes} bytes on disk; with the {used} bytes of the "
+                                    f"registered voices that is over limits.max_registered_voice_bytes={limit}; "
+                                    "delete one first")
+
+    def register(self, name: str, samples: np.ndarray, transcript: str, description: str,
+                 reserved: set[str], limits: LimitsConfig) -> RegisteredVoice:
+        """Encodes and stores a voice; ``reserved`` are names it may not take (preset voices).
+
+        The limits are checked again once the voice is written (to a staging directory), since a
+        concurrent registration may have taken the room meanwhile, and only then is it kept.
+        """
+        self.check_new(name, description, reserved, limits)
         codes = self.encode(samples)
         voice = RegisteredVoice(name, description, VoicePrompt(transcript, codes))
         with self._lock:
-            if name in self._voices:
-                raise AlreadyExists(f"a voice named {name!r} is already registered", field="name")
+            self._check_room(name, 0, limits)
             entry = self.directory / name
             staging = self.directory / f".{name}.tmp"
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            sf.write(staging / "reference.flac", samples, self.sample_rate)
-            np.save(staging / f"codes.{self.decoder_name}.npy", codes.numpy())
-            (staging / "voice.json").write_text(json.dumps(
-                {"name": name, "description": description, "transcript": transcript, "language": voice.language},
-                indent=2))
-            staging.rename(entry)
+            try:
+                sf.write(staging / "reference.flac", samples, self.sample_rate)
+                np.save(staging / f"codes.{self.decoder_name}.npy", codes.numpy())
+                (staging / "voice.json").write_text(json.dumps(
+                    {"name": name, "description": description, "transcript": transcript,
+                     "language": voice.language}, indent=2))
+                size = directory_bytes(staging)
+                self._check_room(name, size, limits)
+                staging.rename(entry)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
             self._voices[name] = voice
+            self._bytes[name] = size
         return voice
 
     def delete(self, name: str) -> None:
         with self._lock:
             if name not in self._voices:
-                raise NotFound(f"no registered voice named {name!r}", field="name")
+                raise NotFound(f"no registered voice named {echo(name)}", field="name")
             del self._voices[name]
+            self._bytes.pop(name, None)
             shutil.rmtree(self.directory / name, ignore_errors=True)

@@ -134,7 +134,7 @@ def test_bad_references_are_invalid_argument_naming_the_field(idle_server, field
 
 @pytest.mark.parametrize("request_fields, field", [
     (dict(name="Bad Name!"), "name"),
-    (dict(name="ok", description="d" * 201), "description"),
+    (dict(name="ok", description="d" * 1001), "description"),  # limits.max_description_chars: 1000
 ])
 def test_bad_registrations_name_the_field(idle_server, request_fields, field):
     with grpc.insecure_channel(idle_server.target) as channel:

@@ -22,7 +22,7 @@ from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.chunker import DecodeWindow
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
-from audio_pipeline.errors import InvalidArgument, ResourceExhausted, Unavailable
+from audio_pipeline.errors import AlreadyExists, InvalidArgument, ResourceExhausted, Unavailable, echo
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.runtime import configure_cpu_runtime
 from audio_pipeline.pipelines.text_generation import BatchItem, TextGenerationInputs, TextGenerationPipeline
@@ -80,6 +80,12 @@ class _Request:
     sink: Sink
     stream: DecoderStream
     audio_samples: int = 0
+    #: Why it failed, when it did (sent with its error event once nothing of it is in flight).
+    error: str | None = None
+
+
+#: Consecutive failed rounds of the engine loop after which it stops and reports unhealthy.
+MAX_LOOP_FAILURES = 3
 
 
 class AudioGenerationEngine:
@@ -108,6 +114,18 @@ class AudioGenerationEngine:
         #: Finished requests by stop reason, since start (cancellations included).
         self.stop_reasons: Counter[StopReason] = Counter()
         self.metrics.kv_blocks_total.set(scheduler.block_manager.total_num_blocks)
+        #: False once the loop has failed repeatedly and stopped: health reports NOT_SERVING.
+        self.healthy = True
+        #: Called (from the engine thread) when the loop stops for good.
+        self.on_unhealthy: Callable[[], None] | None = None
+        self._last_step = time.monotonic()
+        self.metrics.last_step_age.set_function(self._step_age)
+
+    def _step_age(self) -> float:
+        """Seconds since the loop last came round (0 while it has nothing to do)."""
+        with self._lock:
+            busy = bool(self._requests)
+        return time.monotonic() - self._last_step if busy else 0.0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -160,9 +178,10 @@ class AudioGenerationEngine:
         """Queues a request; ResourceExhausted when the queue is full, Unavailable when not accepting."""
         with self._lock:
             if not self._accepting:
-                raise Unavailable("the server is not accepting requests (starting up or shutting down)")
+                raise Unavailable("the server is not accepting requests (starting up or shutting down)" if self.healthy
+                                  else "the engine has failed and stopped; the server needs a restart")
             if context.request_id in self._requests:
-                raise ValueError(f"request_id {context.request_id!r} is already in flight")
+                raise AlreadyExists(f"{echo(context.request_id)} is already in flight", field="request_id")
             try:
                 self.scheduler.add(context)
             except QueueFull as exc:
@@ -189,33 +208,50 @@ class AudioGenerationEngine:
     def _run(self) -> None:
         if self.num_threads is not None:
             configure_cpu_runtime(self.num_threads)
+        failures = 0
         while True:
-            with self._lock:
-                while not (self._requests or self._stopping or self._in_flight):
-                    self._lock.wait()
-                if self._stopping and not self._requests and not self._in_flight:
+            try:
+                if not self._iterate():
                     return
-                self._apply_cancellations()
-                started = time.perf_counter()
-                output = self.scheduler.schedule()
-                self.pipeline.timer.add("schedule", time.perf_counter() - started)
-                for request, reason in output.failed:
-                    request.stop_reason = StopReason.FAILED
-                    self._finish(self._requests[request.request_id], event_kind="error", error=reason)
-                self._update_load()
-            if output.preempted:
-                self.metrics.preemptions.inc(len(output.preempted))
-            if not output.items and not self._in_flight and not self._decode_ready():
-                with self._lock:
-                    if not self._finish_ready() and not self._cancelled:
-                        self._lock.wait(timeout=output.wait_s or 0.005)
-                continue
-            self._step(output)
-            self._record_step(output)
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
+                failures += 1
+                logger.exception("engine loop failed (%d in a row); failing the requests it held", failures)
+                self._fail_all(f"internal error: {type(exc).__name__}")
+                if failures >= MAX_LOOP_FAILURES:
+                    self._give_up()
+                    return
+
+    def _iterate(self) -> bool:
+        """One round of the loop; False when the engine has stopped."""
+        with self._lock:
+            while not (self._requests or self._stopping or self._in_flight):
+                self._lock.wait()
+            self._last_step = time.monotonic()
+            if self._stopping and not self._requests and not self._in_flight:
+                return False
+            self._apply_cancellations()
+            started = time.perf_counter()
+            output = self.scheduler.schedule()
+            self.pipeline.timer.add("schedule", time.perf_counter() - started)
+            for request, reason in output.failed:
+                request.stop_reason = StopReason.FAILED
+                self._finish(self._requests[request.request_id], event_kind="error", error=reason)
+            self._update_load()
+        if output.preempted:
+            self.metrics.preemptions.inc(len(output.preempted))
+        if not output.items and not self._in_flight and not self._decode_ready():
             with self._lock:
-                self._lock.notify_all()
-            if self.on_step is not None:
-                self.on_step(self)
+                if not self._finish_ready() and not self._cancelled:
+                    self._lock.wait(timeout=output.wait_s or 0.005)
+            return True
+        self._step(output)
+        self._record_step(output)
+        with self._lock:
+            self._lock.notify_all()
+        if self.on_step is not None:
+            self.on_step(self)
+        return True
 
     def _record_step(self, output: SchedulerOutput) -> None:
         forwards = self.pipeline.timer.forwards
@@ -247,7 +283,10 @@ class AudioGenerationEngine:
                     context.decoded_index < len(context.generated):
                 continue  # audio still to decode
             self.scheduler.remove(context.request_id)
-            self._finish(request, event_kind="complete")
+            if request.error is not None:
+                self._finish(request, event_kind="error", error=request.error)
+            else:
+                self._finish(request, event_kind="complete")
             finished = True
         return finished
 
@@ -320,6 +359,31 @@ class AudioGenerationEngine:
         apply(output, None)
         return applied
 
+    def _fail_all(self, error: str) -> None:
+        """Fails every request the engine holds (after an error no one request can be blamed for)."""
+        with self._lock:
+            if self.pipeline.has_pending_outputs():
+                try:
+                    self.pipeline.collect()
+                except Exception:  # noqa: BLE001
+                    pass
+            while self._in_flight:
+                self.scheduler.update(self._in_flight.popleft())
+            for request in list(self._requests.values()):
+                request.context.stop_reason = StopReason.FAILED
+                self._finish(request, event_kind="error", error=error)
+            self._update_load()
+
+    def _give_up(self) -> None:
+        """The loop keeps failing: stop taking work and say so (health goes NOT_SERVING)."""
+        logger.error("engine loop failed %d times in a row; the engine stops (health: NOT_SERVING)",
+                     MAX_LOOP_FAILURES)
+        with self._lock:
+            self.healthy = False
+            self._accepting = False
+        if self.on_unhealthy is not None:
+            self.on_unhealthy()
+
     def _recover_from_failure(self, batch: list[TTSContext], exc: Exception) -> None:
         with self._lock:
             if self.pipeline.has_pending_outputs():
@@ -354,9 +418,21 @@ class AudioGenerationEngine:
         if not jobs:
             return
         timer = self.pipeline.timer
-        with timer.phase("decode"):
-            waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end))
-                                                  for r, w in jobs])
+        try:
+            with timer.phase("decode"):
+                waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end))
+                                                      for r, w in jobs])
+        except Exception as exc:  # noqa: BLE001 - one request's bad codes must not fail its batch mates
+            if len(jobs) > 1:  # decode each alone: only the windows that fail on their own fail
+                for job in jobs:
+                    self._decode([job])
+                return
+            request = jobs[0][0]
+            logger.warning("request %s: audio decoding failed: %s", request.context.request_id, exc)
+            with self._lock:
+                request.context.stop_reason = StopReason.FAILED
+                request.error = f"audio decoding failed: {exc}"
+            return
         started = time.perf_counter()
         for (request, window), wave in zip(jobs, waves):
             context = request.context

@@ -14,13 +14,17 @@ from grpc_reflection.v1alpha import reflection
 
 from audio_pipeline.config import AudioGenerationConfig, PrometheusMetricsMode
 from audio_pipeline.engine import TTSEngine
+from audio_pipeline.server.auth import AuthTokens, BearerTokenInterceptor
+from audio_pipeline.server.handlers import add_text_to_speech
 from audio_pipeline.server.metrics import ServerMetrics
 from audio_pipeline.server.servicer import TextToSpeechServicer
-from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from audio_pipeline.server.tls import TLSFiles, server_credentials
+from audio_pipeline_client._proto import tts_pb2
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = tts_pb2.DESCRIPTOR.services_by_name["TextToSpeech"].full_name
+#: Largest message sent (an audio chunk is far smaller); what is received is bounded by limits.max_message_bytes.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
@@ -33,6 +37,12 @@ class ServerOptions:
     host: str = "0.0.0.0"
     port: int = 50051
     metrics_port: int | None = None
+    #: Address /metrics listens on; None = the same as ``host``.
+    metrics_host: str | None = None
+    #: Server certificate, key and client CA (mutual TLS); None or no files = plaintext.
+    tls: TLSFiles | None = None
+    #: Bearer tokens required of callers; None or empty = no authentication.
+    auth: AuthTokens | None = None
     #: Called with the bound port once the server listens (before warm-up).
     on_listening: object = None
     #: Set to stop the server (in addition to SIGINT/SIGTERM when installed).
@@ -40,26 +50,41 @@ class ServerOptions:
     install_signal_handlers: bool = True
     ready: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def metrics_bind_host(self) -> str:
+        host = self.metrics_host if self.metrics_host is not None else self.host
+        return host[1:-1] if host.startswith("[") and host.endswith("]") else host  # "[::]" is gRPC's spelling
+
+
+def grpc_server_options(config: AudioGenerationConfig) -> list[tuple[str, int]]:
+    """Channel arguments that bound what one client connection may send or hold open."""
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+            ("grpc.max_concurrent_streams", config.limits.max_concurrent_streams)]
+
 
 class RunningServer:
     """What serve() builds: the grpc server, the engine, health and metrics."""
 
-    def __init__(self, config: AudioGenerationConfig, engine: TTSEngine, options: ServerOptions):
+    def __init__(self, config: AudioGenerationConfig, engine: TTSEngine, options: ServerOptions,
+                 credentials: grpc.ServerCredentials | None = None):
         self.config = config
         self.engine = engine
         self.options = options
         self.metrics = ServerMetrics(engine.metrics)
         self.servicer = TextToSpeechServicer(engine, self.metrics)
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                               ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-        tts_pb2_grpc.add_TextToSpeechServicer_to_server(self.servicer, self.server)
+        auth = options.auth
+        interceptors = [BearerTokenInterceptor(auth)] if auth is not None and auth.enabled else []
+        self.server = grpc.aio.server(options=grpc_server_options(config), interceptors=interceptors)
+        add_text_to_speech(self.servicer, self.server)  # decodes requests itself: malformed -> INVALID_ARGUMENT
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self.server)
         address = f"{options.host}:{options.port}"
-        self.port = self.server.add_insecure_port(address)
+        self.port = (self.server.add_secure_port(address, credentials) if credentials is not None
+                     else self.server.add_insecure_port(address))
         if self.port == 0:
             raise OSError(f"could not bind {address}")
         self.metrics_http = None
@@ -71,27 +96,37 @@ class RunningServer:
 
 async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: TTSEngine | None = None) -> None:
     """Runs the server until SIGINT/SIGTERM (or ``options.stop_event``), then drains and stops."""
+    # TLS files are read before the model loads: a wrong path fails at once, naming the flag.
+    credentials = server_credentials(options.tls)
+    if options.auth is not None and options.auth.enabled and credentials is None:
+        logger.warning("bearer tokens are required but TLS is off: tokens cross the network in clear text "
+                       "(give --tls-cert-file and --tls-key-file)")
     if engine is None:
         loop = asyncio.get_running_loop()
         engine = await loop.run_in_executor(None, TTSEngine, config)
-    running = RunningServer(config, engine, options)
+    running = RunningServer(config, engine, options, credentials)
     await running.set_serving(False)
     await running.server.start()
-    logger.info("listening on %s:%d (warming up)", options.host, running.port)
+    logger.info("listening on %s:%d (%s%s; warming up)", options.host, running.port,
+                "mutual TLS" if options.tls and options.tls.client_ca_file else "TLS" if credentials else "plaintext",
+                ", bearer tokens required" if options.auth is not None and options.auth.enabled else "")
     if options.on_listening is not None:
         options.on_listening(running.port)
     metrics_port = options.metrics_port
     if metrics_port is None and config.prometheus_metrics_mode != PrometheusMetricsMode.INSTRUMENT_ONLY:
         metrics_port = DEFAULT_METRICS_PORT
     if metrics_port is not None:  # --metrics-port alone also serves /metrics
-        running.metrics_http = running.metrics.serve_http(metrics_port)
-        logger.info("metrics on http://%s:%d/metrics", options.host, metrics_port)
+        running.metrics_http = running.metrics.serve_http(metrics_port, options.metrics_bind_host)
+        logger.info("metrics on http://%s:%d/metrics", options.metrics_bind_host,
+                    running.metrics_http.server_address[1])
     stop = options.stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     if options.install_signal_handlers:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     try:
+        # An engine whose loop has stopped for good takes the server out of rotation (NOT_SERVING).
+        engine.generation.on_unhealthy = lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop)
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
         running.servicer.ready = True
@@ -105,6 +140,7 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
         engine.generation.stop_accepting()
         await running.set_serving(False)
         await running.server.stop(config.grace_period_s)
+        running.servicer.close()
         await loop.run_in_executor(None, engine.stop, 0.0)
         if running.metrics_http is not None:
             running.metrics_http.shutdown()

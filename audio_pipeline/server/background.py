@@ -8,17 +8,21 @@ import threading
 from audio_pipeline.config import AudioGenerationConfig
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.server.app import ServerOptions, serve
+from audio_pipeline.server.auth import AuthTokens
+from audio_pipeline.server.tls import TLSFiles
 
 
 class BackgroundServer:
     """``with BackgroundServer(config) as server: TTSClient(server.target) ...``"""
 
     def __init__(self, config: AudioGenerationConfig, *, host: str = "127.0.0.1", port: int = 0,
-                 engine: TTSEngine | None = None, metrics_port: int | None = None):
+                 engine: TTSEngine | None = None, metrics_port: int | None = None, metrics_host: str | None = None,
+                 tls: TLSFiles | None = None, auth: AuthTokens | None = None):
         self.config = config
         self.engine = engine
         self.port: int | None = None
-        self._options = ServerOptions(host=host, port=port, metrics_port=metrics_port,
+        self._options = ServerOptions(host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host,
+                                      tls=tls, auth=auth,
                                       on_listening=self._listening, install_signal_handlers=False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None

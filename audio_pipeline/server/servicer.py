@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from contextlib import aclosing
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
-                                   Unavailable)
+                                   Unavailable, echo)
 from audio_pipeline.pipelines.audio_generation import AudioEvent
 from audio_pipeline.server.audio_output import StreamAudioOutput
+from audio_pipeline.server.handlers import MalformedRequest
 from audio_pipeline.server.metrics import ServerMetrics
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
@@ -41,45 +44,87 @@ def sampling_overrides(request: tts_pb2.SynthesizeRequest) -> dict:
     return overrides
 
 
+#: Threads for request preparation (text front end, reference audio): off the event loop, and
+#: bounded, so a burst of long texts queues there instead of stalling health checks and streams.
+FRONTEND_WORKERS = 2
+
+
 class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
     def __init__(self, engine: TTSEngine, metrics: ServerMetrics):
         self.engine = engine
         self.metrics = metrics
         self.ready = False
+        self.frontend = ThreadPoolExecutor(FRONTEND_WORKERS, thread_name_prefix="frontend")
+        #: Client labels of the running requests (the engine knows them by the server's own ids).
+        self._labels: set[str] = set()
+
+    def close(self) -> None:
+        self.frontend.shutdown(wait=False, cancel_futures=True)
+
+    def _prepare(self, request: tts_pb2.SynthesizeRequest, request_id: str):
+        """The request's engine context and audio output (runs on the front-end pool)."""
+        reference = None
+        if request.HasField("reference"):
+            reference = self.engine.reference_prompt(request.reference.audio, request.reference.transcript)
+        tts_context = self.engine.create_context(
+            request.text, voice=request.voice or None, request_id=request_id, reference=reference,
+            **sampling_overrides(request))
+        return tts_context, StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: RequestError, outcome: str) -> None:
         self.metrics.requests.labels(outcome).inc()
         await context.abort(STATUS_OF_ERROR.get(type(error), grpc.StatusCode.INTERNAL), str(error))
 
     async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext):
-        request_id = request.request_id or uuid.uuid4().hex
+        if isinstance(request, MalformedRequest):
+            await self._abort(context, InvalidArgument(request.reason), "invalid")
         if not self.ready:
             await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
+        # The engine runs the request under an id of the server's making; the client's id is a label
+        # for its own chunks and the logs, so it can never name (or cancel) another client's request.
+        request_id = uuid.uuid4().hex
+        label = request.request_id or request_id
+        limit = self.engine.config.limits.max_request_id_chars
+        if len(label) > limit:
+            await self._abort(context, InvalidArgument(f"longer than {limit} characters", field="request_id"),
+                              "invalid")
+        if label in self._labels:
+            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field="request_id"),
+                              "invalid")
+        log_label = echo(label, limit)
         try:
-            reference = None
-            if request.HasField("reference"):
-                # Encoding the recording runs the decoder's encoder: keep it off the event loop.
-                reference = await asyncio.get_running_loop().run_in_executor(
-                    None, self.engine.reference_prompt, request.reference.audio, request.reference.transcript)
-            tts_context = self.engine.create_context(
-                request.text, voice=request.voice or None, request_id=request_id, reference=reference,
-                **sampling_overrides(request))
-            output = StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
+            tts_context, output = await asyncio.get_running_loop().run_in_executor(
+                self.frontend, self._prepare, request, request_id)
         except RequestError as error:
             await self._abort(context, error, "invalid")
             return
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[AudioEvent] = asyncio.Queue()
+        if label in self._labels:  # taken while this request was being prepared
+            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field="request_id"),
+                              "invalid")
         try:
             self.engine.submit(tts_context, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
-        except (ResourceExhausted, Unavailable) as error:
+        except (ResourceExhausted, Unavailable, AlreadyExists) as error:
             await self._abort(context, error, "rejected")
             return
-        logger.info("request %s: %d prompt tokens, voice %s", request_id, len(tts_context.prompt_ids),
-                    tts_context.voice)
+        self._labels.add(label)
+        try:
+            # aclosing: when the client goes away, the inner stream's cleanup (cancelling the
+            # generation) runs now, not whenever the event loop finalizes it.
+            async with aclosing(self._stream(context, events, tts_context, output, request_id, label,
+                                             log_label)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self._labels.discard(label)
+
+    async def _stream(self, context, events, tts_context, output, request_id: str, label: str, log_label: str):
+        logger.info("request %s (%s): %d prompt tokens, voice %s", log_label, request_id,
+                    len(tts_context.prompt_ids), echo(tts_context.voice or ""))
         finished = False
         try:
-            yield tts_pb2.AudioChunk(request_id=request_id, format=tts_pb2.AudioFormat(
+            yield tts_pb2.AudioChunk(request_id=label, format=tts_pb2.AudioFormat(
                 sample_rate=output.sample_rate, encoding=output.encoding, channels=1))
             chunk_index = 0
             sent_samples = 0
@@ -98,7 +143,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                     self.metrics.requests.labels("failed").inc()
                     await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
                 if samples.size:
-                    yield tts_pb2.AudioChunk(request_id=request_id, audio=tts_pb2.AudioFrames(
+                    yield tts_pb2.AudioChunk(request_id=label, audio=tts_pb2.AudioFrames(
                         data=output.encode(samples), chunk_index=chunk_index, num_samples=samples.size))
                     chunk_index += 1
                     sent_samples += samples.size
@@ -106,7 +151,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                     usage = event.usage
                     audio_seconds = sent_samples / output.sample_rate
                     self.metrics.requests.labels("ok").inc()
-                    yield tts_pb2.AudioChunk(request_id=request_id, complete=tts_pb2.SynthesisComplete(
+                    yield tts_pb2.AudioChunk(request_id=label, complete=tts_pb2.SynthesisComplete(
                         stop_reason=STOP_REASONS.get(event.stop_reason, tts_pb2.STOP_REASON_UNSPECIFIED),
                         usage=tts_pb2.Usage(
                             prompt_tokens=usage.prompt_tokens, generated_tokens=usage.generated_tokens,
@@ -114,7 +159,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                             time_to_first_audio_seconds=usage.time_to_first_audio_seconds,
                             generation_seconds=usage.generation_seconds)))
                     logger.info("request %s: %s, %d tokens, %.2f s audio, first audio %.3f s, total %.3f s",
-                                request_id, event.stop_reason.value, usage.generated_tokens, audio_seconds,
+                                log_label, event.stop_reason.value, usage.generated_tokens, audio_seconds,
                                 usage.time_to_first_audio_seconds, usage.generation_seconds)
                     return
         finally:
@@ -122,9 +167,11 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                 # The client went away (cancel, deadline, broken stream): stop generating for it.
                 self.engine.cancel(request_id)
                 self.metrics.requests.labels("client_cancelled").inc()
-                logger.info("request %s: cancelled by the client", request_id)
+                logger.info("request %s: cancelled by the client", log_label)
 
     async def ListVoices(self, request: tts_pb2.ListVoicesRequest, context: grpc.aio.ServicerContext):
+        if isinstance(request, MalformedRequest):
+            await self._abort(context, InvalidArgument(request.reason), "invalid")
         default = self.engine.manifest.default_voice
         registered = {v.name for v in self.engine.registered_voices()}
         return tts_pb2.ListVoicesResponse(voices=[
@@ -133,6 +180,8 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             for v in self.engine.voices])
 
     async def RegisterVoice(self, request: tts_pb2.RegisterVoiceRequest, context: grpc.aio.ServicerContext):
+        if isinstance(request, MalformedRequest):
+            await self._abort(context, InvalidArgument(request.reason), "invalid")
         if not self.ready:
             await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
         try:
@@ -147,6 +196,8 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                              registered=True)
 
     async def DeleteVoice(self, request: tts_pb2.DeleteVoiceRequest, context: grpc.aio.ServicerContext):
+        if isinstance(request, MalformedRequest):
+            await self._abort(context, InvalidArgument(request.reason), "invalid")
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.delete_voice, request.name)
         except RequestError as error:
