@@ -53,6 +53,13 @@ class RegisteredVoice:
     language: str = "en-US"
 
 
+def _decoder_message(exc: Exception) -> str:
+    """The audio library's reason, without its description of our in-memory file object (which
+    would show the client a memory address)."""
+    reason = getattr(exc, "error_string", None) or str(exc)
+    return re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>:? ?", "", reason).strip() or type(exc).__name__
+
+
 def read_reference_audio(data: bytes, sample_rate: int, *, max_seconds: float,
                          field: str = "reference.audio") -> np.ndarray:
     """Decodes an audio file's bytes to mono float32 at ``sample_rate``; InvalidArgument naming ``field``."""
@@ -70,7 +77,7 @@ def read_reference_audio(data: bytes, sample_rate: int, *, max_seconds: float,
     except InvalidArgument:
         raise
     except (RuntimeError, sf.LibsndfileError, TypeError, ValueError) as exc:
-        raise InvalidArgument(f"cannot be read as audio ({exc})", field=field) from None
+        raise InvalidArgument(f"cannot be read as audio ({_decoder_message(exc)})", field=field) from None
     if samples.shape[0] < MIN_REFERENCE_SECONDS * rate:
         raise InvalidArgument(f"{samples.shape[0] / rate:.3f} s of audio is too short (at least "
                               f"{MIN_REFERENCE_SECONDS} s)", field=field)

@@ -110,3 +110,14 @@ def test_a_client_request_id_is_a_label_that_cannot_reach_another_clients_reques
         # Once the first is gone its label is free again.
         assert status_of(second, request(max_tokens=TEST_MAX_TOKENS, request_id="shared")) == \
             (grpc.StatusCode.OK, "")
+
+
+@pytest.mark.parametrize("audio", [b"garbage" * 10, b"RIFF\x00\x00\x00\x00WAVEfmt ", b"\x00" * 100])
+def test_unreadable_reference_audio_is_refused_without_leaking_internals(channel, audio):
+    stub = tts_pb2_grpc.TextToSpeechStub(channel)
+    message = request(max_tokens=TEST_MAX_TOKENS)
+    message.reference.audio = audio
+    message.reference.transcript = "Hello world."
+    code, details = status_of(stub, message)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("reference.audio: cannot be read as audio") and "0x" not in details
