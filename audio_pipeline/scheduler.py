@@ -276,7 +276,10 @@ class AudioGenerationScheduler:
         """Queues ``request``; QueueFull when the queue is full, ValueError when it can never fit."""
         if request.request_id in self._by_id:
             raise ValueError(f"request_id {request.request_id!r} is already in flight")
-        if len(self._waiting) >= self.config.max_queue_size:
+        # Free admission slots count too: a burst that arrives before the next step moves waiting
+        # requests into them must not be turned away while they stand empty.
+        free_slots = max(0, self.config.admission_limit - len(self._running))
+        if len(self._waiting) >= self.config.max_queue_size + free_slots:
             raise QueueFull(f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
         if request.max_length > self.capacity_tokens:
             raise ValueError(f"the request may need {request.max_length} KV tokens, more than the whole cache "

@@ -244,11 +244,12 @@ def test_watermark_defers_admission():
 
 
 def test_queue_limit_and_oversize_requests():
-    scheduler, _ = make(max_queue_size=2, blocks=4, block_size=4)
-    scheduler.add(Request("a", prompt(4)))
-    scheduler.add(Request("b", prompt(4)))
+    # One batch slot, two queue places: three requests fit (the slot is free), a fourth does not.
+    scheduler, _ = make(max_queue_size=2, max_batch_size=1, blocks=4, block_size=4)
+    for name in "abc":
+        scheduler.add(Request(name, prompt(4)))
     with pytest.raises(QueueFull, match="queue is full"):
-        scheduler.add(Request("c", prompt(4)))
+        scheduler.add(Request("d", prompt(4)))
     with pytest.raises(ValueError, match="already in flight"):
         scheduler.add(Request("a", prompt(4)))
     scheduler2, _ = make(blocks=2, block_size=4)
@@ -344,3 +345,18 @@ def test_the_committed_token_prefix_reads_like_the_joined_list():
         assert view[::2] == joined[:length][::2]
         if length:
             assert view[-1] == joined[length - 1] and view[length // 2] == joined[length // 2]
+
+
+def test_a_burst_fills_free_batch_slots_and_the_queue_before_the_next_step():
+    """max_batch_size running plus max_queue_size waiting may be held: a burst arriving before the
+    scheduler runs is not turned away while batch slots stand empty."""
+    scheduler, _ = make(max_queue_size=8, max_batch_size=4, blocks=64, block_size=4)
+    for i in range(12):
+        scheduler.add(Request(f"r{i}", prompt(4, 10 * i)))
+    with pytest.raises(QueueFull):
+        scheduler.add(Request("r12", prompt(4, 200)))
+    output = scheduler.schedule()
+    assert len(output.items) == 4 and scheduler.num_running == 4 and scheduler.num_waiting == 8
+    # With every slot taken, the queue alone decides.
+    with pytest.raises(QueueFull):
+        scheduler.add(Request("r13", prompt(4, 300)))
