@@ -272,14 +272,19 @@ class AudioGenerationScheduler:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._by_id
 
+    def has_room(self, pending: int = 0) -> bool:
+        """Whether one more request may be queued now (what ``add`` checks first), with ``pending``
+        others on their way in."""
+        # Free admission slots count too: a burst that arrives before the next step moves waiting
+        # requests into them must not be turned away while they stand empty.
+        free_slots = max(0, self.config.admission_limit - len(self._running))
+        return len(self._waiting) + pending < self.config.max_queue_size + free_slots
+
     def add(self, request: Any) -> None:
         """Queues ``request``; QueueFull when the queue is full, ValueError when it can never fit."""
         if request.request_id in self._by_id:
             raise ValueError(f"request_id {request.request_id!r} is already in flight")
-        # Free admission slots count too: a burst that arrives before the next step moves waiting
-        # requests into them must not be turned away while they stand empty.
-        free_slots = max(0, self.config.admission_limit - len(self._running))
-        if len(self._waiting) >= self.config.max_queue_size + free_slots:
+        if not self.has_room():
             raise QueueFull(f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
         if request.max_length > self.capacity_tokens:
             raise ValueError(f"the request may need {request.max_length} KV tokens, more than the whole cache "

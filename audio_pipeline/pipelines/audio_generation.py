@@ -196,6 +196,12 @@ class AudioGenerationEngine:
             self._update_load()
             self._lock.notify_all()
 
+    def has_room(self, pending: int = 0) -> bool:
+        """Whether a request submitted now would be queued (not refused as over capacity), with
+        ``pending`` others being prepared for submission."""
+        with self._lock:
+            return self._accepting and self.scheduler.has_room(pending)
+
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request; its sink gets a `complete` event with CANCELLED."""
         with self._lock:

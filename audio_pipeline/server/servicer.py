@@ -57,6 +57,8 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         self.frontend = ThreadPoolExecutor(FRONTEND_WORKERS, thread_name_prefix="frontend")
         #: Client labels of the running requests (the engine knows them by the server's own ids).
         self._labels: set[str] = set()
+        #: Requests between the capacity check and submission (being prepared off the loop).
+        self._preparing = 0
 
     def close(self) -> None:
         self.frontend.shutdown(wait=False, cancel_futures=True)
@@ -92,12 +94,18 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field="request_id"),
                               "invalid")
         log_label = echo(label, limit)
+        # Refuse a burst before preparing it, counting the requests already being prepared.
+        if not self.engine.generation.has_room(pending=self._preparing):
+            await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
+        self._preparing += 1
         try:
             tts_context, output = await asyncio.get_running_loop().run_in_executor(
                 self.frontend, self._prepare, request, request_id)
         except RequestError as error:
             await self._abort(context, error, "invalid")
             return
+        finally:
+            self._preparing -= 1
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[AudioEvent] = asyncio.Queue()
         if label in self._labels:  # taken while this request was being prepared
