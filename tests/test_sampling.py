@@ -157,3 +157,19 @@ def test_the_nucleus_over_the_best_candidates_picks_what_the_whole_row_picks(spr
         assert prefix is not None and torch.equal(prefix, full)
     else:
         assert prefix is None  # a flat row's nucleus reaches past 64 candidates
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_still_give_an_allowed_token_and_spare_the_batch(bad, temperature):
+    """A row of NaN or infinite logits (an overflow, a broken model) gets one of its allowed ids;
+    the other rows of the batch are sampled as if it were not there."""
+    contexts = [context(f"r{i}", temperature=temperature, seed=i) for i in range(3)]
+    scores = logits(3)
+    alone = sample_next_tokens(scores[1:].clone(), [context(f"r{i}", temperature=temperature, seed=i)
+                                                    for i in (1, 2)])
+    scores[0] = bad
+    tokens = sample_next_tokens(scores, contexts)
+    start, end = LAYOUT.token_range(0)
+    assert start <= tokens[0] < end  # an id of the first frame slot; never a stop or another slot's id
+    assert tokens[1:] == alone

@@ -140,6 +140,28 @@ def test_mutual_tls_accepts_a_certificate_of_the_ca_only(mutual, pki):
     wait_idle(mutual.engine)
 
 
+def test_the_client_library_and_cli_present_a_client_certificate(mutual, pki, tmp_path):
+    """TTSClient, AsyncTTSClient and tts-client take a client certificate and key for mutual TLS."""
+    ca, cert, key = str(pki.ca.cert_file), str(pki.client.cert_file), str(pki.client.key_file)
+    with TTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
+        assert any(v.name for v in client.list_voices())
+
+    async def listed():
+        async with AsyncTTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
+            return await client.list_voices()
+
+    assert asyncio.run(listed())
+    out = tmp_path / "mtls.wav"
+    assert tts_client(["--server", mutual.target, "--ca-file", ca, "--cert-file", cert, "--key-file", key,
+                       "--text", "Hi.", "--output", str(out), "--max-tokens", "28", "--quiet"]) == 0
+    assert out.stat().st_size > 44
+    with pytest.raises(ValueError, match="both or neither"):
+        TTSClient(mutual.target, tls=ca, client_cert=cert)
+    with pytest.raises(ValueError, match="needs TLS"):
+        TTSClient(mutual.target, client_cert=cert, client_key=key)
+    wait_idle(mutual.engine)
+
+
 # --- tokens --------------------------------------------------------------------------------------------
 
 def test_a_missing_or_wrong_token_is_unauthenticated_alike(secured):

@@ -178,8 +178,7 @@ class AudioGenerationEngine:
         """Queues a request; ResourceExhausted when the queue is full, Unavailable when not accepting."""
         with self._lock:
             if not self._accepting:
-                raise Unavailable("the server is not accepting requests (starting up or shutting down)" if self.healthy
-                                  else "the engine has failed and stopped; the server needs a restart")
+                raise self.unavailable()
             if context.request_id in self._requests:
                 raise AlreadyExists(f"{echo(context.request_id)} is already in flight", field="request_id")
             try:
@@ -196,11 +195,20 @@ class AudioGenerationEngine:
             self._update_load()
             self._lock.notify_all()
 
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def unavailable(self) -> Unavailable:
+        """The error for a submission while not accepting."""
+        return Unavailable("the server is not accepting requests (starting up or shutting down)" if self.healthy
+                           else "the engine has failed and stopped; the server needs a restart")
+
     def has_room(self, pending: int = 0) -> bool:
         """Whether a request submitted now would be queued (not refused as over capacity), with
         ``pending`` others being prepared for submission."""
         with self._lock:
-            return self._accepting and self.scheduler.has_room(pending)
+            return self.scheduler.has_room(pending)
 
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request; its sink gets a `complete` event with CANCELLED."""

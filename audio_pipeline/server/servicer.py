@@ -95,7 +95,10 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                               "invalid")
         log_label = echo(label, limit)
         # Refuse a burst before preparing it, counting the requests already being prepared.
-        if not self.engine.generation.has_room(pending=self._preparing):
+        generation = self.engine.generation
+        if not generation.accepting:
+            await self._abort(context, generation.unavailable(), "unavailable")
+        if not generation.has_room(pending=self._preparing):
             await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
         self._preparing += 1
         try:

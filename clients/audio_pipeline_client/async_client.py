@@ -12,6 +12,7 @@ from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, build_
                                             voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
+    PEMOption,
     Deadline,
     ReadinessProbe,
     TLSOption,
@@ -31,11 +32,12 @@ class AsyncTTSClient:
 
     def __init__(self, target: str = "localhost:50051", *, timeout: float | None = None, retries: int = 3,
                  tls: TLSOption = False, token: str | None = None,
-                 options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None):
+                 options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None,
+                 client_cert: PEMOption | None = None, client_key: PEMOption | None = None):
         self.target = target
         self.timeout = timeout
         self.retries = retries
-        credentials = channel_credentials(tls)
+        credentials = channel_credentials(tls, client_cert, client_key)
         arguments = channel_options(options)
         self._channel = (grpc.aio.secure_channel(target, credentials, arguments) if credentials is not None
                          else grpc.aio.insecure_channel(target, arguments))

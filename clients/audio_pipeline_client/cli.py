@@ -64,6 +64,9 @@ def connection_arguments() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=positive_float, metavar="S", help="deadline of the call in seconds")
     parser.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system roots")
     parser.add_argument("--ca-file", metavar="PEM", help="connect with TLS, trusting these root certificates")
+    parser.add_argument("--cert-file", metavar="PEM",
+                        help="client certificate for a server that requires one (mutual TLS; with --key-file)")
+    parser.add_argument("--key-file", metavar="PEM", help="private key of --cert-file")
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENVIRONMENT),
                         help=f"bearer token sent as authorization metadata (default: ${TOKEN_ENVIRONMENT})")
     parser.add_argument("--wait-ready", type=positive_float, metavar="S",
@@ -166,7 +169,8 @@ def positive_float(value: str) -> float:
 
 def connect(args: argparse.Namespace) -> TTSClient:
     try:
-        client = TTSClient(args.server, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token)
+        client = TTSClient(args.server, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token,
+                           client_cert=args.cert_file, client_key=args.key_file)
     except OSError as error:
         raise CommandError(describe_os_error(error, "read the CA file")) from error
     if args.wait_ready:

@@ -12,6 +12,7 @@ from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, build_
                                             voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
+    PEMOption,
     Deadline,
     ReadinessProbe,
     TLSOption,
@@ -29,17 +30,20 @@ class TTSClient:
     ``timeout`` is the deadline in seconds of each call, retries included (None: no deadline).
     A call failing with UNAVAILABLE before any audio arrived is retried up to ``retries`` times with
     exponential backoff (0.2 s, 0.4 s, 0.8 s, ...). ``tls`` is False (plaintext), True (system roots),
-    or the root certificates as bytes or a file path. ``token`` is sent as ``authorization: Bearer``.
+    or the root certificates as bytes or a file path; ``client_cert`` and ``client_key`` (PEM bytes or
+    paths) add a client certificate for servers that require one (mutual TLS). ``token`` is sent as
+    ``authorization: Bearer``.
     ``options`` are extra grpc channel arguments. Every failed call raises TTSError.
     """
 
     def __init__(self, target: str = "localhost:50051", *, timeout: float | None = None, retries: int = 3,
                  tls: TLSOption = False, token: str | None = None,
-                 options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None):
+                 options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None,
+                 client_cert: PEMOption | None = None, client_key: PEMOption | None = None):
         self.target = target
         self.timeout = timeout
         self.retries = retries
-        credentials = channel_credentials(tls)
+        credentials = channel_credentials(tls, client_cert, client_key)
         arguments = channel_options(options)
         self._channel = (grpc.secure_channel(target, credentials, arguments) if credentials is not None
                          else grpc.insecure_channel(target, arguments))

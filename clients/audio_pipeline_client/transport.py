@@ -23,15 +23,29 @@ USER_AGENT = "audio-pipeline-client/0.1.0"
 TLSOption = bool | bytes | str | os.PathLike
 
 
-def channel_credentials(tls: TLSOption) -> grpc.ChannelCredentials | None:
-    """None for plaintext; TLS with the system roots (True) or with given root certificates (bytes or a path)."""
+PEMOption = bytes | str | os.PathLike
+
+
+def _pem(value: PEMOption) -> bytes:
+    return value if isinstance(value, bytes) else Path(value).read_bytes()
+
+
+def channel_credentials(tls: TLSOption, client_cert: PEMOption | None = None,
+                        client_key: PEMOption | None = None) -> grpc.ChannelCredentials | None:
+    """None for plaintext; TLS with the system roots (True) or with given root certificates (bytes or a
+    path). ``client_cert`` and ``client_key`` (PEM bytes or paths, both or neither) present a client
+    certificate, for servers that ask for one (mutual TLS)."""
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key go together: give both or neither")
     if tls is False or tls is None:
+        if client_cert is not None:
+            raise ValueError("a client certificate needs TLS: set tls (True or the CA's certificates)")
         return None
-    if tls is True:
-        return grpc.ssl_channel_credentials()
-    if isinstance(tls, bytes):
-        return grpc.ssl_channel_credentials(root_certificates=tls)
-    return grpc.ssl_channel_credentials(root_certificates=Path(tls).read_bytes())
+    roots = None if tls is True else _pem(tls)
+    if client_cert is None:
+        return grpc.ssl_channel_credentials(root_certificates=roots)
+    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=_pem(client_key),
+                                        certificate_chain=_pem(client_cert))
 
 
 def channel_options(options: Mapping[str, object] | Sequence[tuple[str, object]] | None) -> list[tuple[str, object]]:
