@@ -97,8 +97,8 @@ def expectation(name, decoder, chunks, buffer, block_causal):
     """(exact, SNR lower bound in dB or None, seams must stay within the one-shot's jumps)."""
     if chunks is None:
         return True, None, True  # one chunk: the one-shot decode itself
-    if block_causal and name in CAUSAL:
-        return True, None, True
+    if (block_causal and name in CAUSAL) or decoder.causal_state:
+        return True, None, True  # on the stream's state: a causal_state decoder (lpc) always is
     if name == "causal-conv" and buffer >= decoder.receptive_field_frames:
         return True, None, True  # the context covers everything the new frames can see
     if name == "snac":
@@ -107,9 +107,7 @@ def expectation(name, decoder, chunks, buffer, block_causal):
         return False, 12.0 if chunks == [1] else 18.0, True
     if name == "causal-conv":  # a context shorter than the receptive field; buffer 0 restarts from zeros
         return False, 20.0, buffer > 0
-    # lpc without block_causal: each window restarts the pulse phase and the noise generator, so
-    # the waveform is not the one-shot's (SNR about 0 dB) and seams may jump; only lengths hold.
-    return False, None, False
+    raise AssertionError(f"no expectation for {name}")
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))

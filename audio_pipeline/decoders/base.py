@@ -34,6 +34,11 @@ class AudioDecoder(ABC):
     #: Whether the decoder can run with ``block_causal=True`` (implements init_state / decode_blocks).
     #: A checkpoint-dependent decoder may say False on an instance (see check_streaming_settings).
     supports_block_causal: ClassVar[bool] = False
+    #: A causal decoder whose block state carries everything its audio depends on (filter memory,
+    #: excitation phase, noise generator): decoding block after block on it gives exactly the
+    #: one-shot audio. Streams then always decode on that state, whatever ``block_causal`` says (for
+    #: such a decoder the two modes mean the same audio; only the state path has no restarts).
+    causal_state: ClassVar[bool] = False
 
     #: Output sample rate in Hz.
     sample_rate: int

@@ -73,6 +73,7 @@ class LPCDecoder(AudioDecoder):
     name = "lpc"
     tokens_per_frame = 4
     supports_block_causal = True
+    causal_state = True
 
     def __init__(self, config: dict[str, Any], codebook: np.ndarray):
         from scipy.signal import lfilter
@@ -89,8 +90,9 @@ class LPCDecoder(AudioDecoder):
         self.codebook_size = codebook.shape[0]
         self.f0_levels = int(config["f0_levels"])
         self.gain_levels = int(config["gain_levels"])
-        # The filter memory fades within a frame or two; the pulse phase carries further, so
-        # streaming without block_causal may shift the glottal pulses at a seam (never the spectrum).
+        # The filter memory fades within a frame or two, the pulse phase carries on for good: a
+        # window restarted from zeros would shift the pulses. Streams decode on the carried state
+        # instead (causal_state), so they never restart.
         self.receptive_field_frames = 2
         self._filters = [reflection_to_lpc(lar_to_reflection(v)) for v in self.codebook]
 

@@ -48,6 +48,8 @@ class DecoderStream:
         if prompt_codes is not None and (prompt_codes.dim() != 1 or prompt_codes.numel() % frame):
             raise ValueError(f"prompt codes must be a 1-D tensor of whole {frame}-code frames, "
                              f"got shape {tuple(prompt_codes.shape)}")
+        # A decoder whose state carries everything decodes each chunk on it, block_causal or not.
+        block_causal = block_causal or decoder.causal_state
         self.decoder = decoder
         self.prompt_codes = (prompt_codes.detach().long().cpu() if prompt_codes is not None
                              else torch.zeros(0, dtype=torch.long))
