@@ -449,6 +449,9 @@ class AudioGenerationConfig(PipelineConfig):
     voices_dir: str | None = Field(
         None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "
                           "$AUDIO_PIPELINE_CACHE or ~/.cache/audio-pipeline.")
+    normalize_text: bool = Field(
+        True, description="Read written forms as words before speaking (numbers, money, dates, times, units, "
+                          "abbreviations, URLs, symbols); a request's normalize_text overrides it.")
     max_reference_seconds: float = Field(
         30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
     limits: "LimitsConfig" = Field(default_factory=lambda: LimitsConfig(),

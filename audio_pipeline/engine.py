@@ -23,6 +23,7 @@ from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+from audio_pipeline.text.normalize import normalize
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    read_reference_audio)
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
@@ -214,7 +215,8 @@ class TTSEngine:
     # --- requests --------------------------------------------------------------------------------
 
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
-                       reference: VoicePrompt | None = None, **sampling_overrides: Any) -> TTSContext:
+                       reference: VoicePrompt | None = None, normalize_text: bool | None = None,
+                       **sampling_overrides: Any) -> TTSContext:
         """A validated context; InvalidArgument or NotFound naming the field otherwise."""
         if not text or not text.strip():
             raise InvalidArgument("must not be empty", field="text")
@@ -248,6 +250,8 @@ class TTSEngine:
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
+        if self.config.normalize_text if normalize_text is None else normalize_text:
+            text = normalize(text).spoken  # every layout gets words, never "$5" or "9:15"
         prompt = self.layout.build_prompt(self.tokenizer, text, voice, reference)
         plan = getattr(self.layout, "alignment", None)
         alignment = plan(prompt) if plan is not None else None

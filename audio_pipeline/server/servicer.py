@@ -70,6 +70,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             reference = self.engine.reference_prompt(request.reference.audio, request.reference.transcript)
         tts_context = self.engine.create_context(
             request.text, voice=request.voice or None, request_id=request_id, reference=reference,
+            normalize_text=request.normalize_text if request.HasField("normalize_text") else None,
             **sampling_overrides(request))
         return tts_context, StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
 

@@ -106,6 +106,9 @@ def synthesize_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=positive_int)
     parser.add_argument("--min-tokens", type=non_negative_int)
     parser.add_argument("--request-id", help="id echoed by the server and written to its logs")
+    parser.add_argument("--no-normalize", dest="normalize_text", action="store_const", const=False,
+                        help="speak the text as written (by default numbers, money, dates, units and the "
+                             "like are read as words first, e.g. '$5' as 'five dollars')")
     parser.add_argument("--quiet", action="store_true", help="no progress line and no summary")
     return parser
 
@@ -233,7 +236,8 @@ def synthesize(args: argparse.Namespace) -> int:
                                        encoding=encoding, request_id=args.request_id,
                                        reference_audio=reference_audio, reference_transcript=args.reference_transcript,
                                        min_p=args.min_p, frequency_penalty=args.frequency_penalty,
-                                       presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id):
+                                       presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id,
+                                       normalize_text=args.normalize_text):
                 sink.write(chunk)
                 progress.update(chunk)
         sink.commit()

@@ -45,7 +45,8 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
                   reference_audio: ReferenceAudio | None = None,
                   reference_transcript: str | None = None, min_p: float | None = None,
                   frequency_penalty: float | None = None, presence_penalty: float | None = None,
-                  stop_token_ids: Sequence[int] | None = None) -> tts_pb2.SynthesizeRequest:
+                  stop_token_ids: Sequence[int] | None = None,
+                  normalize_text: bool | None = None) -> tts_pb2.SynthesizeRequest:
     """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
     request = tts_pb2.SynthesizeRequest(text=text)
     if reference_audio is not None or reference_transcript is not None:
@@ -68,6 +69,8 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
         request.sampling.CopyFrom(tts_pb2.SamplingParams(**given))
     if stop_token_ids:
         request.sampling.stop_token_ids.extend(int(t) for t in stop_token_ids)
+    if normalize_text is not None:
+        request.normalize_text = normalize_text
     return request
 
 

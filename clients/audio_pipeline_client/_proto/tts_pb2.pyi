@@ -60,7 +60,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference")
+    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class SynthesizeRequest(_message.Message):
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_TEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     voice: str
     sampling: SamplingParams
@@ -75,7 +76,8 @@ class SynthesizeRequest(_message.Message):
     sample_rate: int
     request_id: str
     reference: VoiceReference
-    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ...) -> None: ...
+    normalize_text: bool
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ...) -> None: ...
 
 class AudioFormat(_message.Message):
     __slots__ = ("sample_rate", "encoding", "channels")

@@ -1,0 +1,1 @@
+"""Text before the model: normalization (written forms to words) and sentence segmentation."""
