@@ -159,7 +159,9 @@ class SamplingConfig(BaseModel):
     seed: int | None = Field(None, description="Seed of the default random generator; None = nondeterministic.")
     stop_token_ids: list[int] = Field(
         default_factory=list, description="Extra token ids that end the speech (end-of-speech always does).")
-    max_text_chars: int = Field(2000, ge=1, description="Longest request text, in characters.")
+    max_text_chars: int = Field(
+        100_000, ge=1, description="Longest request text, in characters; a text is spoken sentence by sentence, "
+                                   "as one audio stream.")
     enable_structured_output: bool = Field(False, description="Constrain output to a grammar.")
 
     @field_validator("top_k")
@@ -449,6 +451,9 @@ class AudioGenerationConfig(PipelineConfig):
     voices_dir: str | None = Field(
         None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "
                           "$AUDIO_PIPELINE_CACHE or ~/.cache/audio-pipeline.")
+    max_segment_chars: int = Field(
+        300, ge=20, description="Longest piece of a text spoken by one generation: sentences longer than this "
+                                "are cut at clause boundaries (then spaces).")
     normalize_text: bool = Field(
         True, description="Read written forms as words before speaking (numbers, money, dates, times, units, "
                           "abbreviations, URLs, symbols); a request's normalize_text overrides it.")

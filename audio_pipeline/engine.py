@@ -214,15 +214,20 @@ class TTSEngine:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
-                       reference: VoicePrompt | None = None, normalize_text: bool | None = None,
-                       **sampling_overrides: Any) -> TTSContext:
-        """A validated context; InvalidArgument or NotFound naming the field otherwise."""
+    def check_text(self, text: str) -> None:
+        """InvalidArgument unless ``text`` is a request text this server takes (non-blank, within
+        ``sampling.max_text_chars``)."""
         if not text or not text.strip():
             raise InvalidArgument("must not be empty", field="text")
         limit = self.config.sampling.max_text_chars
         if len(text) > limit:
             raise InvalidArgument(f"{len(text)} characters, over the limit of {limit}", field="text")
+
+    def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
+                       reference: VoicePrompt | None = None, normalize_text: bool | None = None,
+                       **sampling_overrides: Any) -> TTSContext:
+        """A validated context; InvalidArgument or NotFound naming the field otherwise."""
+        self.check_text(text)
         limits = self.config.limits
         if request_id is not None and len(request_id) > limits.max_request_id_chars:
             raise InvalidArgument(f"longer than {limits.max_request_id_chars} characters", field="request_id")

@@ -129,7 +129,7 @@ def test_nested_defaults():
     sampling = config.sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (0.6, 0.95, -1, 0.0)
     assert (sampling.repetition_penalty, sampling.max_tokens, sampling.max_tokens_limit) == (1.1, 1200, 4096)
-    assert sampling.min_tokens == 0 and sampling.seed is None and sampling.max_text_chars == 2000
+    assert sampling.min_tokens == 0 and sampling.seed is None and sampling.max_text_chars == 100_000
     assert config.profiling.gpu_profiling == "off"
     assert LoRAConfig().max_lora_rank == 16 and config_module.SpeculativeConfig().num_speculative_tokens == 2
 

@@ -268,7 +268,8 @@ async def sigterm_phase(model: str | None, task_args: list[str], grace: float, r
 
 
 def server_args(args: argparse.Namespace) -> list[str]:
-    return [f"max_batch_size={args.max_batch_size}", f"max_queue_size={args.max_queue_size}", *args.task_arg]
+    return [f"max_batch_size={args.max_batch_size}", f"max_queue_size={args.max_queue_size}",
+            f"sampling.max_text_chars={args.max_text_chars}", *args.task_arg]
 
 
 async def run(args: argparse.Namespace) -> Report:
@@ -334,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a plain request beside every N-th hostile one (default 10)")
     parser.add_argument("--max-batch-size", type=int, default=8, help="the server's max_batch_size (default 8)")
     parser.add_argument("--max-queue-size", type=int, default=16, help="the server's max_queue_size (default 16)")
+    parser.add_argument("--max-text-chars", type=int, default=2000,
+                        help="the server's sampling.max_text_chars: longer hostile texts are refused, shorter ones "
+                             "spoken, which bounds the run's time (default 2000)")
     parser.add_argument("--grace", type=float, default=10.0, help="grace period of the SIGTERM server (default 10 s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the hostile requests")
     args = parser.parse_args(argv)

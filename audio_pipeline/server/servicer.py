@@ -14,7 +14,7 @@ from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
                                    Unavailable, echo)
-from audio_pipeline.pipelines.audio_generation import AudioEvent
+from audio_pipeline.pipelines.segmented import SegmentedSynthesis
 from audio_pipeline.server.audio_output import StreamAudioOutput
 from audio_pipeline.server.handlers import MalformedRequest
 from audio_pipeline.server.metrics import ServerMetrics
@@ -63,16 +63,33 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
     def close(self) -> None:
         self.frontend.shutdown(wait=False, cancel_futures=True)
 
-    def _prepare(self, request: tts_pb2.SynthesizeRequest, request_id: str):
-        """The request's engine context and audio output (runs on the front-end pool)."""
+    def _segment_context(self, request: tts_pb2.SynthesizeRequest, reference, text: str, request_id: str,
+                         index: int):
+        """One segment's engine context (runs on the front-end pool). Segment i of a request with a
+        seed uses seed + i, so a long text is as reproducible as a short one."""
+        overrides = sampling_overrides(request)
+        if index and overrides.get("seed") is not None:
+            overrides["seed"] = (overrides["seed"] + index) % 2 ** 63
+        return self.engine.create_context(
+            text, voice=request.voice or None, request_id=f"{request_id}-{index}", reference=reference,
+            normalize_text=request.normalize_text if request.HasField("normalize_text") else None, **overrides)
+
+    async def _start(self, request: tts_pb2.SynthesizeRequest, request_id: str):
+        """Validates what can be checked at once, then prepares and submits the first segment."""
+        output = StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
+        self.engine.check_text(request.text)
+        loop = asyncio.get_running_loop()
         reference = None
         if request.HasField("reference"):
-            reference = self.engine.reference_prompt(request.reference.audio, request.reference.transcript)
-        tts_context = self.engine.create_context(
-            request.text, voice=request.voice or None, request_id=request_id, reference=reference,
-            normalize_text=request.normalize_text if request.HasField("normalize_text") else None,
-            **sampling_overrides(request))
-        return tts_context, StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
+            reference = await loop.run_in_executor(self.frontend, self.engine.reference_prompt,
+                                                   request.reference.audio, request.reference.transcript)
+        synthesis = SegmentedSynthesis(
+            self.engine, request.text,
+            lambda text, index: self._segment_context(request, reference, text, request_id, index),
+            executor=self.frontend, request_id=request_id,
+            max_segment_chars=self.engine.config.max_segment_chars)
+        await synthesis.start()
+        return synthesis, output
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: RequestError, outcome: str) -> None:
         self.metrics.requests.labels(outcome).inc()
@@ -101,85 +118,85 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             await self._abort(context, generation.unavailable(), "unavailable")
         if not generation.has_room(pending=self._preparing):
             await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
-        self._preparing += 1
-        try:
-            tts_context, output = await asyncio.get_running_loop().run_in_executor(
-                self.frontend, self._prepare, request, request_id)
-        except RequestError as error:
-            await self._abort(context, error, "invalid")
-            return
-        finally:
-            self._preparing -= 1
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[AudioEvent] = asyncio.Queue()
-        if label in self._labels:  # taken while this request was being prepared
+        if label in self._labels:
             await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field="request_id"),
                               "invalid")
-        try:
-            self.engine.submit(tts_context, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
-        except (ResourceExhausted, Unavailable, AlreadyExists) as error:
-            await self._abort(context, error, "rejected")
-            return
         self._labels.add(label)
         try:
+            self._preparing += 1
+            try:
+                synthesis, output = await self._start(request, request_id)
+            except (ResourceExhausted, Unavailable, AlreadyExists) as error:
+                await self._abort(context, error, "rejected")
+                return
+            except RequestError as error:
+                await self._abort(context, error, "invalid")
+                return
+            finally:
+                self._preparing -= 1
             # aclosing: when the client goes away, the inner stream's cleanup (cancelling the
             # generation) runs now, not whenever the event loop finalizes it.
-            async with aclosing(self._stream(context, events, tts_context, output, request_id, label,
-                                             log_label)) as chunks:
+            async with aclosing(self._stream(context, synthesis, output, request_id, label, log_label)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
             self._labels.discard(label)
 
-    async def _stream(self, context, events, tts_context, output, request_id: str, label: str, log_label: str):
-        logger.info("request %s (%s): %d prompt tokens, voice %s", log_label, request_id,
-                    len(tts_context.prompt_ids), echo(tts_context.voice or ""))
+    async def _stream(self, context, synthesis: SegmentedSynthesis, output, request_id: str, label: str,
+                      log_label: str):
+        logger.info("request %s (%s): %d segment(s), voice %s", log_label, request_id, len(synthesis.segments),
+                    echo(synthesis.voice or ""))
         finished = False
         try:
             yield tts_pb2.AudioChunk(request_id=label, format=tts_pb2.AudioFormat(
                 sample_rate=output.sample_rate, encoding=output.encoding, channels=1))
             chunk_index = 0
             sent_samples = 0
-            while True:
-                event = await events.get()
-                if event.kind == "audio":
-                    samples = output.convert(event.samples)
-                elif event.kind == "complete":
-                    finished = True
-                    if event.stop_reason == StopReason.CANCELLED:
-                        await self._abort(context, Unavailable("the request was cancelled by the server "
-                                                               "(shutting down)"), "cancelled")
-                    samples = output.finish()
-                else:
-                    finished = True
-                    self.metrics.requests.labels("failed").inc()
-                    await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
-                if samples.size:
-                    yield tts_pb2.AudioChunk(request_id=label, audio=tts_pb2.AudioFrames(
-                        data=output.encode(samples), chunk_index=chunk_index, num_samples=samples.size))
-                    chunk_index += 1
-                    sent_samples += samples.size
-                if event.kind == "complete":
-                    usage = event.usage
-                    audio_seconds = sent_samples / output.sample_rate
-                    self.metrics.requests.labels("ok").inc()
-                    yield tts_pb2.AudioChunk(request_id=label, complete=tts_pb2.SynthesisComplete(
-                        stop_reason=STOP_REASONS.get(event.stop_reason, tts_pb2.STOP_REASON_UNSPECIFIED),
-                        usage=tts_pb2.Usage(
-                            prompt_tokens=usage.prompt_tokens, generated_tokens=usage.generated_tokens,
-                            audio_seconds=audio_seconds,
-                            time_to_first_audio_seconds=usage.time_to_first_audio_seconds,
-                            generation_seconds=usage.generation_seconds)))
-                    logger.info("request %s: %s, %d tokens, %.2f s audio, first audio %.3f s, total %.3f s",
-                                log_label, event.stop_reason.value, usage.generated_tokens, audio_seconds,
-                                usage.time_to_first_audio_seconds, usage.generation_seconds)
-                    return
+            async with aclosing(synthesis.events()) as events:
+                async for event in events:
+                    if event.kind == "audio":
+                        samples = output.convert(event.samples)
+                    elif event.kind == "complete":
+                        finished = True
+                        if event.stop_reason == StopReason.CANCELLED:
+                            await self._abort(context, Unavailable("the request was cancelled by the server "
+                                                                   "(shutting down)"), "cancelled")
+                        samples = output.finish()
+                    else:
+                        finished = True
+                        self.metrics.requests.labels("failed").inc()
+                        await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
+                    if samples.size:
+                        yield tts_pb2.AudioChunk(request_id=label, audio=tts_pb2.AudioFrames(
+                            data=output.encode(samples), chunk_index=chunk_index, num_samples=samples.size))
+                        chunk_index += 1
+                        sent_samples += samples.size
+                    if event.kind == "complete":
+                        usage = event.usage
+                        audio_seconds = sent_samples / output.sample_rate
+                        self.metrics.requests.labels("ok").inc()
+                        yield tts_pb2.AudioChunk(request_id=label, complete=tts_pb2.SynthesisComplete(
+                            stop_reason=STOP_REASONS.get(event.stop_reason, tts_pb2.STOP_REASON_UNSPECIFIED),
+                            usage=tts_pb2.Usage(
+                                prompt_tokens=usage.prompt_tokens, generated_tokens=usage.generated_tokens,
+                                audio_seconds=audio_seconds,
+                                time_to_first_audio_seconds=usage.time_to_first_audio_seconds,
+                                generation_seconds=usage.generation_seconds)))
+                        logger.info("request %s: %s, %d tokens, %.2f s audio, first audio %.3f s, total %.3f s",
+                                    log_label, event.stop_reason.value, usage.generated_tokens, audio_seconds,
+                                    usage.time_to_first_audio_seconds, usage.generation_seconds)
+                        return
+        except RequestError as error:  # a later segment that cannot be spoken
+            finished = True
+            synthesis.cancel()
+            await self._abort(context, error, "invalid")
         finally:
             if not finished:
                 # The client went away (cancel, deadline, broken stream): stop generating for it.
-                self.engine.cancel(request_id)
+                synthesis.cancel()
                 self.metrics.requests.labels("client_cancelled").inc()
                 logger.info("request %s: cancelled by the client", log_label)
+
 
     async def ListVoices(self, request: tts_pb2.ListVoicesRequest, context: grpc.aio.ServicerContext):
         if isinstance(request, MalformedRequest):

@@ -1,0 +1,54 @@
+"""A text of many sentences through a real server: one continuous stream, every sentence in order,
+silences by the punctuation between them; a cancel mid-way frees everything."""
+
+import grpc
+import numpy as np
+
+from audio_pipeline.text.segment import PAUSES
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+
+SENTENCES = ["First one here.", "Second one there, and on.", "Is this the third?", "Last."]
+
+
+def pcm(messages):
+    return np.concatenate([np.frombuffer(m.audio.data, dtype="<i2") for m in messages if m.HasField("audio")])
+
+
+def test_a_long_text_is_one_stream_of_its_sentences_in_order(idle_server):
+    with grpc.insecure_channel(idle_server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+
+        def speak(text):
+            return list(stub.Synthesize(tts_pb2.SynthesizeRequest(
+                text=text, sampling=tts_pb2.SamplingParams(temperature=0.0)), timeout=300))
+
+        whole = speak(" ".join(SENTENCES))
+        alone = [speak(sentence) for sentence in SENTENCES]
+    kinds = [m.WhichOneof("content") for m in whole]
+    assert kinds[0] == "format" and kinds[-1] == "complete" and set(kinds[1:-1]) == {"audio"}
+    chunks = [m.audio.chunk_index for m in whole if m.HasField("audio")]
+    assert chunks == list(range(len(chunks)))
+    rate = whole[0].format.sample_rate
+    # Each sentence's audio, as it sounds alone (greedy), then the pause its punctuation asks for.
+    expected = []
+    for sentence, messages in zip(SENTENCES, alone):
+        expected.append(pcm(messages))
+        if sentence is not SENTENCES[-1]:
+            pause = PAUSES["comma" if sentence.endswith(",") else "sentence"]
+            expected.append(np.zeros(int(round(pause * rate)), dtype="<i2"))
+    # Equal up to a rounding step: a segment's decode may share a batch with another's.
+    np.testing.assert_allclose(pcm(whole).astype(np.int32), np.concatenate(expected).astype(np.int32), atol=2)
+    usage = whole[-1].complete.usage
+    assert usage.prompt_tokens == sum(m[-1].complete.usage.prompt_tokens for m in alone)
+    assert usage.generated_tokens == sum(m[-1].complete.usage.generated_tokens for m in alone)
+    assert usage.audio_seconds * rate == len(pcm(whole))
+
+
+def test_cancelling_a_long_text_mid_way_frees_every_segment(idle_server):
+    """idle_server checks afterwards that no request and no KV block is left."""
+    with grpc.insecure_channel(idle_server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        call = stub.Synthesize(tts_pb2.SynthesizeRequest(text=" ".join(SENTENCES * 5)), timeout=300)
+        received = [next(call) for _ in range(4)]
+        assert received[0].HasField("format")
+        call.cancel()
