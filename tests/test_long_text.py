@@ -52,3 +52,15 @@ def test_cancelling_a_long_text_mid_way_frees_every_segment(idle_server):
         received = [next(call) for _ in range(4)]
         assert received[0].HasField("format")
         call.cancel()
+
+
+def test_the_long_text_benchmark_speaks_a_file_through_a_real_server(tiny_model_dir, tmp_path, capsys):
+    from audio_pipeline.bench.long_text import DEFAULT_FILE, main
+
+    assert DEFAULT_FILE.is_file() and len(DEFAULT_FILE.read_text()) > 19_000
+    text = tmp_path / "short.txt"
+    text.write_text(" ".join(SENTENCES))
+    assert main(["--file", str(text), "--model", str(tiny_model_dir), "--task-arg", "chunk_size=28,56",
+                 "--task-arg", "sampling.max_tokens=70"]) == 0
+    out = capsys.readouterr().out
+    assert "4 words" not in out and "stream 0: first audio" in out and "longest playback stall" in out
