@@ -1,11 +1,14 @@
-"""A text of any length spoken as one audio stream: segment after segment, the next one already
-generating while the current one plays out.
+"""Text spoken as one audio stream, segment after segment, the next already generating while the
+current one plays out.
 
-The text is cut into sentences (and long sentences into clauses, :mod:`audio_pipeline.text.segment`);
-each segment is one engine request with the same voice and settings. Segment n+1 is prepared (text
-front end, off the event loop) and submitted as soon as segment n is, so its prefill and first
-frames run while n is still decoding; its audio waits until n's is out. A short silence by the
-punctuation separates them. Cancelling the synthesis cancels every segment it submitted.
+Segments come from a whole text (:meth:`SegmentedSynthesis.add_text` cuts it into sentences, and
+long sentences into clauses, with :mod:`audio_pipeline.text.segment`) or one by one as a live text
+arrives (:meth:`add_segment`); :meth:`close` says no more will come. Each segment is one engine
+request with the same voice and settings. A segment is prepared (text front end, off the event
+loop) and submitted as soon as it is known and the one before it has started, so its prefill and
+first frames run while that one is still decoding; its audio waits until the earlier audio is out.
+A short silence by the punctuation separates segments. :meth:`cancel` cancels every segment
+submitted.
 """
 
 from __future__ import annotations
@@ -26,26 +29,59 @@ from audio_pipeline.text.segment import Segment, segments
 
 #: How long a continuation segment waits between tries while the engine's queue is full.
 REQUEUE_DELAY_S = 0.05
+#: Segments started ahead of the one playing out: enough to hide a segment's prefill and first
+#: frames, few enough that a long text does not take the engine's batch from other requests.
+LOOKAHEAD = 1
+
+_END = object()
 
 
 class SegmentedSynthesis:
-    """One request: ``prepare(segment text, index)`` makes a segment's engine context (it may raise
-    InvalidArgument); :meth:`events` runs the segments and yields one stream of AudioEvents."""
+    """One request's segments as one stream of AudioEvents. ``prepare(segment text, index)`` makes
+    a segment's engine context (it may raise InvalidArgument or another RequestError)."""
 
-    def __init__(self, engine: Any, text: str, prepare: Callable[[str, int], TTSContext], *,
-                 executor: Executor, request_id: str, max_segment_chars: int):
+    def __init__(self, engine: Any, prepare: Callable[[str, int], TTSContext], *, executor: Executor,
+                 request_id: str, max_segment_chars: int):
         self.engine = engine
         self.prepare = prepare
         self.executor = executor
         self.request_id = request_id
-        self.text = text
         self.max_segment_chars = max_segment_chars
+        #: Segments known so far, in order.
         self.segments: list[Segment] = []
         #: The voice of the first segment (every segment has the same).
         self.voice: str | None = None
+        self._incoming: asyncio.Queue = asyncio.Queue()  # Segment, an exception, or _END
+        self._started: asyncio.Queue = asyncio.Queue()  # (Segment, [(context, events)]), an exception, or _END
+        self._played = 0
+        self._progress = asyncio.Event()
         self._submitted: list[TTSContext] = []
-        self._tasks: list[asyncio.Task] = []
+        self._producer: asyncio.Task | None = None
+        self._first: Any = None
         self._cancelled = False
+
+    # --- input -----------------------------------------------------------------------------------
+
+    async def add_text(self, text: str) -> None:
+        """Cuts ``text`` into segments (off the event loop) and adds them."""
+        found = await asyncio.get_running_loop().run_in_executor(self.executor, segments, text,
+                                                                 self.max_segment_chars)
+        for segment in found:
+            self.add_segment(segment)
+
+    def add_segment(self, segment: Segment) -> None:
+        self.segments.append(segment)
+        self._incoming.put_nowait(segment)
+
+    def close(self) -> None:
+        """No more segments will come."""
+        self._incoming.put_nowait(_END)
+
+    def fail(self, error: BaseException) -> None:
+        """Ends the stream with ``error`` after the audio already under way."""
+        self._incoming.put_nowait(error)
+
+    # --- running ---------------------------------------------------------------------------------
 
     async def _prepare(self, text: str, index: int) -> list[TTSContext]:
         """The contexts of one segment: itself, or its halves when it needs more speech tokens than
@@ -73,52 +109,73 @@ class SegmentedSynthesis:
                     raise
                 await asyncio.sleep(REQUEUE_DELAY_S)  # a continuation of an admitted request waits
 
-    async def _start(self, index: int) -> list[tuple[TTSContext, asyncio.Queue]]:
-        started = []
-        for part, context in enumerate(await self._prepare(self.segments[index].text, index)):
-            queue: asyncio.Queue = asyncio.Queue()
-            await self._submit(context, queue, first=index == 0 and part == 0)
-            started.append((context, queue))
-        return started
+    async def _produce(self) -> None:
+        """Prepares and submits segments in order, at most LOOKAHEAD ahead of the one playing out."""
+        index = 0
+        try:
+            while True:
+                segment = await self._incoming.get()
+                if segment is _END or isinstance(segment, BaseException):
+                    await self._started.put(segment)
+                    return
+                while index - self._played > LOOKAHEAD:
+                    self._progress.clear()
+                    await self._progress.wait()
+                parts = []
+                for part, context in enumerate(await self._prepare(segment.text, index)):
+                    queue: asyncio.Queue = asyncio.Queue()
+                    await self._submit(context, queue, first=index == 0 and part == 0)
+                    parts.append((context, queue))
+                await self._started.put((segment, parts))
+                index += 1
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - handed to the reader, in order
+            await self._started.put(error)
 
     async def start(self) -> None:
-        """Segments the text and prepares and submits the first segment: what can be refused
-        (bad settings, a full queue) is refused here, before any audio."""
-        self.segments = await asyncio.get_running_loop().run_in_executor(
-            self.executor, segments, self.text, self.max_segment_chars)
-        if not self.segments:
-            raise InvalidArgument("must not be empty", field="text")
-        self._tasks = [asyncio.create_task(self._start(0))]
-        try:
-            first = await self._tasks[0]
-        except BaseException:
+        """Starts the segments and waits until the first one is submitted: what can be refused
+        (bad settings, a full queue) is refused here, before any audio. Raises that error."""
+        self._producer = asyncio.create_task(self._produce())
+        first = await self._started.get()
+        if isinstance(first, BaseException):
             self.cancel()
-            raise
-        self.voice = first[0][0].voice
+            raise first
+        if first is _END:
+            raise InvalidArgument("no text to speak", field="text")
+        self._first = first
+        self.voice = first[1][0][0].voice
 
     def cancel(self) -> None:
         """Stops every segment (idempotent)."""
         self._cancelled = True
-        for task in self._tasks:
-            task.cancel()
+        if self._producer is not None:
+            self._producer.cancel()
         for context in self._submitted:
             self.engine.cancel(context.request_id)
 
     async def events(self) -> AsyncIterator[AudioEvent]:
         """Audio events of every segment in order, silences between them, then one ``complete``
-        with the usage of them all. An ``error`` event of a segment ends the stream with it."""
+        with the usage of them all. A segment's ``error`` (or CANCELLED) event ends the stream with
+        it; a segment that cannot be prepared raises its RequestError."""
+        if self._first is None:
+            await self.start()
         started_at = time.monotonic()
         sample_rate = self.engine.sample_rate
-        prompt_tokens = generated_tokens = audio_samples = 0
+        prompt_tokens = generated_tokens = audio_samples = chunk_index = 0
         first_audio: float | None = None
         stop_reason = StopReason.END_OF_SPEECH
-        chunk_index = 0
-        if not self._tasks:
-            await self.start()
-        for index, segment in enumerate(self.segments):
-            parts = await self._tasks[index]
-            if index + 1 < len(self.segments):  # the next segment prefills while this one plays out
-                self._tasks.append(asyncio.create_task(self._start(index + 1)))
+        item, self._first = self._first, None
+        pause = 0.0
+        while item is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            segment, parts = item
+            if pause > 0:  # the silence the previous segment's punctuation asks for
+                silence = np.zeros(int(round(pause * sample_rate)), dtype=np.float32)
+                audio_samples += silence.shape[0]
+                yield AudioEvent("audio", self.request_id, samples=silence, chunk_index=chunk_index)
+                chunk_index += 1
             for context, queue in parts:
                 while True:
                     event: AudioEvent = await queue.get()
@@ -132,19 +189,18 @@ class SegmentedSynthesis:
                     if event.kind == "error" or event.stop_reason == StopReason.CANCELLED:
                         yield dataclasses.replace(event, request_id=self.request_id)
                         return
-                    usage = event.usage
-                    prompt_tokens += usage.prompt_tokens
-                    generated_tokens += usage.generated_tokens
+                    prompt_tokens += event.usage.prompt_tokens
+                    generated_tokens += event.usage.generated_tokens
                     if event.stop_reason == StopReason.MAX_TOKENS:
                         stop_reason = StopReason.MAX_TOKENS
                     break
-            if index + 1 < len(self.segments) and segment.pause > 0:
-                silence = np.zeros(int(round(segment.pause * sample_rate)), dtype=np.float32)
-                audio_samples += silence.shape[0]
-                yield AudioEvent("audio", self.request_id, samples=silence, chunk_index=chunk_index)
-                chunk_index += 1
+            self._played += 1
+            self._progress.set()
+            pause = segment.pause
+            item = await self._started.get()
         elapsed = time.monotonic() - started_at
         yield AudioEvent("complete", self.request_id, stop_reason=stop_reason, usage=Usage(
             prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, audio_samples=audio_samples,
             time_to_first_audio_seconds=first_audio if first_audio is not None else elapsed,
             generation_seconds=elapsed))
+

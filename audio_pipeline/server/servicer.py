@@ -84,10 +84,10 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             reference = await loop.run_in_executor(self.frontend, self.engine.reference_prompt,
                                                    request.reference.audio, request.reference.transcript)
         synthesis = SegmentedSynthesis(
-            self.engine, request.text,
-            lambda text, index: self._segment_context(request, reference, text, request_id, index),
-            executor=self.frontend, request_id=request_id,
-            max_segment_chars=self.engine.config.max_segment_chars)
+            self.engine, lambda text, index: self._segment_context(request, reference, text, request_id, index),
+            executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars)
+        await synthesis.add_text(request.text)
+        synthesis.close()
         await synthesis.start()
         return synthesis, output
 
