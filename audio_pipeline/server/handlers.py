@@ -44,6 +44,9 @@ def add_text_to_speech(servicer, server: grpc.aio.Server) -> None:
     handlers = {"Synthesize": grpc.unary_stream_rpc_method_handler(
         servicer.Synthesize, request_deserializer=_decoder(tts_pb2.SynthesizeRequest),
         response_serializer=tts_pb2.AudioChunk.SerializeToString)}
+    handlers["SynthesizeStream"] = grpc.stream_stream_rpc_method_handler(
+        servicer.SynthesizeStream, request_deserializer=_decoder(tts_pb2.TextInput),
+        response_serializer=tts_pb2.AudioChunk.SerializeToString)
     for name, (request_type, response_type) in unary.items():
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name), request_deserializer=_decoder(request_type),

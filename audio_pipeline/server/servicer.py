@@ -15,6 +15,7 @@ from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
                                    Unavailable, echo)
 from audio_pipeline.pipelines.segmented import SegmentedSynthesis
+from audio_pipeline.text.segment import segments
 from audio_pipeline.server.audio_output import StreamAudioOutput
 from audio_pipeline.server.handlers import MalformedRequest
 from audio_pipeline.server.metrics import ServerMetrics
@@ -197,6 +198,99 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                 self.metrics.requests.labels("client_cancelled").inc()
                 logger.info("request %s: cancelled by the client", log_label)
 
+
+    async def SynthesizeStream(self, request_iterator, context: grpc.aio.ServicerContext):
+        """Live text: settings first, then text pieces, flushes and the end of input (see the proto)."""
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            await self._abort(context, InvalidArgument("the stream carried no message", field="settings"), "invalid")
+        if isinstance(first, MalformedRequest):
+            await self._abort(context, InvalidArgument(first.reason), "invalid")
+        if first.WhichOneof("content") != "settings":
+            await self._abort(context, InvalidArgument("the first message must carry the settings",
+                                                       field="settings"), "invalid")
+        settings = first.settings
+        if not self.ready:
+            await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
+        request_id = uuid.uuid4().hex
+        label = settings.request_id or request_id
+        limit = self.engine.config.limits.max_request_id_chars
+        if len(label) > limit:
+            await self._abort(context, InvalidArgument(f"longer than {limit} characters",
+                                                       field="settings.request_id"), "invalid")
+        if label in self._labels:
+            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request",
+                                                     field="settings.request_id"), "invalid")
+        generation = self.engine.generation
+        if not generation.accepting:
+            await self._abort(context, generation.unavailable(), "unavailable")
+        if not generation.has_room(pending=self._preparing):
+            await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
+        try:
+            output = StreamAudioOutput(self.engine.sample_rate, settings.sample_rate, settings.encoding)
+        except RequestError as error:
+            await self._abort(context, error, "invalid")
+        synthesis = SegmentedSynthesis(
+            self.engine, lambda text, index: self._segment_context(settings, None, text, request_id, index),
+            executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars)
+        self._labels.add(label)
+        reader = asyncio.create_task(self._read_live_text(request_iterator, synthesis))
+        try:
+            try:
+                await synthesis.start()  # the first sentence: its errors come before any audio
+            except (ResourceExhausted, Unavailable, AlreadyExists) as error:
+                await self._abort(context, error, "rejected")
+            except RequestError as error:
+                await self._abort(context, error, "invalid")
+            async with aclosing(self._stream(context, synthesis, output, request_id, label,
+                                             echo(label, limit))) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            reader.cancel()
+            synthesis.cancel()
+            self._labels.discard(label)
+
+    async def _read_live_text(self, request_iterator, synthesis: SegmentedSynthesis) -> None:
+        """Feeds the stream's text to ``synthesis``: each sentence once it is complete (a later one
+        has begun), everything at a flush or at the end of input."""
+        limit = self.engine.config.sampling.max_text_chars
+        max_chars = self.engine.config.max_segment_chars
+        buffer, total = "", 0
+
+        def speak(text: str, everything: bool) -> str:
+            found = segments(text, max_chars)
+            done = found if everything else found[:-1]
+            for segment in done:
+                synthesis.add_segment(segment)
+            return "" if everything or not found else text[found[-1].start:]
+
+        try:
+            async for message in request_iterator:
+                if isinstance(message, MalformedRequest):
+                    raise InvalidArgument(message.reason)
+                kind = message.WhichOneof("content")
+                if kind == "settings":
+                    raise InvalidArgument("sent twice (only the first message carries them)", field="settings")
+                if kind is None:
+                    raise InvalidArgument("a message with no content", field="content")
+                if kind == "text":
+                    total += len(message.text)
+                    if total > limit:
+                        raise InvalidArgument(f"over the limit of {limit} characters in all", field="text")
+                    buffer = speak(buffer + message.text, everything=False)
+                elif kind == "flush":
+                    buffer = speak(buffer, everything=True)
+                else:  # end_of_input
+                    break
+            speak(buffer, everything=True)  # the end of input, or the client half-closed its side
+            synthesis.close()
+        except RequestError as error:
+            synthesis.fail(error)
+        except asyncio.CancelledError:
+            raise
+        except grpc.RpcError:  # the call ended (cancelled by the client): nothing left to read
+            synthesis.close()
 
     async def ListVoices(self, request: tts_pb2.ListVoicesRequest, context: grpc.aio.ServicerContext):
         if isinstance(request, MalformedRequest):

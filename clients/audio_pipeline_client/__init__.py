@@ -2,6 +2,7 @@
 
 from audio_pipeline_client.async_client import AsyncTTSClient
 from audio_pipeline_client.client import TTSClient
+from audio_pipeline_client.protocol import FLUSH
 from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice
 
-__all__ = ["AsyncTTSClient", "AudioStreamChunk", "SynthesisResult", "TTSClient", "TTSError", "Usage", "Voice"]
+__all__ = ["FLUSH", "AsyncTTSClient", "AudioStreamChunk", "SynthesisResult", "TTSClient", "TTSError", "Usage", "Voice"]

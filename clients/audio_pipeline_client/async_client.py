@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, build_request, result_from_chunks,
+from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, async_text_inputs, build_request,
+                                             build_stream_settings, text_inputs, result_from_chunks,
                                             voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
@@ -144,6 +145,23 @@ class AsyncTTSClient:
             except grpc.RpcError as error:
                 probe.failed(error)
             await asyncio.sleep(probe.next_wait())
+
+    async def stream_text(self, pieces, **options) -> AsyncIterator[AudioStreamChunk]:
+        """Live text (see TTSClient.stream_text); ``pieces`` may be an async or a plain iterable."""
+        settings = build_stream_settings(**options)
+        reader = StreamReader()
+        call = self._stub.SynthesizeStream(async_text_inputs(settings, pieces),
+                                           timeout=Deadline(self.timeout).remaining(), metadata=self._metadata)
+        try:
+            async for message in call:
+                chunk = reader.read(message)
+                if chunk is not None:
+                    yield chunk
+            reader.end()
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+        finally:
+            call.cancel()
 
     async def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> AsyncIterator[AudioStreamChunk]:
         deadline = Deadline(self.timeout)

@@ -8,7 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, build_request, result_from_chunks,
+from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, async_text_inputs, build_request,
+                                             build_stream_settings, text_inputs, result_from_chunks,
                                             voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
@@ -149,6 +150,26 @@ class TTSClient:
             except grpc.RpcError as error:
                 probe.failed(error)
             time.sleep(probe.next_wait())
+
+    def stream_text(self, pieces, **options) -> Iterator[AudioStreamChunk]:
+        """Live text: speaks text as its pieces arrive (an LLM's tokens, lines; ``FLUSH`` from this
+        package speaks what has come so far at once), yielding audio chunks as one continuous
+        stream, then a final chunk with the usage. ``options`` are those of :meth:`stream` except
+        the reference recording. Leaving the loop early cancels the call (barge-in)."""
+        settings = build_stream_settings(**options)
+        reader = StreamReader()
+        call = self._stub.SynthesizeStream(text_inputs(settings, pieces), timeout=Deadline(self.timeout).remaining(),
+                                           metadata=self._metadata)
+        try:
+            for message in call:
+                chunk = reader.read(message)
+                if chunk is not None:
+                    yield chunk
+            reader.end()
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+        finally:
+            call.cancel()
 
     def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> Iterator[AudioStreamChunk]:
         deadline = Deadline(self.timeout)

@@ -74,6 +74,47 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
     return request
 
 
+def build_stream_settings(**options) -> tts_pb2.StreamSettings:
+    """A live-text stream's settings: the options of build_request, without the text and reference."""
+    request = build_request("", **options)
+    return tts_pb2.StreamSettings(
+        voice=request.voice, sampling=request.sampling, encoding=request.encoding,
+        sample_rate=request.sample_rate, request_id=request.request_id,
+        **({"normalize_text": request.normalize_text} if request.HasField("normalize_text") else {}))
+
+
+#: What a live-text iterable may yield: a piece of text, or FLUSH (speak what has come so far now).
+FLUSH = object()
+
+
+def text_inputs(settings: tts_pb2.StreamSettings, pieces):
+    """The TextInput messages of a live-text call: settings, pieces (FLUSH flushes), end of input."""
+    yield tts_pb2.TextInput(settings=settings)
+    for piece in pieces:
+        yield _text_input(piece)
+    yield tts_pb2.TextInput(end_of_input=tts_pb2.EndOfInput())
+
+
+def _text_input(piece) -> tts_pb2.TextInput:
+    if piece is FLUSH:
+        return tts_pb2.TextInput(flush=tts_pb2.Flush())
+    if not isinstance(piece, str):
+        raise TypeError(f"live text pieces must be str or FLUSH, got {type(piece).__name__}")
+    return tts_pb2.TextInput(text=piece)
+
+
+async def async_text_inputs(settings: tts_pb2.StreamSettings, pieces):
+    """text_inputs for an async iterable (or a plain one) of pieces."""
+    yield tts_pb2.TextInput(settings=settings)
+    if hasattr(pieces, "__aiter__"):
+        async for piece in pieces:
+            yield _text_input(piece)
+    else:
+        for piece in pieces:
+            yield _text_input(piece)
+    yield tts_pb2.TextInput(end_of_input=tts_pb2.EndOfInput())
+
+
 ReferenceAudio = Union[bytes, str, os.PathLike]
 
 

@@ -79,6 +79,42 @@ class SynthesizeRequest(_message.Message):
     normalize_text: bool
     def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ...) -> None: ...
 
+class StreamSettings(_message.Message):
+    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text")
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    voice: str
+    sampling: SamplingParams
+    encoding: AudioEncoding
+    sample_rate: int
+    request_id: str
+    normalize_text: bool
+    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ...) -> None: ...
+
+class Flush(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EndOfInput(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TextInput(_message.Message):
+    __slots__ = ("settings", "text", "flush", "end_of_input")
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_FIELD_NUMBER: _ClassVar[int]
+    END_OF_INPUT_FIELD_NUMBER: _ClassVar[int]
+    settings: StreamSettings
+    text: str
+    flush: Flush
+    end_of_input: EndOfInput
+    def __init__(self, settings: _Optional[_Union[StreamSettings, _Mapping]] = ..., text: _Optional[str] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., end_of_input: _Optional[_Union[EndOfInput, _Mapping]] = ...) -> None: ...
+
 class AudioFormat(_message.Message):
     __slots__ = ("sample_rate", "encoding", "channels")
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]

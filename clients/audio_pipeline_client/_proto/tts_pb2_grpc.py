@@ -40,6 +40,11 @@ class TextToSpeechStub:
                 request_serializer=audio__pipeline_dot_v1_dot_tts__pb2.SynthesizeRequest.SerializeToString,
                 response_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.AudioChunk.FromString,
                 _registered_method=True)
+        self.SynthesizeStream = channel.stream_stream(
+                '/audio_pipeline.v1.TextToSpeech/SynthesizeStream',
+                request_serializer=audio__pipeline_dot_v1_dot_tts__pb2.TextInput.SerializeToString,
+                response_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.AudioChunk.FromString,
+                _registered_method=True)
         self.ListVoices = channel.unary_unary(
                 '/audio_pipeline.v1.TextToSpeech/ListVoices',
                 request_serializer=audio__pipeline_dot_v1_dot_tts__pb2.ListVoicesRequest.SerializeToString,
@@ -66,6 +71,19 @@ class TextToSpeechServicer:
         Errors: INVALID_ARGUMENT (a field is malformed or out of range; the message names it),
         NOT_FOUND (unknown voice), RESOURCE_EXHAUSTED (the request queue is full),
         UNAVAILABLE (the server is warming up or shutting down).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SynthesizeStream(self, request_iterator, context):
+        """Live text in, audio out: the first message carries the settings, then text pieces of any
+        size (an LLM's tokens, lines) arrive; each sentence is spoken as soon as it is complete (or
+        at a flush), in one continuous audio stream, which ends after the client's end_of_input.
+        Cancelling the call stops generation at once. The replies are those of Synthesize.
+        Errors: INVALID_ARGUMENT naming `settings` (missing, sent twice, text before them, an empty
+        stream) or `text` (nothing to speak, over the server's `max_text_chars` in all); otherwise as
+        Synthesize.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,6 +121,11 @@ def add_TextToSpeechServicer_to_server(servicer, server):
             'Synthesize': grpc.unary_stream_rpc_method_handler(
                     servicer.Synthesize,
                     request_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.SynthesizeRequest.FromString,
+                    response_serializer=audio__pipeline_dot_v1_dot_tts__pb2.AudioChunk.SerializeToString,
+            ),
+            'SynthesizeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SynthesizeStream,
+                    request_deserializer=audio__pipeline_dot_v1_dot_tts__pb2.TextInput.FromString,
                     response_serializer=audio__pipeline_dot_v1_dot_tts__pb2.AudioChunk.SerializeToString,
             ),
             'ListVoices': grpc.unary_unary_rpc_method_handler(
@@ -148,6 +171,33 @@ class TextToSpeech:
             target,
             '/audio_pipeline.v1.TextToSpeech/Synthesize',
             audio__pipeline_dot_v1_dot_tts__pb2.SynthesizeRequest.SerializeToString,
+            audio__pipeline_dot_v1_dot_tts__pb2.AudioChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SynthesizeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/audio_pipeline.v1.TextToSpeech/SynthesizeStream',
+            audio__pipeline_dot_v1_dot_tts__pb2.TextInput.SerializeToString,
             audio__pipeline_dot_v1_dot_tts__pb2.AudioChunk.FromString,
             options,
             channel_credentials,

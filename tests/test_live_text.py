@@ -1,0 +1,124 @@
+"""SynthesizeStream over a real server: live text in (trickled, flushed, cancelled), one audio
+stream out, and bad streams answered with INVALID_ARGUMENT naming the field."""
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from audio_pipeline_client import FLUSH, AsyncTTSClient, TTSClient, TTSError
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+
+SENTENCES = ["First one here.", "Second one there.", "Is this the third?"]
+
+
+def tokens(text):
+    """The text in small pieces, spaces kept, the way an LLM streams it."""
+    pieces, word = [], ""
+    for ch in text:
+        word += ch
+        if ch == " " or len(word) >= 3:
+            pieces.append(word)
+            word = ""
+    return pieces + ([word] if word else [])
+
+
+def audio_of(chunks):
+    return np.concatenate([c.samples for c in chunks if not c.final])
+
+
+def test_trickled_text_speaks_every_sentence_as_one_stream(idle_server):
+    with TTSClient(idle_server.target, timeout=300) as client:
+        live = list(client.stream_text(tokens(" ".join(SENTENCES)), temperature=0.0))
+        whole = list(client.stream(" ".join(SENTENCES), temperature=0.0))
+    assert live[-1].final and live[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens
+    # The same sentences as the whole text in one request, in order, with the same pauses.
+    np.testing.assert_allclose(audio_of(live), audio_of(whole), atol=2 / 32768)
+
+
+def test_the_first_sentence_is_spoken_before_the_text_ends(idle_server):
+    """A sentence is spoken once the next one begins: its audio arrives while the client is still
+    holding back the rest of the text."""
+    released = []
+
+    def pieces():
+        yield SENTENCES[0] + " "
+        yield "Sec"
+        time.sleep(3.0)  # the rest of the text comes much later
+        released.append(time.monotonic())
+        yield "ond one there."
+
+    with TTSClient(idle_server.target, timeout=300) as client:
+        arrivals = [(time.monotonic(), c) for c in client.stream_text(pieces(), temperature=0.0)]
+    first_audio = next(t for t, c in arrivals if not c.final)
+    assert first_audio < released[0]
+
+
+def test_flush_speaks_an_unfinished_sentence(idle_server):
+    with TTSClient(idle_server.target, timeout=300) as client:
+        flushed = list(client.stream_text(["No full stop here", FLUSH, " and more after"], temperature=0.0))
+        plain = list(client.stream("No full stop here", temperature=0.0))
+    assert audio_of(flushed)[:len(audio_of(plain))].shape == audio_of(plain).shape
+    np.testing.assert_allclose(audio_of(flushed)[:len(audio_of(plain))], audio_of(plain), atol=2 / 32768)
+    assert len(audio_of(flushed)) > len(audio_of(plain))  # the words after the flush came too
+
+
+def test_the_async_client_streams_text_from_an_async_source(idle_server):
+    async def source():
+        for piece in tokens(SENTENCES[0]):
+            await asyncio.sleep(0.01)
+            yield piece
+
+    async def run():
+        async with AsyncTTSClient(idle_server.target, timeout=300) as client:
+            return [c async for c in client.stream_text(source(), temperature=0.0)]
+
+    chunks = asyncio.run(run())
+    assert chunks[-1].final and len(audio_of(chunks)) > 0
+
+
+def test_a_cancel_mid_sentence_frees_everything(idle_server):
+    """Barge-in: the client stops reading in the middle of a long text; idle_server checks that no
+    request, KV block or decoder state is left."""
+    with TTSClient(idle_server.target, timeout=300) as client:
+        stream = client.stream_text(tokens(" ".join(SENTENCES * 6)))
+        next(stream)
+        stream.close()
+
+
+def raw_call(target, messages):
+    with grpc.insecure_channel(target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        try:
+            list(stub.SynthesizeStream(iter(messages), timeout=60))
+        except grpc.RpcError as error:
+            return error.code(), error.details()
+    return grpc.StatusCode.OK, ""
+
+
+SETTINGS = tts_pb2.TextInput(settings=tts_pb2.StreamSettings())
+TEXT = tts_pb2.TextInput(text="Hello there.")
+END = tts_pb2.TextInput(end_of_input=tts_pb2.EndOfInput())
+
+
+@pytest.mark.parametrize("messages, field", [
+    ([], "settings"),
+    ([TEXT, END], "settings"),
+    ([SETTINGS, TEXT, SETTINGS, END], "settings"),
+    ([SETTINGS, END], "text"),
+    ([SETTINGS, tts_pb2.TextInput(), END], "content"),
+    ([tts_pb2.TextInput(settings=tts_pb2.StreamSettings(voice="nobody")), TEXT, END], "voice"),
+    ([tts_pb2.TextInput(settings=tts_pb2.StreamSettings(sample_rate=5)), TEXT, END], "sample_rate"),
+])
+def test_bad_streams_are_invalid_with_the_field_named(idle_server, messages, field):
+    code, details = raw_call(idle_server.target, messages)
+    assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), details
+    assert details.startswith(field), details
+
+
+def test_errors_reach_the_client_library_as_tts_errors(idle_server):
+    with TTSClient(idle_server.target, timeout=60) as client, pytest.raises(TTSError) as caught:
+        list(client.stream_text(["Hello."], voice="nobody"))
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND
