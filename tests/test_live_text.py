@@ -122,3 +122,32 @@ def test_errors_reach_the_client_library_as_tts_errors(idle_server):
     with TTSClient(idle_server.target, timeout=60) as client, pytest.raises(TTSError) as caught:
         list(client.stream_text(["Hello."], voice="nobody"))
     assert caught.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_tts_client_live_reads_its_input_line_by_line(idle_server, tmp_path, monkeypatch):
+    import io
+
+    import soundfile as sf
+
+    from audio_pipeline_client.cli import main as tts_client
+
+    out = tmp_path / "live.wav"
+    lines = "First one here.\nSecond one\n\nthere.\n"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(lines.encode())))
+    assert tts_client(["--server", idle_server.target, "--input", "-", "--live", "--output", str(out),
+                       "--temperature", "0", "--quiet"]) == 0
+    audio, _ = sf.read(out)
+    with TTSClient(idle_server.target, timeout=300) as client:
+        expected = audio_of(list(client.stream_text(["First one here. ", "Second one ", FLUSH, "there. "],
+                                                    temperature=0.0)))
+    assert len(audio) == len(expected)
+
+
+def test_the_live_text_benchmark_runs_against_a_real_server(tiny_model_dir, capsys):
+    from audio_pipeline.bench.live_text import main, sentences
+
+    assert len(sentences(4)) == 4 and all(s.strip()[-1] in ".!?" for s in sentences(4))
+    assert main(["--sentences", "2", "--rounds", "1", "--rate", "50", "--model", str(tiny_model_dir),
+                 "--task-arg", "chunk_size=28,56", "--task-arg", "sampling.max_tokens=70"]) == 0
+    out = capsys.readouterr().out
+    assert "after the first sentence's last token" in out and "median delay to first audio" in out

@@ -12,14 +12,14 @@ import grpc
 import soundfile
 
 from audio_pipeline_client.client import TTSClient
-from audio_pipeline_client.protocol import FLOAT32, encode_samples, float_to_pcm16, parse_encoding
+from audio_pipeline_client.protocol import FLOAT32, FLUSH, encode_samples, float_to_pcm16, parse_encoding
 from audio_pipeline_client.types import AudioStreamChunk, TTSError
 
 PROGRAM = "tts-client"
 SERVER_ENVIRONMENT = "AUDIO_PIPELINE_SERVER"
 TOKEN_ENVIRONMENT = "AUDIO_PIPELINE_TOKEN"
 USAGE = f"""\
-{PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) (--output FILE.wav | --raw) [options]
+{PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) [--live] (--output FILE.wav | --raw) [options]
        {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--wait-ready S] [--tls] [--ca-file PEM] [--token T]
        {PROGRAM} register-voice NAME --audio FILE --transcript TEXT [--description TEXT] [connection options]
        {PROGRAM} delete-voice NAME [connection options]"""
@@ -106,6 +106,10 @@ def synthesize_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=positive_int)
     parser.add_argument("--min-tokens", type=non_negative_int)
     parser.add_argument("--request-id", help="id echoed by the server and written to its logs")
+    parser.add_argument("--live", action="store_true",
+                        help="live text: send the input line by line as it is read (e.g. '--input - --live' with "
+                             "another program writing to standard input); each sentence is spoken once complete, "
+                             "an empty line speaks what came so far")
     parser.add_argument("--no-normalize", dest="normalize_text", action="store_const", const=False,
                         help="speak the text as written (by default numbers, money, dates, units and the "
                              "like are read as words first, e.g. '$5' as 'five dollars')")
@@ -219,8 +223,31 @@ def read_text(args: argparse.Namespace) -> str:
     return text.strip()
 
 
+def live_lines(args: argparse.Namespace):
+    """--live: the input's lines as they come (each joined to the next with a space); an empty
+    line flushes (speaks what came so far)."""
+    if args.text is not None:
+        yield args.text
+        return
+    stream = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
+    try:
+        for number, raw in enumerate(iter(stream.readline, b""), 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise CommandError(f"input line {number} is not UTF-8 text ({error.reason})") from None
+            yield FLUSH if not line.strip() else line + " "
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
 def synthesize(args: argparse.Namespace) -> int:
-    text = read_text(args)
+    if args.live and args.reference_audio is not None:
+        raise CommandError("--reference-audio cannot be used with --live")
+    if args.live and args.input not in (None, "-") and not Path(args.input).is_file():
+        raise CommandError(f"cannot read the input {args.input}: no such file")
+    text = None if args.live else read_text(args)
     if (args.reference_audio is None) != (args.reference_transcript is None):
         raise CommandError("--reference-audio and --reference-transcript go together")
     reference_audio = Path(args.reference_audio) if args.reference_audio else None
@@ -228,16 +255,17 @@ def synthesize(args: argparse.Namespace) -> int:
     sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
     progress = Progress(quiet=args.quiet)
     try:
+        options = dict(voice=args.voice, seed=args.seed, max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                       repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate, encoding=encoding,
+                       request_id=args.request_id, min_p=args.min_p, frequency_penalty=args.frequency_penalty,
+                       presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id,
+                       normalize_text=args.normalize_text)
         with connect(args) as client:
-            for chunk in client.stream(text, voice=args.voice, seed=args.seed, max_tokens=args.max_tokens,
-                                       min_tokens=args.min_tokens, temperature=args.temperature,
-                                       top_p=args.top_p, top_k=args.top_k,
-                                       repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate,
-                                       encoding=encoding, request_id=args.request_id,
-                                       reference_audio=reference_audio, reference_transcript=args.reference_transcript,
-                                       min_p=args.min_p, frequency_penalty=args.frequency_penalty,
-                                       presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id,
-                                       normalize_text=args.normalize_text):
+            chunks = (client.stream_text(live_lines(args), **options) if args.live else
+                      client.stream(text, reference_audio=reference_audio,
+                                    reference_transcript=args.reference_transcript, **options))
+            for chunk in chunks:
                 sink.write(chunk)
                 progress.update(chunk)
         sink.commit()

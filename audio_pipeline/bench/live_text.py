@@ -1,0 +1,89 @@
+"""Live text through the real server, fed the way an LLM streams it: how soon the first sentence
+is heard after its text has arrived.
+
+    python -m audio_pipeline.bench.live_text [--rate 15] [--sentences 4] [--model M] [--rounds 3]
+
+It starts `audio-pipeline serve`, opens a SynthesizeStream call and sends the first ``--sentences``
+sentences of tests/data/long_text.txt word by word (each word with its space is one token) at
+``--rate`` tokens per second, then the end of input. It reports the delay from the moment the
+first sentence's last token was sent to its first audio (the server knows the sentence is complete
+when the next token arrives, one token interval later), the total audio and wall time, and the
+longest playback stall after the first audio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import time
+
+from audio_pipeline.bench.long_text import DEFAULT_FILE
+from audio_pipeline.bench.serve import Server, playback_stall, wait_ready
+
+
+def sentences(count: int) -> list[str]:
+    body = DEFAULT_FILE.read_text().split("\n\n", 1)[1]  # past the title
+    return re.findall(r"[^.!?]+[.!?]", " ".join(body.split()))[:count]
+
+
+async def one_round(target: str, texts: list[str], rate: float) -> tuple[float, float, float, float]:
+    """(delay to first audio after the first sentence's last token, audio s, wall s, stall s)."""
+    from audio_pipeline_client import AsyncTTSClient
+
+    first_sentence_done: list[float] = []
+
+    async def tokens():
+        for index, sentence in enumerate(texts):
+            words = sentence.strip().split(" ")
+            for position, word in enumerate(words):
+                yield word + " "
+                if index == 0 and position == len(words) - 1:
+                    first_sentence_done.append(time.perf_counter())
+                await asyncio.sleep(1 / rate)
+
+    arrivals = []
+    started = time.perf_counter()
+    async with AsyncTTSClient(target, retries=0, timeout=600) as client:
+        async for chunk in client.stream_text(tokens()):
+            if not chunk.final:
+                arrivals.append((time.perf_counter(), chunk.samples.shape[0] / chunk.sample_rate))
+    wall = time.perf_counter() - started
+    return (arrivals[0][0] - first_sentence_done[0], sum(s for _, s in arrivals), wall, playback_stall(arrivals))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.live_text", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=15.0, help="tokens per second (default 15)")
+    parser.add_argument("--sentences", type=int, default=4, help="sentences sent (default 4)")
+    parser.add_argument("--rounds", type=int, default=3, help="calls, one after another (default 3)")
+    parser.add_argument("--model", help="--model for the server (default: the server's default model)")
+    parser.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="server settings, as for `audio-pipeline serve` (repeatable)")
+    args = parser.parse_args(argv)
+    texts = sentences(args.sentences)
+    server = Server(args.model, args.task_arg)
+    try:
+        asyncio.run(wait_ready(server.target, timeout=600))
+        print(f"server: {' '.join(server.command[3:])}", flush=True)
+        print(f"{len(texts)} sentences, {sum(len(t.split()) for t in texts)} tokens at {args.rate:g} tokens/s; "
+              f"first sentence: {texts[0].strip()!r}", flush=True)
+        delays = []
+        for round_index in range(args.rounds):
+            delay, audio, wall, stall = asyncio.run(one_round(server.target, texts, args.rate))
+            delays.append(delay)
+            print(f"round {round_index}: first audio {1000 * delay:.0f} ms after the first sentence's last token "
+                  f"({1000 * (delay - 1 / args.rate):.0f} ms after the next token completed it); {audio:.1f} s of "
+                  f"audio in {wall:.1f} s; longest playback stall {1000 * stall:.0f} ms", flush=True)
+        print(f"median delay to first audio: {1000 * statistics.median(delays):.0f} ms")
+    finally:
+        server.stop()
+        os.unlink(server.log.name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
