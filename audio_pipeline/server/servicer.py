@@ -87,9 +87,13 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         synthesis = SegmentedSynthesis(
             self.engine, lambda text, index: self._segment_context(request, reference, text, request_id, index),
             executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars)
-        await synthesis.add_text(request.text)
-        synthesis.close()
-        await synthesis.start()
+        try:
+            await synthesis.add_text(request.text)
+            synthesis.close()
+            await synthesis.start()
+        except BaseException:  # refused, or the client left while it was being prepared
+            synthesis.cancel()
+            raise
         return synthesis, output
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: RequestError, outcome: str) -> None:
@@ -135,11 +139,15 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                 return
             finally:
                 self._preparing -= 1
-            # aclosing: when the client goes away, the inner stream's cleanup (cancelling the
-            # generation) runs now, not whenever the event loop finalizes it.
-            async with aclosing(self._stream(context, synthesis, output, request_id, label, log_label)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            try:
+                # aclosing: when the client goes away, the inner stream's cleanup (cancelling the
+                # generation) runs now, not whenever the event loop finalizes it.
+                async with aclosing(self._stream(context, synthesis, output, request_id, label,
+                                                 log_label)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+            finally:
+                synthesis.cancel()  # nothing of it may outlive the call (a no-op once it completed)
         finally:
             self._labels.discard(label)
 
