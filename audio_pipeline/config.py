@@ -416,6 +416,8 @@ class LimitsConfig(BaseModel):
     max_voice_name_chars: int = Field(64, ge=1, description="Longest voice name.")
     max_request_id_chars: int = Field(128, ge=1, description="Longest client request id (a label for logs).")
     max_description_chars: int = Field(1000, ge=0, description="Longest registered voice description.")
+    max_transcript_chars: int = Field(
+        2000, ge=1, description="Longest transcript of a reference recording (what is said in it).")
     max_concurrent_streams: int = Field(
         100, ge=1, description="Most RPCs one client connection may have open at once (HTTP/2 streams).")
     max_registered_voices: int = Field(100, ge=0, description="Most registered (cloned) voices kept.")

@@ -184,7 +184,7 @@ class TTSEngine:
         check_reference_size(audio, limits.max_reference_audio_bytes)
         store.check_new(name, description, reserved, limits)
         samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
-        transcript = check_transcript(transcript, self.config.sampling.max_text_chars)
+        transcript = check_transcript(transcript, self.config.limits.max_transcript_chars)
         return store.register(name, samples, transcript, description, reserved=reserved, limits=limits)
 
     def delete_voice(self, name: str) -> None:
@@ -199,7 +199,7 @@ class TTSEngine:
         self._require_store()
         check_reference_size(audio, self.config.limits.max_reference_audio_bytes)
         samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
-        transcript = check_transcript(transcript, self.config.sampling.max_text_chars)
+        transcript = check_transcript(transcript, self.config.limits.max_transcript_chars)
         return VoicePrompt(transcript, self._encode(samples))
 
     def _require_store(self) -> VoiceStore:
