@@ -100,32 +100,35 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         self.metrics.requests.labels(outcome).inc()
         await context.abort(STATUS_OF_ERROR.get(type(error), grpc.StatusCode.INTERNAL), str(error))
 
-    async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext):
-        if isinstance(request, MalformedRequest):
-            await self._abort(context, InvalidArgument(request.reason), "invalid")
+    async def _admit(self, context: grpc.aio.ServicerContext, client_id: str, field: str) -> tuple[str, str]:
+        """Checks that the server takes a new request now; returns (the id the engine runs it
+        under, the client's label). Aborts the call otherwise.
+
+        The engine runs the request under an id of the server's making; the client's id is a label
+        for its own chunks and the logs, so it can never name (or cancel) another client's request.
+        A burst is refused before it is prepared, counting the requests already being prepared."""
         if not self.ready:
             await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
-        # The engine runs the request under an id of the server's making; the client's id is a label
-        # for its own chunks and the logs, so it can never name (or cancel) another client's request.
         request_id = uuid.uuid4().hex
-        label = request.request_id or request_id
+        label = client_id or request_id
         limit = self.engine.config.limits.max_request_id_chars
         if len(label) > limit:
-            await self._abort(context, InvalidArgument(f"longer than {limit} characters", field="request_id"),
-                              "invalid")
+            await self._abort(context, InvalidArgument(f"longer than {limit} characters", field=field), "invalid")
         if label in self._labels:
-            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field="request_id"),
+            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field=field),
                               "invalid")
-        log_label = echo(label, limit)
-        # Refuse a burst before preparing it, counting the requests already being prepared.
         generation = self.engine.generation
         if not generation.accepting:
             await self._abort(context, generation.unavailable(), "unavailable")
         if not generation.has_room(pending=self._preparing):
             await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
-        if label in self._labels:
-            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field="request_id"),
-                              "invalid")
+        return request_id, label
+
+    async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext):
+        if isinstance(request, MalformedRequest):
+            await self._abort(context, InvalidArgument(request.reason), "invalid")
+        request_id, label = await self._admit(context, request.request_id, "request_id")
+        log_label = echo(label, self.engine.config.limits.max_request_id_chars)
         self._labels.add(label)
         try:
             self._preparing += 1
@@ -218,22 +221,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             await self._abort(context, InvalidArgument("the first message must carry the settings",
                                                        field="settings"), "invalid")
         settings = first.settings
-        if not self.ready:
-            await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
-        request_id = uuid.uuid4().hex
-        label = settings.request_id or request_id
-        limit = self.engine.config.limits.max_request_id_chars
-        if len(label) > limit:
-            await self._abort(context, InvalidArgument(f"longer than {limit} characters",
-                                                       field="settings.request_id"), "invalid")
-        if label in self._labels:
-            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request",
-                                                     field="settings.request_id"), "invalid")
-        generation = self.engine.generation
-        if not generation.accepting:
-            await self._abort(context, generation.unavailable(), "unavailable")
-        if not generation.has_room(pending=self._preparing):
-            await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
+        request_id, label = await self._admit(context, settings.request_id, "settings.request_id")
         try:
             output = StreamAudioOutput(self.engine.sample_rate, settings.sample_rate, settings.encoding)
         except RequestError as error:
@@ -251,7 +239,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             except RequestError as error:
                 await self._abort(context, error, "invalid")
             async with aclosing(self._stream(context, synthesis, output, request_id, label,
-                                             echo(label, limit))) as chunks:
+                                             echo(label, self.engine.config.limits.max_request_id_chars))) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
