@@ -157,19 +157,22 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *
     penalty = column("repetition_penalty")
     scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
     scores = scores - column("frequency_penalty") * counts - column("presence_penalty") * seen.float()
+    scores = scores.masked_fill(~allowed, float("-inf"))
     # Never a token the layout forbids, whatever the numbers: a row whose scores overflowed or went
     # NaN (extreme logits, a misbehaving model) falls back to its allowed candidates, uniformly.
-    scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    broken = ~torch.isfinite(scores).any(dim=1, keepdim=True)
-    if bool(broken.any()):
+    # Checked on each row's best score (NaN and infinities show there), so sound rows pay one max.
+    extreme = not bool(torch.isfinite(scores.amax(dim=1)).all())
+    if extreme:
+        scores = _finite_or_excluded(scores)
+        broken = ~torch.isfinite(scores).any(dim=1, keepdim=True)
         scores = torch.where(broken & allowed, torch.zeros_like(scores), scores)
 
     greedy = column("temperature")[:, 0] == 0
     chosen = scores.argmax(dim=1)
     if not bool(greedy.all()):
         scores = scores / column("temperature").clamp_min(1e-6)
-        scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=torch.finfo(torch.float32).max)  # overflow
+        if extreme:  # the largest scores may overflow once divided by the temperature
+            scores = _finite_or_excluded(scores)
         uniform = torch.cat([torch.rand(1, generator=c.generator) for c in contexts]).to(logits.device)
         top_k = [p.top_k if 0 < p.top_k < scores.shape[1] else scores.shape[1] for p in params]
         min_p, top_p = column("min_p"), column("top_p")
@@ -180,6 +183,11 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *
             sampled = _sample_nucleus(scores, top_k, min_p, top_p, uniform, scores.shape[1])
         chosen = torch.where(greedy, chosen, sampled)
     return candidate_ids.gather(1, chosen[:, None])[:, 0].tolist()
+
+
+def _finite_or_excluded(scores: torch.Tensor) -> torch.Tensor:
+    """NaN -> -inf (never chosen), +inf -> the largest float; -inf stays -inf."""
+    return torch.nan_to_num(scores, nan=float("-inf"), posinf=torch.finfo(torch.float32).max, neginf=float("-inf"))
 
 
 #: Candidates ranked before top-k / top-p / min-p filtering when that suffices (see _sample_nucleus):
