@@ -24,6 +24,7 @@ from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.text.normalize import normalize
+from audio_pipeline.text.segment import segments
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    read_reference_audio)
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
@@ -297,8 +298,9 @@ class TTSEngine:
         self.generation.stop(timeout)
 
     def warmup(self) -> float:
-        """Runs one short request end to end; returns its seconds."""
+        """Runs one short request end to end (and loads the sentence segmenter); returns its seconds."""
         started = time.monotonic()
+        segments("Warm up. Done.")
         self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
                         request_id=f"warmup-{uuid.uuid4().hex[:8]}")
         return time.monotonic() - started

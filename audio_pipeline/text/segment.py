@@ -15,7 +15,8 @@ from dataclasses import dataclass
 #: Seconds of silence after a segment, by how it ends.
 PAUSES = {"sentence": 0.35, "ellipsis": 0.5, "clause": 0.2, "comma": 0.12, "cut": 0.0}
 
-_local = threading.local()
+_lock = threading.Lock()
+_segmenter_instance = None
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,16 @@ class Segment:
     pause: float
 
 
-def _segmenter():
-    # pysbd's Segmenter is not thread-safe: one per thread.
-    segmenter = getattr(_local, "segmenter", None)
-    if segmenter is None:
-        import pysbd
+def _split(text: str) -> list[tuple[int, int]]:
+    """pysbd's sentence spans. One segmenter for the process, used under a lock (it keeps state
+    between calls); its first use loads pysbd's rules, about 50 ms, so servers warm it up."""
+    global _segmenter_instance
+    with _lock:
+        if _segmenter_instance is None:
+            import pysbd
 
-        segmenter = _local.segmenter = pysbd.Segmenter(language="en", clean=False, char_span=True)
-    return segmenter
+            _segmenter_instance = pysbd.Segmenter(language="en", clean=False, char_span=True)
+        return [(s.start, s.end) for s in _segmenter_instance.segment(text)]
 
 
 def _pause(text: str, last: bool) -> float:
@@ -67,7 +70,7 @@ def _pieces(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, 
 def segments(text: str, max_chars: int = 400) -> list[Segment]:
     """The text's sentences (long ones cut into clauses), in order, blank ones left out."""
     out: list[Segment] = []
-    spans = [(s.start, s.end) for s in _segmenter().segment(text)] or [(0, len(text))]
+    spans = _split(text) or [(0, len(text))]
     for sentence_start, sentence_end in spans:
         for start, end in _pieces(text, sentence_start, sentence_end, max_chars):
             piece = text[start:end]
