@@ -64,3 +64,21 @@ def test_the_long_text_benchmark_speaks_a_file_through_a_real_server(tiny_model_
                  "--task-arg", "sampling.max_tokens=70"]) == 0
     out = capsys.readouterr().out
     assert "4 words" not in out and "stream 0: first audio" in out and "longest playback stall" in out
+
+
+def test_a_long_text_is_segmented_head_first_into_the_same_segments():
+    """The first sentence starts before the whole text is segmented; the pieces add up to exactly
+    the whole text's segments (spans included), also when a sentence crosses the head's end."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from audio_pipeline.bench.long_text import DEFAULT_FILE
+    from audio_pipeline.pipelines.segmented import HEAD_CHARS, SegmentedSynthesis
+    from audio_pipeline.text.segment import segments
+
+    crossing = "Short one. " * (HEAD_CHARS // 11) + "A long sentence " * 30 + "ends here. Then one more."
+    for text in (DEFAULT_FILE.read_text(), crossing):
+        synthesis = SegmentedSynthesis(None, None, executor=ThreadPoolExecutor(1), request_id="r",
+                                       max_segment_chars=300)
+        asyncio.run(synthesis.add_text(text))
+        assert synthesis.segments == segments(text, 300)
