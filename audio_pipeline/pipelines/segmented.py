@@ -27,7 +27,7 @@ from audio_pipeline.errors import InvalidArgument, ResourceExhausted
 from audio_pipeline.pipelines.audio_generation import AudioEvent, Usage
 from audio_pipeline.text.segment import Segment, segments
 
-#: Characters segmented before the first sentence starts; the rest follows in larger pieces.
+#: Characters in the first piece segmented; the rest follows in larger pieces.
 HEAD_CHARS = 1000
 #: How long a continuation segment waits between tries while the engine's queue is full.
 REQUEUE_DELAY_S = 0.05
@@ -65,10 +65,9 @@ class SegmentedSynthesis:
     # --- input -----------------------------------------------------------------------------------
 
     async def add_text(self, text: str) -> None:
-        """Cuts ``text`` into segments (off the event loop) and adds them.
-
-        A long text's head is segmented first, so the first sentence starts generating without
-        waiting for the whole text to be segmented (about 10 ms per 1,000 characters)."""
+        """Cuts ``text`` into segments (off the event loop) and adds them, piece by piece (a
+        sentence that crosses a piece's end is segmented again with the next piece; the result
+        equals segmenting the whole text at once)."""
         loop = asyncio.get_running_loop()
         offset = 0
         head = HEAD_CHARS
