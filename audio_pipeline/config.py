@@ -470,7 +470,7 @@ class AudioGenerationConfig(PipelineConfig):
         names (the built-in voice names lpc), else the default snac."""
         if "audio_decoder" in self.model_fields_set:
             return self.audio_decoder
-        from audio_pipeline.models.manifest import declared_audio_decoder
+        from audio_pipeline.layouts.manifest import declared_audio_decoder
 
         return declared_audio_decoder(self.model.model_path) or self.audio_decoder
 
@@ -479,7 +479,7 @@ class AudioGenerationConfig(PipelineConfig):
         """Fills in the model's streaming defaults (chunk_size, buffer, block_causal from its manifest,
         or its family's) for the settings ``data`` leaves out; set ones, even to none, are kept. They
         are made for the model's own decoder: with another audio_decoder there are none."""
-        from audio_pipeline.models.manifest import declared_audio_decoder, declared_streaming
+        from audio_pipeline.layouts.manifest import declared_audio_decoder, declared_streaming
 
         model = data.get("model")
         path = getattr(model, "model_path", None) if not isinstance(model, Mapping) else model.get("model_path")

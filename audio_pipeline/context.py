@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from audio_pipeline.models.orpheus import OrpheusLayout
+from audio_pipeline.layouts.orpheus import OrpheusLayout
 from audio_pipeline.sampling import SamplingParams
 
 

@@ -21,7 +21,7 @@ from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
 from audio_pipeline.metrics import EngineMetrics
-from audio_pipeline.models.manifest import ModelManifest, VoiceInfo
+from audio_pipeline.layouts.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.text.normalize import normalize
 from audio_pipeline.text.segment import segments

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from audio_pipeline.errors import InvalidArgument
-from audio_pipeline.models import phoneme_lpc as layout_module
-from audio_pipeline.models.phoneme_lpc import (CONTEXT, DURATION_BASE, END_OF_SPEECH, LEFT_LEVELS, NO_NEXT,
+from audio_pipeline.layouts import phoneme_lpc as layout_module
+from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, DURATION_BASE, END_OF_SPEECH, LEFT_LEVELS, NO_NEXT,
                                               PHONEME, PHONEME_BASE, PhonemeLPCLayout, frame_tokens, prompt_ids,
                                               prompt_schedule, slot_token)
 
@@ -46,7 +46,7 @@ def test_prompt_and_frames_follow_the_alignment_rules():
 
 
 def test_the_front_end_gives_phoneme_frames_that_fill_the_speech():
-    from audio_pipeline.models.espeak_frontend import espeak, frame_count, phoneme_frames
+    from audio_pipeline.text.espeak import espeak, frame_count, phoneme_frames
 
     utterance = espeak().synthesize("Hello there, how are you?", keep_audio=False)
     frames = phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, 50)
@@ -65,7 +65,7 @@ def voice_dir():
 def test_the_shipped_voice_is_a_small_hugging_face_directory(voice_dir):
     from transformers import AutoConfig, AutoTokenizer
 
-    from audio_pipeline.models.manifest import ModelManifest
+    from audio_pipeline.layouts.manifest import ModelManifest
 
     size = sum(f.stat().st_size for f in voice_dir.rglob("*") if f.is_file())
     assert size < 20e6
@@ -127,7 +127,7 @@ def test_models_stream_by_default_unless_the_configuration_says_otherwise(tmp_pa
     assert (custom.chunk_size, custom.buffer, custom.block_causal) == ([12, 24], 4, False)
     manifest["streaming"] = {"chunk_sizes": [12]}
     (model / "audio_pipeline.json").write_text(json.dumps(manifest))
-    from audio_pipeline.models.manifest import ModelManifest
+    from audio_pipeline.layouts.manifest import ModelManifest
 
     with pytest.raises(ValueError, match="unknown streaming settings.*chunk_sizes"):
         ModelManifest.read(model)

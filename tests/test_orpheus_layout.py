@@ -5,7 +5,7 @@ import torch
 
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.errors import InvalidArgument
-from audio_pipeline.models import orpheus
+from audio_pipeline.layouts import orpheus
 from audio_pipeline.sampling import SamplingParams, sample_next_tokens
 
 LAYOUT = orpheus.OrpheusLayout()

@@ -5,7 +5,7 @@ import torch
 
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.errors import InvalidArgument
-from audio_pipeline.models.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
+from audio_pipeline.layouts.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
 from audio_pipeline.sampling import SamplingParams, candidate_width, sample_next_tokens
 
 LAYOUT = OrpheusLayout()

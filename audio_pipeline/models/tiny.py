@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from audio_pipeline.models import orpheus
-from audio_pipeline.models.manifest import MANIFEST_NAME
+from audio_pipeline.layouts import orpheus
+from audio_pipeline.layouts.manifest import MANIFEST_NAME
 
 TINY_LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

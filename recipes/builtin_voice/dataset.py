@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audio_pipeline.models.phoneme_lpc import FRAME_RATE
+from audio_pipeline.layouts.phoneme_lpc import FRAME_RATE
 from recipes.builtin_voice.corpus import training_texts
 from recipes.builtin_voice.espeak import ESpeak, frame_count, phoneme_frames
 from recipes.builtin_voice.lpc_codec import Quantizer, analyse

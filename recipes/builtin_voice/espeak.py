@@ -1,9 +1,9 @@
-"""eSpeak NG for the recipe: the engine's own front-end (audio_pipeline/models/espeak_frontend.py),
+"""eSpeak NG for the recipe: the engine's own front-end (audio_pipeline/text/espeak.py),
 used here with its audio kept, as the training speech."""
 
 from __future__ import annotations
 
-from audio_pipeline.models.espeak_frontend import Utterance, espeak, frame_count, phoneme_frames
+from audio_pipeline.text.espeak import Utterance, espeak, frame_count, phoneme_frames
 
 __all__ = ["ESpeak", "Utterance", "frame_count", "phoneme_frames"]
 

@@ -49,8 +49,8 @@ def from_checkpoint(run: Path, data: Path) -> Path:
 
 def export(run: Path, out: Path) -> Path:
     from audio_pipeline.decoders.lpc import save_lpc_decoder
-    from audio_pipeline.models.manifest import MANIFEST_NAME
-    from audio_pipeline.models.phoneme_lpc import write_tokenizer
+    from audio_pipeline.layouts.manifest import MANIFEST_NAME
+    from audio_pipeline.layouts.phoneme_lpc import write_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((run / "config.json").read_text())

@@ -1,6 +1,6 @@
 """Trains the built-in voice's speech-token LM (a small Llama) on the aligned dataset.
 
-The token layout is the engine's ``phoneme-lpc`` layout (audio_pipeline/models/phoneme_lpc.py):
+The token layout is the engine's ``phoneme-lpc`` layout (audio_pipeline/layouts/phoneme_lpc.py):
 prompt ``[phoneme, duration]`` per phoneme, then per frame ``[phoneme, context, envelope,
 prosody]``. The engine forces each frame's phoneme and context tokens (and the end of speech) from
 the prompt, so the loss covers the envelope and prosody tokens only: the model learns the acoustics
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from audio_pipeline.models.phoneme_lpc import (BEGIN, CODEBOOK_SIZE, END_OF_SPEECH, ENVELOPE, PAD, PHONEME_BASE,
+from audio_pipeline.layouts.phoneme_lpc import (BEGIN, CODEBOOK_SIZE, END_OF_SPEECH, ENVELOPE, PAD, PHONEME_BASE,
                                               PROSODY, SLOT_BASE, TOKENS_PER_FRAME, VOCAB_SIZE, frame_tokens,
                                               prompt_ids, slot_token)
 

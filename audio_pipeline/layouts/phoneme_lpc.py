@@ -180,7 +180,7 @@ class PhonemeLPCLayout:
 
     def phonemes(self, tokenizer, text: str) -> list[tuple[int, int]]:
         """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory."""
-        from audio_pipeline.models.espeak_frontend import PAUSE, text_phoneme_frames
+        from audio_pipeline.text.espeak import PAUSE, text_phoneme_frames
 
         vocab = tokenizer.get_vocab()
         out = []

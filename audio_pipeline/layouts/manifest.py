@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from audio_pipeline.models import orpheus
+from audio_pipeline.layouts import orpheus
 
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
@@ -71,7 +71,7 @@ class ModelManifest:
         ``codes_to_tokens`` and ``build_prompt(tokenizer, text, voice)``.
         """
         if self.family == "phoneme-lpc":
-            from audio_pipeline.models.phoneme_lpc import PhonemeLPCLayout
+            from audio_pipeline.layouts.phoneme_lpc import PhonemeLPCLayout
 
             return PhonemeLPCLayout()
         return orpheus.OrpheusLayout()

@@ -1,0 +1,1 @@
+"""Model families' speech-token layouts: prompts, token rules, and the manifest that names them."""
