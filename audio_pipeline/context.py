@@ -35,6 +35,9 @@ class TTSContext:
     #: The forced tokens of layouts with an explicit alignment (phoneme-lpc); computed from the
     #: prompt when not given.
     alignment: Any = None
+    #: Word timings of the request's text (offsets into the text it was made from, samples of its
+    #: own audio), where the layout knows its alignment; None otherwise.
+    words: list | None = None
     #: Generated speech-token ids (end-of-speech not included).
     generated: list[int] = field(default_factory=list)
     #: Tokens (prompt, then generated) whose keys and values are in the KV cache.

@@ -23,7 +23,8 @@ from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.layouts.manifest import ModelManifest, VoiceInfo
 from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
-from audio_pipeline.text.normalize import normalize
+from audio_pipeline.text.normalize import NormalizedText, normalize
+from audio_pipeline.text.timings import word_timings
 from audio_pipeline.text.segment import segments
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    read_reference_audio)
@@ -256,9 +257,13 @@ class TTSEngine:
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
-        if self.config.normalize_text if normalize_text is None else normalize_text:
-            text = normalize(text).spoken  # every layout gets words, never "$5" or "9:15"
-        prompt = self.layout.build_prompt(self.tokenizer, text, voice, reference)
+        # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
+        normalized = (normalize(text) if (self.config.normalize_text if normalize_text is None else normalize_text)
+                      else NormalizedText(text, text))
+        prompt = self.layout.build_prompt(self.tokenizer, normalized.spoken, voice, reference)
+        aligned_words = getattr(self.layout, "word_frames", None)
+        words = (word_timings(normalized, aligned_words(normalized.spoken), self.decoder.samples_per_frame)
+                 if aligned_words is not None else None)
         plan = getattr(self.layout, "alignment", None)
         alignment = plan(prompt) if plan is not None else None
         sampling = self._fit_budget(alignment, sampling, explicit=sampling_overrides.get("max_tokens") is not None)
@@ -270,7 +275,7 @@ class TTSEngine:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
                                   f"maximum sequence length {self.max_seq_len}", field="text")
         return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
-                          layout=self.layout, voice=voice, alignment=alignment,
+                          layout=self.layout, voice=voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None)
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:

@@ -44,8 +44,14 @@ def test_stream_order_and_framing(stub):
     assert (fmt.sample_rate, fmt.encoding, fmt.channels) == (24000, tts_pb2.AUDIO_ENCODING_PCM16, 1)
     audio = messages[1:-1]
     assert [m.audio.chunk_index for m in audio] == list(range(len(audio)))
+    # This model has no word alignment: the sentence's timing comes once its audio is out, in a
+    # last message of timings only.
+    timing = audio.pop()
+    assert timing.audio.num_samples == 0 and not timing.audio.data
+    assert [(w.text, w.precision) for w in timing.audio.words] == [("Hello world.",
+                                                                   tts_pb2.TIMING_PRECISION_SEGMENT)]
     for m in audio:
-        assert m.audio.num_samples == len(m.audio.data) // 2 > 0
+        assert m.audio.num_samples == len(m.audio.data) // 2 > 0 and not m.audio.words
     # chunk_size=28,56: 4 + 8 frames, then the rest; the random model runs to max_tokens (20 frames).
     assert [m.audio.num_samples // SAMPLES_PER_FRAME for m in audio] == [4, 8, 8]
     complete = messages[-1].complete

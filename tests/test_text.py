@@ -59,6 +59,7 @@ NORMALIZATION = [
     ("Call (555) 123-4567 now.", "Call five five five, one two three, four five six seven now."),
     ("Call 555-123-4567.", "Call five five five, one two three, four five six seven."),
     ("+1 555 123 4567", "plus one, five five five, one two three, four five six seven"),
+    ("Call 555-1234 today.", "Call five five five, one two three four today."),
     # units
     ("It is 5 km away.", "It is five kilometers away."),
     ("He ran 1 mile.", "He ran one mile."),

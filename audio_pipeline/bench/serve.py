@@ -73,6 +73,8 @@ class StreamResult:
     rtf: float
     stall: float
     audio_seconds: float
+    #: The word timings the stream carried.
+    words: tuple = ()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -161,6 +163,7 @@ async def wait_ready(target: str, timeout: float) -> None:
 
 async def one_stream(client, text: str) -> StreamResult:
     arrivals: list[tuple[float, float]] = []
+    words: list = []
     sent = time.perf_counter()
     async for chunk in client.stream(text):
         now = time.perf_counter()
@@ -168,8 +171,10 @@ async def one_stream(client, text: str) -> StreamResult:
             audio = sum(seconds for _, seconds in arrivals)
             return StreamResult(ttfa=arrivals[0][0] - sent if arrivals else float("inf"),
                                 rtf=(now - sent) / audio if audio else float("inf"),
-                                stall=playback_stall(arrivals), audio_seconds=audio)
-        arrivals.append((now, chunk.samples.shape[0] / chunk.sample_rate))
+                                stall=playback_stall(arrivals), audio_seconds=audio, words=tuple(words))
+        words += chunk.words
+        if chunk.samples.shape[0]:  # a chunk with only word timings plays nothing
+            arrivals.append((now, chunk.samples.shape[0] / chunk.sample_rate))
     raise RuntimeError("the stream ended without its completion")
 
 

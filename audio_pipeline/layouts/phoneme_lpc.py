@@ -192,6 +192,32 @@ class PhonemeLPCLayout:
             out.append((token, frames))
         return out
 
+    def word_frames(self, text: str) -> list:
+        """The spoken words of ``text`` with the frames each sounds in, on the alignment the
+        engine forces (:class:`audio_pipeline.text.espeak.WordFrames`; phonemes cut to
+        MAX_DURATION frames move the words after them as they move the speech)."""
+        import bisect
+        import dataclasses
+
+        from audio_pipeline.text.espeak import text_alignment
+
+        aligned = text_alignment(text, FRAME_RATE)
+        starts, cut_starts = [0], [0]
+        for _, frames in aligned.phonemes:
+            starts.append(starts[-1] + frames)
+            cut_starts.append(cut_starts[-1] + min(frames, MAX_DURATION))
+
+        def cut(frame: int) -> int:
+            k = min(bisect.bisect_right(starts, frame) - 1, len(aligned.phonemes) - 1)
+            if k < 0:
+                return frame
+            return cut_starts[k] + min(frame - starts[k], cut_starts[k + 1] - cut_starts[k])
+
+        if starts[-1] == cut_starts[-1]:
+            return list(aligned.words)
+        return [dataclasses.replace(w, first_frame=cut(w.first_frame), end_frame=cut(w.end_frame))
+                for w in aligned.words]
+
     def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
         """The LM prompt for ``text`` (one voice: ``voice`` is not part of the prompt)."""
         from audio_pipeline.errors import InvalidArgument

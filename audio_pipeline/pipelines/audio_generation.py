@@ -52,6 +52,8 @@ class AudioEvent:
     usage: Usage | None = None
     stop_reason: StopReason | None = None
     error: str | None = None
+    #: Word timings that go with this event (see SegmentedSynthesis.events).
+    words: list | None = None
 
 
 Sink = Callable[[AudioEvent], None]

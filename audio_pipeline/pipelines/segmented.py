@@ -26,6 +26,7 @@ from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.errors import InvalidArgument, ResourceExhausted
 from audio_pipeline.pipelines.audio_generation import AudioEvent, Usage
 from audio_pipeline.text.segment import Segment, segments
+from audio_pipeline.text.timings import WordTiming, segment_timing
 
 #: Characters in the first piece segmented; the rest follows in larger pieces.
 HEAD_CHARS = 1000
@@ -99,17 +100,19 @@ class SegmentedSynthesis:
 
     # --- running ---------------------------------------------------------------------------------
 
-    async def _prepare(self, text: str, index: int) -> list[TTSContext]:
-        """The contexts of one segment: itself, or its halves when it needs more speech tokens than
-        one request may have (cut at the space nearest the middle, again if need be)."""
+    async def _prepare(self, text: str, index: int, offset: int = 0) -> list[tuple[TTSContext, int, str]]:
+        """(context, offset of its text in the segment's, its text) of one segment: itself, or its
+        halves when it needs more speech tokens than one request may have (cut at the space
+        nearest the middle, again if need be)."""
         loop = asyncio.get_running_loop()
         try:
-            return [await loop.run_in_executor(self.executor, self.prepare, text, index)]
+            return [(await loop.run_in_executor(self.executor, self.prepare, text, index), offset, text)]
         except InvalidArgument as error:
             middle = text.rfind(" ", 0, len(text) // 2 + 1)
             if error.field != "text" or "split the text" not in str(error) or middle <= 0:
                 raise
-            return await self._prepare(text[:middle], index) + await self._prepare(text[middle + 1:], index)
+            return (await self._prepare(text[:middle], index, offset)
+                    + await self._prepare(text[middle + 1:], index, offset + middle + 1))
 
     async def _submit(self, context: TTSContext, queue: asyncio.Queue, first: bool) -> None:
         loop = asyncio.get_running_loop()
@@ -138,10 +141,10 @@ class SegmentedSynthesis:
                     self._progress.clear()
                     await self._progress.wait()
                 parts = []
-                for part, context in enumerate(await self._prepare(segment.text, index)):
+                for part, (context, offset, text) in enumerate(await self._prepare(segment.text, index)):
                     queue: asyncio.Queue = asyncio.Queue()
                     await self._submit(context, queue, first=index == 0 and part == 0)
-                    parts.append((context, queue))
+                    parts.append((context, queue, segment.start + offset, text))
                 await self._started.put((segment, parts))
                 index += 1
         except asyncio.CancelledError:
@@ -173,7 +176,12 @@ class SegmentedSynthesis:
     async def events(self) -> AsyncIterator[AudioEvent]:
         """Audio events of every segment in order, silences between them, then one ``complete``
         with the usage of them all. A segment's ``error`` (or CANCELLED) event ends the stream with
-        it; a segment that cannot be prepared raises its RequestError."""
+        it; a segment that cannot be prepared raises its RequestError.
+
+        Events carry word timings (``words``; text offsets into the whole text, samples of the
+        whole stream): a word goes with the audio event its first sample is in. Where a segment
+        has no word alignment, one timing for the whole segment goes with the first event after
+        its audio (the silence after it, the next segment's audio, or the ``complete``)."""
         if self._first is None:
             await self.start()
         started_at = time.monotonic()
@@ -183,6 +191,7 @@ class SegmentedSynthesis:
         stop_reason = StopReason.END_OF_SPEECH
         item, self._first = self._first, None
         pause = 0.0
+        carried: list[WordTiming] = []  # timings for the next event out
         while item is not _END:
             if isinstance(item, BaseException):
                 raise item
@@ -190,16 +199,25 @@ class SegmentedSynthesis:
             if pause > 0:  # the silence the previous segment's punctuation asks for
                 silence = np.zeros(int(round(pause * sample_rate)), dtype=np.float32)
                 audio_samples += silence.shape[0]
-                yield AudioEvent("audio", self.request_id, samples=silence, chunk_index=chunk_index)
+                yield AudioEvent("audio", self.request_id, samples=silence, chunk_index=chunk_index, words=carried)
+                carried = []
                 chunk_index += 1
-            for context, queue in parts:
+            for context, queue, text_offset, text in parts:
+                base = audio_samples
+                words = [w.shifted(text_offset, base) for w in context.words or ()]
                 while True:
                     event: AudioEvent = await queue.get()
                     if event.kind == "audio":
                         if first_audio is None:
                             first_audio = time.monotonic() - started_at
                         audio_samples += event.samples.shape[0]
-                        yield dataclasses.replace(event, request_id=self.request_id, chunk_index=chunk_index)
+                        heard = 0
+                        while heard < len(words) and words[heard].start_sample < audio_samples:
+                            heard += 1
+                        out, words = carried + words[:heard], words[heard:]
+                        carried = []
+                        yield dataclasses.replace(event, request_id=self.request_id, chunk_index=chunk_index,
+                                                  words=out)
                         chunk_index += 1
                         continue
                     if event.kind == "error" or event.stop_reason == StopReason.CANCELLED:
@@ -209,13 +227,19 @@ class SegmentedSynthesis:
                     generated_tokens += event.usage.generated_tokens
                     if event.stop_reason == StopReason.MAX_TOKENS:
                         stop_reason = StopReason.MAX_TOKENS
+                    if context.words is None:
+                        carried.append(segment_timing(text, audio_samples - base).shifted(text_offset, base))
+                    elif event.stop_reason == StopReason.END_OF_SPEECH:
+                        # Words that start where the audio ends (no frame of their own).
+                        carried += [dataclasses.replace(w, end_sample=min(w.end_sample, audio_samples))
+                                    for w in words if w.start_sample <= audio_samples]
                     break
             self._played += 1
             self._progress.set()
             pause = segment.pause
             item = await self._started.get()
         elapsed = time.monotonic() - started_at
-        yield AudioEvent("complete", self.request_id, stop_reason=stop_reason, usage=Usage(
+        yield AudioEvent("complete", self.request_id, stop_reason=stop_reason, words=carried, usage=Usage(
             prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, audio_samples=audio_samples,
             time_to_first_audio_seconds=first_audio if first_audio is not None else elapsed,
             generation_seconds=elapsed))

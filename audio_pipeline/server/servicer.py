@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from contextlib import aclosing
@@ -16,6 +17,7 @@ from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, Req
                                    Unavailable, echo)
 from audio_pipeline.pipelines.segmented import SegmentedSynthesis
 from audio_pipeline.text.segment import segments
+from audio_pipeline.text.timings import SEGMENT, WORD, WordTiming
 from audio_pipeline.server.audio_output import StreamAudioOutput
 from audio_pipeline.server.handlers import MalformedRequest
 from audio_pipeline.server.metrics import ServerMetrics
@@ -43,6 +45,17 @@ def sampling_overrides(request: tts_pb2.SynthesizeRequest) -> dict:
     if request.sampling.stop_token_ids:
         overrides["stop_token_ids"] = list(request.sampling.stop_token_ids)
     return overrides
+
+
+PRECISIONS = {WORD: tts_pb2.TIMING_PRECISION_WORD, SEGMENT: tts_pb2.TIMING_PRECISION_SEGMENT}
+
+
+def timing_message(timing: WordTiming, engine_rate: int, output_rate: int) -> tts_pb2.WordTiming:
+    """A word timing on the stream's sample clock."""
+    timing = timing.resampled(engine_rate, output_rate)
+    return tts_pb2.WordTiming(text=timing.text, text_start=timing.text_start, text_end=timing.text_end,
+                              start_sample=timing.start_sample, end_sample=timing.end_sample,
+                              spoken=timing.spoken, precision=PRECISIONS[timing.precision])
 
 
 #: Threads for request preparation (text front end, reference audio): off the event loop, and
@@ -164,8 +177,11 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                 sample_rate=output.sample_rate, encoding=output.encoding, channels=1))
             chunk_index = 0
             sent_samples = 0
+            words: list = []  # timings waiting for the next message out
             async with aclosing(synthesis.events()) as events:
                 async for event in events:
+                    words += [timing_message(w, self.engine.sample_rate, output.sample_rate)
+                              for w in event.words or ()]
                     if event.kind == "audio":
                         samples = output.convert(event.samples)
                     elif event.kind == "complete":
@@ -178,9 +194,12 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                         finished = True
                         self.metrics.requests.labels("failed").inc()
                         await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
-                    if samples.size:
+                    # The last timings go out even when no samples are left to carry them.
+                    if samples.size or (words and event.kind == "complete"):
                         yield tts_pb2.AudioChunk(request_id=label, audio=tts_pb2.AudioFrames(
-                            data=output.encode(samples), chunk_index=chunk_index, num_samples=samples.size))
+                            data=output.encode(samples) if samples.size else b"", chunk_index=chunk_index,
+                            num_samples=samples.size, words=words))
+                        words = []
                         chunk_index += 1
                         sent_samples += samples.size
                     if event.kind == "complete":
@@ -253,13 +272,18 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         limit = self.engine.config.sampling.max_text_chars
         max_chars = self.engine.config.max_segment_chars
         buffer, total = "", 0
+        consumed = 0  # characters of the stream's text before ``buffer`` (word timings count from 0)
 
         def speak(text: str, everything: bool) -> str:
+            nonlocal consumed
             found = segments(text, max_chars)
             done = found if everything else found[:-1]
             for segment in done:
-                synthesis.add_segment(segment)
-            return "" if everything or not found else text[found[-1].start:]
+                synthesis.add_segment(dataclasses.replace(segment, start=segment.start + consumed,
+                                                          end=segment.end + consumed))
+            rest = "" if everything or not found else text[found[-1].start:]
+            consumed += len(text) - len(rest)
+            return rest
 
         try:
             async for message in request_iterator:

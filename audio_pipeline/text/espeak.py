@@ -3,16 +3,19 @@
 Runs the eSpeak NG C library through ctypes, from the ``espeakng-loader`` wheel (a PyPI package
 that ships the library and its data) or else a system ``libespeak-ng`` (Debian: ``espeak-ng``).
 eSpeak synthesizes the text in synchronous mode and reports a phoneme event at the sample where
-each phoneme starts; those timings, on the built-in voice's 50 Hz frame grid, are the explicit
-alignment its language model is trained and run with.
+each phoneme starts, and a word event where each word starts; those timings, on the built-in
+voice's 50 Hz frame grid, are the explicit alignment its language model is trained and run with,
+and the word timings a request reports.
 """
 
 from __future__ import annotations
 
 import ctypes
+import bisect
 import ctypes.util
 import functools
 import threading
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +23,7 @@ import numpy as np
 AUDIO_OUTPUT_SYNCHRONOUS = 2
 INITIALIZE_PHONEME_EVENTS = 0x0001
 INITIALIZE_DONT_EXIT = 0x8000
-EVENT_LIST_TERMINATED, EVENT_PHONEME = 0, 7
+EVENT_LIST_TERMINATED, EVENT_WORD, EVENT_PHONEME = 0, 1, 7
 POS_CHARACTER = 1
 CHARS_UTF8 = 1
 PARAM_RATE = 1
@@ -65,6 +68,9 @@ class Utterance:
     length: int
     #: (phoneme name, start sample), in order; a phoneme lasts until the next one starts.
     phonemes: list[tuple[str, int]]
+    #: (character offset in the text, characters, start sample) of each word eSpeak speaks, in
+    #: order. eSpeak's character count may fall short of the written word ("don" of "don't").
+    words: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
 
 
 class ESpeak:
@@ -87,6 +93,7 @@ class ESpeak:
         self._chunks: list[np.ndarray] = []
         self._length = 0
         self._events: list[tuple[str, int]] = []
+        self._words: list[tuple[int, int, int]] = []
         self._callback = _CALLBACK(self._on_audio)  # kept alive as long as the engine
         self.lib.espeak_SetSynthCallback(self._callback)
 
@@ -101,6 +108,8 @@ class ESpeak:
             if event.type == EVENT_PHONEME:
                 name = bytes(event.id.string).split(b"\0", 1)[0].decode("utf-8", "replace")
                 self._events.append((name, event.sample))
+            elif event.type == EVENT_WORD:  # text_position counts characters from 1
+                self._words.append((event.text_position - 1, event.length, event.sample))
             index += 1
         return 0
 
@@ -108,16 +117,16 @@ class ESpeak:
         """eSpeak's speech of ``text`` with its phoneme timings (thread-safe)."""
         data = text.encode("utf-8") + b"\0"
         with self._lock:
-            self._chunks, self._events, self._length, self._keep_audio = [], [], 0, keep_audio
+            self._chunks, self._events, self._words, self._length, self._keep_audio = [], [], [], 0, keep_audio
             status = self.lib.espeak_Synth(ctypes.c_char_p(data), ctypes.c_size_t(len(data)), 0, POS_CHARACTER, 0,
                                            CHARS_UTF8, None, None)
             if status != 0:
                 raise RuntimeError(f"eSpeak NG failed on {text!r} (status {status})")
             self.lib.espeak_Synchronize()
-            chunks, events, length = self._chunks, self._events, self._length
-            self._chunks, self._events = [], []
+            chunks, events, words, length = self._chunks, self._events, self._words, self._length
+            self._chunks, self._events, self._words = [], [], []
         samples = (np.concatenate(chunks).astype(np.float32) / 32768) if chunks else np.zeros(0, np.float32)
-        return Utterance(samples, self.sample_rate, length, events)
+        return Utterance(samples, self.sample_rate, length, events, words)
 
 
 _ENGINE: ESpeak | None = None
@@ -138,26 +147,106 @@ def frame_count(samples: int, sample_rate: int, frame_rate: int) -> int:
     return samples * frame_rate // sample_rate
 
 
+def _bounds(starts: list[int], samples: int, sample_rate: int, frame_rate: int) -> list[int]:
+    """Frame boundaries of phonemes starting at ``starts`` (samples): the first starts at frame 0,
+    each later one at its start rounded to the nearest frame (never going back), and the last ends
+    at :func:`frame_count`; one more entry than ``starts``."""
+    total = frame_count(samples, sample_rate, frame_rate)
+    bounds = [0]
+    for start in starts[1:]:  # eSpeak's starts never go back; max() keeps it so regardless
+        bounds.append(max(bounds[-1], min(total, int(round(start * frame_rate / sample_rate)))))
+    bounds.append(total)
+    return bounds
+
+
 def phoneme_frames(phonemes: list[tuple[str, int]], samples: int, sample_rate: int,
                    frame_rate: int) -> list[tuple[str, int]]:
     """(phoneme, frames) on a ``frame_rate`` grid: phoneme i covers frames [b_i, b_i+1), where b_i is
     its start rounded to the nearest frame (the first starts at frame 0, the last ends at the end).
     Phonemes shorter than half a frame get no frame and are left out. The frames add up to
     :func:`frame_count`."""
-    total = frame_count(samples, sample_rate, frame_rate)
-    if not phonemes or total == 0:
+    if not phonemes or frame_count(samples, sample_rate, frame_rate) == 0:
         return []
-    bounds = [0]
-    for _, start in phonemes[1:]:  # eSpeak's starts never go back; max() keeps it so regardless
-        bounds.append(max(bounds[-1], min(total, int(round(start * frame_rate / sample_rate)))))
-    bounds.append(total)
+    bounds = _bounds([start for _, start in phonemes], samples, sample_rate, frame_rate)
     return [(name, end - begin) for (name, _), begin, end in zip(phonemes, bounds, bounds[1:]) if end > begin]
 
 
+@dataclass(frozen=True)
+class WordFrames:
+    """One spoken word: ``text[start:end]``, sounding in frames [first_frame, end_frame)."""
+
+    start: int
+    end: int
+    first_frame: int
+    end_frame: int
+
+
+def _word_extent(text: str, start: int, length: int, limit: int) -> tuple[int, int]:
+    """The written word eSpeak's word event points at: from ``start`` to the end of its run of
+    non-space characters (eSpeak counts "don" of "don't"), before ``limit``, without the
+    punctuation around it."""
+    end = max(start + length, start)
+    while end < limit and not text[end].isspace():
+        end += 1
+    end = min(end, limit)
+    while end > start + 1 and not text[end - 1].isalnum():
+        end -= 1
+    while start < end - 1 and not text[start].isalnum():
+        start += 1
+    return start, end
+
+
+def word_frames(text: str, utterance: Utterance, frame_rate: int) -> list[WordFrames]:
+    """Each spoken word of ``text`` with its frames on the grid of :func:`phoneme_frames`: a word
+    owns the phonemes that start at or after its word event and before the next word's (pauses
+    excluded), and sounds from its first phoneme's start to its last one's end. A word that owns
+    no frame gets an empty range where the next phoneme starts."""
+    if not utterance.words or frame_count(utterance.length, utterance.sample_rate, frame_rate) == 0:
+        return []
+    phonemes = utterance.phonemes
+    bounds = _bounds([start for _, start in phonemes], utterance.length, utterance.sample_rate, frame_rate)
+    word_starts = [sample for _, _, sample in utterance.words]
+    owned: dict[int, list[int]] = {}
+    for index, (name, start) in enumerate(phonemes):
+        if name.startswith(PAUSE):
+            continue
+        owner = max(0, bisect.bisect_right(word_starts, start) - 1)
+        owned.setdefault(owner, []).append(index)
+    out = []
+    for index, (position, length, sample) in enumerate(utterance.words):
+        limit = utterance.words[index + 1][0] if index + 1 < len(utterance.words) else len(text)
+        start, end = _word_extent(text, position, length, max(limit, position + 1))
+        mine = owned.get(index)
+        if mine:
+            first, last = bounds[mine[0]], bounds[mine[-1] + 1]
+        else:
+            following = bisect.bisect_left([s for _, s in phonemes], sample)
+            first = last = bounds[min(following, len(phonemes))]
+        out.append(WordFrames(start, end, first, last))
+    return out
+
+
+@dataclass(frozen=True)
+class TextAlignment:
+    """What the front end says about one text on a frame grid."""
+
+    #: (phoneme, frames), as :func:`phoneme_frames`.
+    phonemes: tuple[tuple[str, int], ...]
+    #: The spoken words, as :func:`word_frames`.
+    words: tuple[WordFrames, ...]
+
+
 @functools.lru_cache(maxsize=4096)
-def text_phoneme_frames(text: str, frame_rate: int) -> tuple[tuple[str, int], ...]:
-    """(phoneme, frames) of ``text`` from the process's engine, cached per text: eSpeak's timings
-    vary by a few milliseconds from call to call, and the cache keeps one text's prompt (and so a
-    seeded request's speech) the same for the life of the process."""
+def text_alignment(text: str, frame_rate: int) -> TextAlignment:
+    """The phonemes and words of ``text`` from the process's engine, cached per text: eSpeak's
+    timings vary by a few milliseconds from call to call, and the cache keeps one text's prompt
+    (and so a seeded request's speech, and its word timings) the same for the life of the process."""
     utterance = espeak().synthesize(text, keep_audio=False)
-    return tuple(phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, frame_rate))
+    return TextAlignment(
+        tuple(phoneme_frames(utterance.phonemes, utterance.length, utterance.sample_rate, frame_rate)),
+        tuple(word_frames(text, utterance, frame_rate)))
+
+
+def text_phoneme_frames(text: str, frame_rate: int) -> tuple[tuple[str, int], ...]:
+    """(phoneme, frames) of ``text`` (see :func:`text_alignment`)."""
+    return text_alignment(text, frame_rate).phonemes

@@ -201,7 +201,8 @@ _NUMBER = r"[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-−]?\d+(?:\.\d+)?"
 _RULES = [
     ("url", r"\bhttps?://[^\s<>\"]+[^\s<>\".,;:!?)]|\bwww\.[^\s<>\"]+[^\s<>\".,;:!?)]"),
     ("email", r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b"),
-    ("phone", r"(?<![\w.])(?:\+\d{1,3}[\s.-])?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}\b"),
+    # Ten digits in the usual groups, or a seven-digit local number ("555-1234").
+    ("phone", r"(?<![\w.])(?:(?:\+\d{1,3}[\s.-])?(?:\(\d{3}\)\s?|\d{3}[\s.-])\d{3}[\s.-]\d{4}|\d{3}-\d{4})\b(?![-.]\d)"),
     ("money", r"(?P<cur>[$€£¥])\s?(?P<amount>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)"
               r"(?:\s(?P<scale>thousand|million|billion|trillion)\b)?"),
     ("percent", rf"(?P<pct>{_NUMBER})\s?%"),

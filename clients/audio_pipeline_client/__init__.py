@@ -3,6 +3,8 @@
 from audio_pipeline_client.async_client import AsyncTTSClient
 from audio_pipeline_client.client import TTSClient
 from audio_pipeline_client.protocol import FLUSH
-from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice
+from audio_pipeline_client.timings import timings_json, timings_webvtt
+from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice, WordTiming
 
-__all__ = ["FLUSH", "AsyncTTSClient", "AudioStreamChunk", "SynthesisResult", "TTSClient", "TTSError", "Usage", "Voice"]
+__all__ = ["FLUSH", "AsyncTTSClient", "AudioStreamChunk", "SynthesisResult", "TTSClient", "TTSError", "Usage", "Voice",
+           "WordTiming", "timings_json", "timings_webvtt"]

@@ -13,13 +13,15 @@ import soundfile
 
 from audio_pipeline_client.client import TTSClient
 from audio_pipeline_client.protocol import FLOAT32, FLUSH, encode_samples, float_to_pcm16, parse_encoding
+from audio_pipeline_client.timings import timings_document
 from audio_pipeline_client.types import AudioStreamChunk, TTSError
 
 PROGRAM = "tts-client"
 SERVER_ENVIRONMENT = "AUDIO_PIPELINE_SERVER"
 TOKEN_ENVIRONMENT = "AUDIO_PIPELINE_TOKEN"
 USAGE = f"""\
-{PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) [--live] (--output FILE.wav | --raw) [options]
+{PROGRAM} [--server HOST:PORT] (--text TEXT | --input FILE|-) [--live] (--output FILE.wav | --raw)
+                  [--timings FILE.json|FILE.vtt] [options]
        {PROGRAM} voices [--server HOST:PORT] [--timeout S] [--wait-ready S] [--tls] [--ca-file PEM] [--token T]
        {PROGRAM} register-voice NAME --audio FILE --transcript TEXT [--description TEXT] [connection options]
        {PROGRAM} delete-voice NAME [connection options]"""
@@ -113,6 +115,9 @@ def synthesize_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-normalize", dest="normalize_text", action="store_const", const=False,
                         help="speak the text as written (by default numbers, money, dates, units and the "
                              "like are read as words first, e.g. '$5' as 'five dollars')")
+    parser.add_argument("--timings", metavar="FILE",
+                        help="write each word's start and end in the audio (and where it is in the text): "
+                             "WebVTT captions when FILE ends in .vtt, JSON otherwise")
     parser.add_argument("--quiet", action="store_true", help="no progress line and no summary")
     return parser
 
@@ -253,6 +258,7 @@ def synthesize(args: argparse.Namespace) -> int:
     reference_audio = Path(args.reference_audio) if args.reference_audio else None
     encoding = parse_encoding(args.format)
     sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
+    timings = TimingsFile(Path(args.timings)) if args.timings else None
     progress = Progress(quiet=args.quiet)
     try:
         options = dict(voice=args.voice, seed=args.seed, max_tokens=args.max_tokens, min_tokens=args.min_tokens,
@@ -267,10 +273,16 @@ def synthesize(args: argparse.Namespace) -> int:
                                     reference_transcript=args.reference_transcript, **options))
             for chunk in chunks:
                 sink.write(chunk)
+                if timings is not None:
+                    timings.add(chunk)
                 progress.update(chunk)
         sink.commit()
+        if timings is not None:
+            timings.commit()
     except BaseException as error:
         sink.discard()
+        if timings is not None:
+            timings.discard()
         progress.clear()
         if isinstance(error, TTSError) and error.code == grpc.StatusCode.UNAVAILABLE:
             raise CommandError(f"server {args.server}: {error}") from error
@@ -317,6 +329,36 @@ class WavSink:
     def discard(self) -> None:
         if self.file is not None and not self.file.closed:
             self.file.close()
+        self.temporary_path.unlink(missing_ok=True)
+
+
+class TimingsFile:
+    """--timings: collects the stream's word timings, written to ``path`` (through a temporary
+    file beside it) once the audio is complete."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if path.is_dir():
+            raise CommandError(f"cannot write {path}: it is a directory")
+        self.temporary_path = path.with_name(f".{path.name}.{os.getpid()}.part")
+        try:
+            with open(self.temporary_path, "x", encoding="utf-8"):  # fail before the server does any work
+                pass
+        except OSError as error:
+            raise CommandError(f"cannot write the timings {path}: {error.strerror or error}") from error
+        self.words: list = []
+
+    def add(self, chunk: AudioStreamChunk) -> None:
+        self.words += chunk.words
+
+    def commit(self) -> None:
+        try:
+            self.temporary_path.write_text(timings_document(self.words, str(self.path)), encoding="utf-8")
+            os.replace(self.temporary_path, self.path)
+        except OSError as error:
+            raise CommandError(f"cannot write the timings {self.path}: {error.strerror or error}") from error
+
+    def discard(self) -> None:
         self.temporary_path.unlink(missing_ok=True)
 
 

@@ -9,12 +9,17 @@ from typing import Sequence, Union
 import numpy as np
 
 from audio_pipeline_client._proto import tts_pb2
-from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice
+from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Usage, Voice, WordTiming
 
 PCM16 = tts_pb2.AUDIO_ENCODING_PCM16
 FLOAT32 = tts_pb2.AUDIO_ENCODING_FLOAT32
 ENCODING_NAMES = {"pcm16": PCM16, "f32": FLOAT32, "float32": FLOAT32}
 SAMPLE_WIDTH = {PCM16: 2, FLOAT32: 4}
+PRECISION_NAMES = {
+    tts_pb2.TIMING_PRECISION_UNSPECIFIED: "unspecified",
+    tts_pb2.TIMING_PRECISION_WORD: "word",
+    tts_pb2.TIMING_PRECISION_SEGMENT: "segment",
+}
 STOP_REASON_NAMES = {
     tts_pb2.STOP_REASON_UNSPECIFIED: "unspecified",
     tts_pb2.STOP_REASON_END_OF_SPEECH: "end_of_speech",
@@ -237,8 +242,13 @@ class StreamReader:
             raise TTSError.protocol_violation(
                 f"audio chunk {frames.chunk_index} says {frames.num_samples} samples but carries {samples.size}")
         self.audio_chunks += 1
-        return AudioStreamChunk(samples=samples, sample_rate=self.format.sample_rate, index=frames.chunk_index,
-                                request_id=self.request_id)
+        rate = self.format.sample_rate
+        words = tuple(WordTiming(text=w.text, text_start=w.text_start, text_end=w.text_end,
+                                 start_sample=w.start_sample, end_sample=w.end_sample, spoken=w.spoken,
+                                 precision=PRECISION_NAMES.get(w.precision, "unspecified"), sample_rate=rate)
+                      for w in frames.words)
+        return AudioStreamChunk(samples=samples, sample_rate=rate, index=frames.chunk_index,
+                                request_id=self.request_id, words=words)
 
 
 def result_from_chunks(chunks: list[AudioStreamChunk]) -> SynthesisResult:
@@ -247,4 +257,5 @@ def result_from_chunks(chunks: list[AudioStreamChunk]) -> SynthesisResult:
     audio = [chunk.samples for chunk in chunks[:-1]]
     samples = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     return SynthesisResult(samples=samples, sample_rate=final.sample_rate, usage=final.usage,
-                           stop_reason=final.stop_reason, request_id=final.request_id)
+                           stop_reason=final.stop_reason, request_id=final.request_id,
+                           words=tuple(word for chunk in chunks[:-1] for word in chunk.words))

@@ -32,6 +32,35 @@ class Voice:
 
 
 @dataclass(frozen=True)
+class WordTiming:
+    """When one written word (or piece: "$5", "9:15") sounds in the stream's audio.
+
+    ``text`` is ``request_text[text_start:text_end]`` (for ``stream_text``, offsets into all the
+    pieces joined); the audio says ``spoken`` in samples [start_sample, end_sample) of the stream
+    (its sample rate, counted from its first sample). ``precision`` is ``"word"`` where the model's
+    own alignment timed this word (the built-in voice), ``"segment"`` where the timing covers a
+    whole sentence or clause (models without an alignment).
+    """
+
+    text: str
+    text_start: int
+    text_end: int
+    start_sample: int
+    end_sample: int
+    spoken: str
+    precision: str
+    sample_rate: int
+
+    @property
+    def start_seconds(self) -> float:
+        return self.start_sample / self.sample_rate
+
+    @property
+    def end_seconds(self) -> float:
+        return self.end_sample / self.sample_rate
+
+
+@dataclass(frozen=True)
 class AudioStreamChunk:
     """One item of ``TTSClient.stream``.
 
@@ -48,6 +77,9 @@ class AudioStreamChunk:
     usage: Usage | None = None
     stop_reason: str | None = None
     request_id: str = ""
+    #: The words whose audio starts in this chunk (or, with ``"segment"`` precision, the segment
+    #: whose audio just ended). A chunk may carry words and no samples.
+    words: tuple[WordTiming, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +91,8 @@ class SynthesisResult:
     usage: Usage
     stop_reason: str
     request_id: str
+    #: Every spoken word's timing, in text order (see WordTiming).
+    words: tuple[WordTiming, ...] = ()
 
     @property
     def duration_seconds(self) -> float:

@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61udio_pipeline/v1/tts.proto\x12\x11\x61udio_pipeline.v1\"3\n\x0eVoiceReference\x12\r\n\x05\x61udio\x18\x01 \x01(\x0c\x12\x12\n\ntranscript\x18\x02 \x01(\t\"\xba\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\t\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x15\n\x13_repetition_penaltyB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x07\n\x05_seedB\x08\n\x06_min_pB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penalty\"\xa8\x02\n\x11SynthesizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05voice\x18\x02 \x01(\t\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.audio_pipeline.v1.SamplingParams\x12\x32\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32 .audio_pipeline.v1.AudioEncoding\x12\x13\n\x0bsample_rate\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x34\n\treference\x18\x07 \x01(\x0b\x32!.audio_pipeline.v1.VoiceReference\x12\x1b\n\x0enormalize_text\x18\x08 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_normalize_text\"\xe1\x01\n\x0eStreamSettings\x12\r\n\x05voice\x18\x01 \x01(\t\x12\x33\n\x08sampling\x18\x02 \x01(\x0b\x32!.audio_pipeline.v1.SamplingParams\x12\x32\n\x08\x65ncoding\x18\x03 \x01(\x0e\x32 .audio_pipeline.v1.AudioEncoding\x12\x13\n\x0bsample_rate\x18\x04 \x01(\r\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x1b\n\x0enormalize_text\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_normalize_text\"\x07\n\x05\x46lush\"\x0c\n\nEndOfInput\"\xbf\x01\n\tTextInput\x12\x35\n\x08settings\x18\x01 \x01(\x0b\x32!.audio_pipeline.v1.StreamSettingsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\x05\x66lush\x18\x03 \x01(\x0b\x32\x18.audio_pipeline.v1.FlushH\x00\x12\x35\n\x0c\x65nd_of_input\x18\x04 \x01(\x0b\x32\x1d.audio_pipeline.v1.EndOfInputH\x00\x42\t\n\x07\x63ontent\"h\n\x0b\x41udioFormat\x12\x13\n\x0bsample_rate\x18\x01 \x01(\r\x12\x32\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32 .audio_pipeline.v1.AudioEncoding\x12\x10\n\x08\x63hannels\x18\x03 \x01(\r\"E\n\x0b\x41udioFrames\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x13\n\x0bnum_samples\x18\x03 \x01(\r\"\x90\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x15\n\raudio_seconds\x18\x03 \x01(\x01\x12#\n\x1btime_to_first_audio_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12generation_seconds\x18\x05 \x01(\x01\"p\n\x11SynthesisComplete\x12\'\n\x05usage\x18\x01 \x01(\x0b\x32\x18.audio_pipeline.v1.Usage\x12\x32\n\x0bstop_reason\x18\x02 \x01(\x0e\x32\x1d.audio_pipeline.v1.StopReason\"\xc8\x01\n\nAudioChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x06\x66ormat\x18\x02 \x01(\x0b\x32\x1e.audio_pipeline.v1.AudioFormatH\x00\x12/\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x1e.audio_pipeline.v1.AudioFramesH\x00\x12\x38\n\x08\x63omplete\x18\x04 \x01(\x0b\x32$.audio_pipeline.v1.SynthesisCompleteH\x00\x42\t\n\x07\x63ontent\"\x13\n\x11ListVoicesRequest\"d\n\x05Voice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x10\n\x08language\x18\x03 \x01(\t\x12\x12\n\nis_default\x18\x04 \x01(\x08\x12\x12\n\nregistered\x18\x05 \x01(\x08\"o\n\x14RegisterVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\treference\x18\x02 \x01(\x0b\x32!.audio_pipeline.v1.VoiceReference\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"\"\n\x12\x44\x65leteVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteVoiceResponse\">\n\x12ListVoicesResponse\x12(\n\x06voices\x18\x01 \x03(\x0b\x32\x18.audio_pipeline.v1.Voice*e\n\rAudioEncoding\x12\x1e\n\x1a\x41UDIO_ENCODING_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41UDIO_ENCODING_PCM16\x10\x01\x12\x1a\n\x16\x41UDIO_ENCODING_FLOAT32\x10\x02*d\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19STOP_REASON_END_OF_SPEECH\x10\x01\x12\x1a\n\x16STOP_REASON_MAX_TOKENS\x10\x02\x32\xc5\x03\n\x0cTextToSpeech\x12S\n\nSynthesize\x12$.audio_pipeline.v1.SynthesizeRequest\x1a\x1d.audio_pipeline.v1.AudioChunk0\x01\x12S\n\x10SynthesizeStream\x12\x1c.audio_pipeline.v1.TextInput\x1a\x1d.audio_pipeline.v1.AudioChunk(\x01\x30\x01\x12Y\n\nListVoices\x12$.audio_pipeline.v1.ListVoicesRequest\x1a%.audio_pipeline.v1.ListVoicesResponse\x12R\n\rRegisterVoice\x12\'.audio_pipeline.v1.RegisterVoiceRequest\x1a\x18.audio_pipeline.v1.Voice\x12\\\n\x0b\x44\x65leteVoice\x12%.audio_pipeline.v1.DeleteVoiceRequest\x1a&.audio_pipeline.v1.DeleteVoiceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61udio_pipeline/v1/tts.proto\x12\x11\x61udio_pipeline.v1\"3\n\x0eVoiceReference\x12\r\n\x05\x61udio\x18\x01 \x01(\x0c\x12\x12\n\ntranscript\x18\x02 \x01(\t\"\xba\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\t\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\rB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x15\n\x13_repetition_penaltyB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x07\n\x05_seedB\x08\n\x06_min_pB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penalty\"\xa8\x02\n\x11SynthesizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05voice\x18\x02 \x01(\t\x12\x33\n\x08sampling\x18\x03 \x01(\x0b\x32!.audio_pipeline.v1.SamplingParams\x12\x32\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32 .audio_pipeline.v1.AudioEncoding\x12\x13\n\x0bsample_rate\x18\x05 \x01(\r\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x34\n\treference\x18\x07 \x01(\x0b\x32!.audio_pipeline.v1.VoiceReference\x12\x1b\n\x0enormalize_text\x18\x08 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_normalize_text\"\xe1\x01\n\x0eStreamSettings\x12\r\n\x05voice\x18\x01 \x01(\t\x12\x33\n\x08sampling\x18\x02 \x01(\x0b\x32!.audio_pipeline.v1.SamplingParams\x12\x32\n\x08\x65ncoding\x18\x03 \x01(\x0e\x32 .audio_pipeline.v1.AudioEncoding\x12\x13\n\x0bsample_rate\x18\x04 \x01(\r\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x1b\n\x0enormalize_text\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_normalize_text\"\x07\n\x05\x46lush\"\x0c\n\nEndOfInput\"\xbf\x01\n\tTextInput\x12\x35\n\x08settings\x18\x01 \x01(\x0b\x32!.audio_pipeline.v1.StreamSettingsH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12)\n\x05\x66lush\x18\x03 \x01(\x0b\x32\x18.audio_pipeline.v1.FlushH\x00\x12\x35\n\x0c\x65nd_of_input\x18\x04 \x01(\x0b\x32\x1d.audio_pipeline.v1.EndOfInputH\x00\x42\t\n\x07\x63ontent\"h\n\x0b\x41udioFormat\x12\x13\n\x0bsample_rate\x18\x01 \x01(\r\x12\x32\n\x08\x65ncoding\x18\x02 \x01(\x0e\x32 .audio_pipeline.v1.AudioEncoding\x12\x10\n\x08\x63hannels\x18\x03 \x01(\r\"s\n\x0b\x41udioFrames\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x13\n\x0bnum_samples\x18\x03 \x01(\r\x12,\n\x05words\x18\x04 \x03(\x0b\x32\x1d.audio_pipeline.v1.WordTiming\"\xb1\x01\n\nWordTiming\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\ntext_start\x18\x02 \x01(\r\x12\x10\n\x08text_end\x18\x03 \x01(\r\x12\x14\n\x0cstart_sample\x18\x04 \x01(\x04\x12\x12\n\nend_sample\x18\x05 \x01(\x04\x12\x0e\n\x06spoken\x18\x06 \x01(\t\x12\x35\n\tprecision\x18\x07 \x01(\x0e\x32\".audio_pipeline.v1.TimingPrecision\"\x90\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x15\n\raudio_seconds\x18\x03 \x01(\x01\x12#\n\x1btime_to_first_audio_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12generation_seconds\x18\x05 \x01(\x01\"p\n\x11SynthesisComplete\x12\'\n\x05usage\x18\x01 \x01(\x0b\x32\x18.audio_pipeline.v1.Usage\x12\x32\n\x0bstop_reason\x18\x02 \x01(\x0e\x32\x1d.audio_pipeline.v1.StopReason\"\xc8\x01\n\nAudioChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x30\n\x06\x66ormat\x18\x02 \x01(\x0b\x32\x1e.audio_pipeline.v1.AudioFormatH\x00\x12/\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x1e.audio_pipeline.v1.AudioFramesH\x00\x12\x38\n\x08\x63omplete\x18\x04 \x01(\x0b\x32$.audio_pipeline.v1.SynthesisCompleteH\x00\x42\t\n\x07\x63ontent\"\x13\n\x11ListVoicesRequest\"d\n\x05Voice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x10\n\x08language\x18\x03 \x01(\t\x12\x12\n\nis_default\x18\x04 \x01(\x08\x12\x12\n\nregistered\x18\x05 \x01(\x08\"o\n\x14RegisterVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\treference\x18\x02 \x01(\x0b\x32!.audio_pipeline.v1.VoiceReference\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"\"\n\x12\x44\x65leteVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteVoiceResponse\">\n\x12ListVoicesResponse\x12(\n\x06voices\x18\x01 \x03(\x0b\x32\x18.audio_pipeline.v1.Voice*e\n\rAudioEncoding\x12\x1e\n\x1a\x41UDIO_ENCODING_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41UDIO_ENCODING_PCM16\x10\x01\x12\x1a\n\x16\x41UDIO_ENCODING_FLOAT32\x10\x02*l\n\x0fTimingPrecision\x12 \n\x1cTIMING_PRECISION_UNSPECIFIED\x10\x00\x12\x19\n\x15TIMING_PRECISION_WORD\x10\x01\x12\x1c\n\x18TIMING_PRECISION_SEGMENT\x10\x02*d\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19STOP_REASON_END_OF_SPEECH\x10\x01\x12\x1a\n\x16STOP_REASON_MAX_TOKENS\x10\x02\x32\xc5\x03\n\x0cTextToSpeech\x12S\n\nSynthesize\x12$.audio_pipeline.v1.SynthesizeRequest\x1a\x1d.audio_pipeline.v1.AudioChunk0\x01\x12S\n\x10SynthesizeStream\x12\x1c.audio_pipeline.v1.TextInput\x1a\x1d.audio_pipeline.v1.AudioChunk(\x01\x30\x01\x12Y\n\nListVoices\x12$.audio_pipeline.v1.ListVoicesRequest\x1a%.audio_pipeline.v1.ListVoicesResponse\x12R\n\rRegisterVoice\x12\'.audio_pipeline.v1.RegisterVoiceRequest\x1a\x18.audio_pipeline.v1.Voice\x12\\\n\x0b\x44\x65leteVoice\x12%.audio_pipeline.v1.DeleteVoiceRequest\x1a&.audio_pipeline.v1.DeleteVoiceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'audio_pipeline.v1.tts_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AUDIOENCODING']._serialized_start=2292
-  _globals['_AUDIOENCODING']._serialized_end=2393
-  _globals['_STOPREASON']._serialized_start=2395
-  _globals['_STOPREASON']._serialized_end=2495
+  _globals['_AUDIOENCODING']._serialized_start=2518
+  _globals['_AUDIOENCODING']._serialized_end=2619
+  _globals['_TIMINGPRECISION']._serialized_start=2621
+  _globals['_TIMINGPRECISION']._serialized_end=2729
+  _globals['_STOPREASON']._serialized_start=2731
+  _globals['_STOPREASON']._serialized_end=2831
   _globals['_VOICEREFERENCE']._serialized_start=50
   _globals['_VOICEREFERENCE']._serialized_end=101
   _globals['_SAMPLINGPARAMS']._serialized_start=104
@@ -52,25 +54,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUDIOFORMAT']._serialized_start=1292
   _globals['_AUDIOFORMAT']._serialized_end=1396
   _globals['_AUDIOFRAMES']._serialized_start=1398
-  _globals['_AUDIOFRAMES']._serialized_end=1467
-  _globals['_USAGE']._serialized_start=1470
-  _globals['_USAGE']._serialized_end=1614
-  _globals['_SYNTHESISCOMPLETE']._serialized_start=1616
-  _globals['_SYNTHESISCOMPLETE']._serialized_end=1728
-  _globals['_AUDIOCHUNK']._serialized_start=1731
-  _globals['_AUDIOCHUNK']._serialized_end=1931
-  _globals['_LISTVOICESREQUEST']._serialized_start=1933
-  _globals['_LISTVOICESREQUEST']._serialized_end=1952
-  _globals['_VOICE']._serialized_start=1954
-  _globals['_VOICE']._serialized_end=2054
-  _globals['_REGISTERVOICEREQUEST']._serialized_start=2056
-  _globals['_REGISTERVOICEREQUEST']._serialized_end=2167
-  _globals['_DELETEVOICEREQUEST']._serialized_start=2169
-  _globals['_DELETEVOICEREQUEST']._serialized_end=2203
-  _globals['_DELETEVOICERESPONSE']._serialized_start=2205
-  _globals['_DELETEVOICERESPONSE']._serialized_end=2226
-  _globals['_LISTVOICESRESPONSE']._serialized_start=2228
-  _globals['_LISTVOICESRESPONSE']._serialized_end=2290
-  _globals['_TEXTTOSPEECH']._serialized_start=2498
-  _globals['_TEXTTOSPEECH']._serialized_end=2951
+  _globals['_AUDIOFRAMES']._serialized_end=1513
+  _globals['_WORDTIMING']._serialized_start=1516
+  _globals['_WORDTIMING']._serialized_end=1693
+  _globals['_USAGE']._serialized_start=1696
+  _globals['_USAGE']._serialized_end=1840
+  _globals['_SYNTHESISCOMPLETE']._serialized_start=1842
+  _globals['_SYNTHESISCOMPLETE']._serialized_end=1954
+  _globals['_AUDIOCHUNK']._serialized_start=1957
+  _globals['_AUDIOCHUNK']._serialized_end=2157
+  _globals['_LISTVOICESREQUEST']._serialized_start=2159
+  _globals['_LISTVOICESREQUEST']._serialized_end=2178
+  _globals['_VOICE']._serialized_start=2180
+  _globals['_VOICE']._serialized_end=2280
+  _globals['_REGISTERVOICEREQUEST']._serialized_start=2282
+  _globals['_REGISTERVOICEREQUEST']._serialized_end=2393
+  _globals['_DELETEVOICEREQUEST']._serialized_start=2395
+  _globals['_DELETEVOICEREQUEST']._serialized_end=2429
+  _globals['_DELETEVOICERESPONSE']._serialized_start=2431
+  _globals['_DELETEVOICERESPONSE']._serialized_end=2452
+  _globals['_LISTVOICESRESPONSE']._serialized_start=2454
+  _globals['_LISTVOICESRESPONSE']._serialized_end=2516
+  _globals['_TEXTTOSPEECH']._serialized_start=2834
+  _globals['_TEXTTOSPEECH']._serialized_end=3287
 # @@protoc_insertion_point(module_scope)

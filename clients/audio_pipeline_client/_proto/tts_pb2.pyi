@@ -13,6 +13,12 @@ class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIO_ENCODING_PCM16: _ClassVar[AudioEncoding]
     AUDIO_ENCODING_FLOAT32: _ClassVar[AudioEncoding]
 
+class TimingPrecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIMING_PRECISION_UNSPECIFIED: _ClassVar[TimingPrecision]
+    TIMING_PRECISION_WORD: _ClassVar[TimingPrecision]
+    TIMING_PRECISION_SEGMENT: _ClassVar[TimingPrecision]
+
 class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STOP_REASON_UNSPECIFIED: _ClassVar[StopReason]
@@ -21,6 +27,9 @@ class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 AUDIO_ENCODING_UNSPECIFIED: AudioEncoding
 AUDIO_ENCODING_PCM16: AudioEncoding
 AUDIO_ENCODING_FLOAT32: AudioEncoding
+TIMING_PRECISION_UNSPECIFIED: TimingPrecision
+TIMING_PRECISION_WORD: TimingPrecision
+TIMING_PRECISION_SEGMENT: TimingPrecision
 STOP_REASON_UNSPECIFIED: StopReason
 STOP_REASON_END_OF_SPEECH: StopReason
 STOP_REASON_MAX_TOKENS: StopReason
@@ -126,14 +135,34 @@ class AudioFormat(_message.Message):
     def __init__(self, sample_rate: _Optional[int] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class AudioFrames(_message.Message):
-    __slots__ = ("data", "chunk_index", "num_samples")
+    __slots__ = ("data", "chunk_index", "num_samples", "words")
     DATA_FIELD_NUMBER: _ClassVar[int]
     CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     chunk_index: int
     num_samples: int
-    def __init__(self, data: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+    words: _containers.RepeatedCompositeFieldContainer[WordTiming]
+    def __init__(self, data: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., num_samples: _Optional[int] = ..., words: _Optional[_Iterable[_Union[WordTiming, _Mapping]]] = ...) -> None: ...
+
+class WordTiming(_message.Message):
+    __slots__ = ("text", "text_start", "text_end", "start_sample", "end_sample", "spoken", "precision")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_START_FIELD_NUMBER: _ClassVar[int]
+    TEXT_END_FIELD_NUMBER: _ClassVar[int]
+    START_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    END_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SPOKEN_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    text_start: int
+    text_end: int
+    start_sample: int
+    end_sample: int
+    spoken: str
+    precision: TimingPrecision
+    def __init__(self, text: _Optional[str] = ..., text_start: _Optional[int] = ..., text_end: _Optional[int] = ..., start_sample: _Optional[int] = ..., end_sample: _Optional[int] = ..., spoken: _Optional[str] = ..., precision: _Optional[_Union[TimingPrecision, str]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "audio_seconds", "time_to_first_audio_seconds", "generation_seconds")
