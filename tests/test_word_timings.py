@@ -199,3 +199,28 @@ def test_webvtt_times_run_past_an_hour():
 
     word = WordTiming("late", 0, 4, 3_600_500 * 16, 3_601_250 * 16, "late", "word", 16000)
     assert "01:00:00.500 --> 01:00:01.250\nlate" in timings_webvtt([word])
+
+
+def test_the_front_end_times_every_word_of_a_long_text_once():
+    """eSpeak speaks unstressed words with the word before ("on the" in "on the coast") and gives
+    them no word event of their own; they are timed with that word, and no written word is lost."""
+    from audio_pipeline.bench.long_text import DEFAULT_FILE
+    from audio_pipeline.text.espeak import text_alignment
+    from audio_pipeline.text.normalize import normalize
+    from audio_pipeline.text.segment import segments
+    from audio_pipeline.text.timings import word_timings
+
+    text = DEFAULT_FILE.read_text()
+    timings, base = [], 0
+    for segment in segments(text, 300):
+        spoken = normalize(segment.text)
+        aligned = text_alignment(spoken.spoken, 50)
+        total = sum(n for _, n in aligned.phonemes)
+        for timing in word_timings(spoken, aligned.words, 1):  # in frames
+            assert 0 <= timing.start_sample <= timing.end_sample <= total
+            timings.append(timing.shifted(segment.start, base))
+        base += total
+    assert_every_word_once_in_order(text, timings)
+    assert len(timings) > 0.9 * len(written_words(text)) - 200  # most words have their own timing
+    grouped = [t.text for t in timings if " " in t.text and t.text == t.spoken]
+    assert "on the" in " | ".join(grouped)

@@ -14,6 +14,7 @@ import ctypes
 import bisect
 import ctypes.util
 import functools
+import re
 import threading
 import dataclasses
 from dataclasses import dataclass
@@ -181,48 +182,67 @@ class WordFrames:
     end_frame: int
 
 
-def _word_extent(text: str, start: int, length: int, limit: int) -> tuple[int, int]:
-    """The written word eSpeak's word event points at: from ``start`` to the end of its run of
-    non-space characters (eSpeak counts "don" of "don't"), before ``limit``, without the
-    punctuation around it."""
-    end = max(start + length, start)
-    while end < limit and not text[end].isspace():
-        end += 1
-    end = min(end, limit)
-    while end > start + 1 and not text[end - 1].isalnum():
-        end -= 1
-    while start < end - 1 and not text[start].isalnum():
-        start += 1
-    return start, end
+def _written_words(text: str) -> list[tuple[int, int]]:
+    """Spans of the words of ``text``: runs of non-space characters holding a letter or digit,
+    without the punctuation around them."""
+    out = []
+    for match in re.finditer(r"\S+", text):
+        start, end = match.span()
+        while start < end and not text[start].isalnum():
+            start += 1
+        while end > start and not text[end - 1].isalnum():
+            end -= 1
+        if end > start:
+            out.append((start, end))
+    return out
 
 
 def word_frames(text: str, utterance: Utterance, frame_rate: int) -> list[WordFrames]:
-    """Each spoken word of ``text`` with its frames on the grid of :func:`phoneme_frames`: a word
-    owns the phonemes that start at or after its word event and before the next word's (pauses
-    excluded), and sounds from its first phoneme's start to its last one's end. A word that owns
-    no frame gets an empty range where the next phoneme starts."""
-    if not utterance.words or frame_count(utterance.length, utterance.sample_rate, frame_rate) == 0:
+    """The words of ``text`` with their frames on the grid of :func:`phoneme_frames`, in order.
+
+    eSpeak speaks in phonological words: an unstressed word is spoken with the one before it and
+    gets no word event of its own ("on the" in "on the coast"), and after such a word an event's
+    text position can point inside the word before. So each event is matched to the next written
+    word at or after its position (never the same word as the event before), and the written
+    words up to the next event's go with it: one WordFrames per event, covering every written word
+    once. An event owns the phonemes that start at or after it and before the next one (pauses
+    excluded) and sounds from its first phoneme's start to its last one's end; one that owns no
+    frame gets an empty range where the next phoneme starts."""
+    written = _written_words(text)
+    if not utterance.words or not written or frame_count(utterance.length, utterance.sample_rate, frame_rate) == 0:
         return []
+    starts = [start for start, _ in written]
+    # The written word each event speaks; an event with none left joins the one before.
+    events: list[tuple[int, int]] = []  # (written word index, event sample)
+    for position, _, sample in utterance.words:
+        index = bisect.bisect_right(starts, position) - 1
+        if index < 0 or position >= written[index][1]:
+            index += 1  # the event points between words: the next one
+        if events:
+            index = max(index, events[-1][0] + 1)
+        if index >= len(written):
+            if events:
+                continue
+            index = len(written) - 1
+        events.append((index, sample))
     phonemes = utterance.phonemes
     bounds = _bounds([start for _, start in phonemes], utterance.length, utterance.sample_rate, frame_rate)
-    word_starts = [sample for _, _, sample in utterance.words]
+    event_samples = [sample for _, sample in events]
     owned: dict[int, list[int]] = {}
     for index, (name, start) in enumerate(phonemes):
-        if name.startswith(PAUSE):
-            continue
-        owner = max(0, bisect.bisect_right(word_starts, start) - 1)
-        owned.setdefault(owner, []).append(index)
+        if not name.startswith(PAUSE):
+            owned.setdefault(max(0, bisect.bisect_right(event_samples, start) - 1), []).append(index)
+    phoneme_starts = [s for _, s in phonemes]
     out = []
-    for index, (position, length, sample) in enumerate(utterance.words):
-        limit = utterance.words[index + 1][0] if index + 1 < len(utterance.words) else len(text)
-        start, end = _word_extent(text, position, length, max(limit, position + 1))
-        mine = owned.get(index)
+    for number, (index, sample) in enumerate(events):
+        first_word = 0 if number == 0 else index  # words before the first event go with it
+        last_word = events[number + 1][0] - 1 if number + 1 < len(events) else len(written) - 1
+        mine = owned.get(number)
         if mine:
             first, last = bounds[mine[0]], bounds[mine[-1] + 1]
         else:
-            following = bisect.bisect_left([s for _, s in phonemes], sample)
-            first = last = bounds[min(following, len(phonemes))]
-        out.append(WordFrames(start, end, first, last))
+            first = last = bounds[min(bisect.bisect_left(phoneme_starts, sample), len(phonemes))]
+        out.append(WordFrames(written[first_word][0], written[last_word][1], first, last))
     return out
 
 
