@@ -1,7 +1,7 @@
 """The project's own LPC vocoder decoder ("lpc"), the codec of the built-in voice.
 
 A frame (20 ms at 16 kHz, 320 samples) is four codes: the phoneme index and countdown (ignored
-here: the language model's alignment, see audio_pipeline/models/phoneme_lpc.py), the spectral
+here: the language model's alignment, see audio_pipeline/layouts/phoneme_lpc.py), the spectral
 envelope (index into a codebook of log-area-ratio vectors) and the prosody code
 ``f0 * gain_levels + gain``: f0 is 0 for unvoiced, else one of ``f0_levels`` log-spaced levels;
 gain one of ``gain_levels`` log-spaced levels of the prediction-error energy. Synthesis: a pulse train with continuous phase (voiced) or
