@@ -11,6 +11,8 @@ from audio_pipeline.layouts import orpheus
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
 FAMILIES = ("orpheus", "phoneme-lpc")
+#: Text front ends a phoneme-lpc model may name (``front_end``).
+FRONT_ENDS = ("espeak", "lexicon")
 #: Streaming settings a manifest may name (``streaming``), used where the configuration sets none.
 STREAMING_KEYS = ("chunk_size", "buffer", "block_causal")
 #: Streaming defaults of families whose manifest names none: SNAC decodes 28 tokens (4 frames)
@@ -38,6 +40,9 @@ class ModelManifest:
     audio_decoder_weights: str | None = None
     #: Streaming defaults for this model (chunk_size, buffer, block_causal); the configuration wins.
     streaming: dict = field(default_factory=dict)
+    #: The phoneme-lpc family's text front end: "espeak" (eSpeak NG's phonemes and durations) or
+    #: "lexicon" (the model directory's lexicon.txt.gz and prosody.json).
+    front_end: str = "espeak"
 
     @classmethod
     def read(cls, model_dir: Path) -> "ModelManifest":
@@ -56,6 +61,8 @@ class ModelManifest:
         if unknown:
             raise ValueError(f"{path}: unknown streaming settings {sorted(unknown)} "
                              f"(known: {', '.join(STREAMING_KEYS)})")
+        if manifest.front_end not in FRONT_ENDS:
+            raise ValueError(f"{path}: unknown front_end {manifest.front_end!r} (known: {', '.join(FRONT_ENDS)})")
         if manifest.family not in FAMILIES:
             raise ValueError(f"{path}: unsupported model family {manifest.family!r} (supported: {', '.join(FAMILIES)})")
         names = [v.name for v in manifest.voices]
@@ -73,6 +80,10 @@ class ModelManifest:
         if self.family == "phoneme-lpc":
             from audio_pipeline.layouts.phoneme_lpc import PhonemeLPCLayout
 
+            if self.front_end == "lexicon":
+                from audio_pipeline.text.lexicon import LexiconFrontEnd
+
+                return PhonemeLPCLayout(front_end=LexiconFrontEnd.load(model_dir))
             return PhonemeLPCLayout()
         return orpheus.OrpheusLayout()
 

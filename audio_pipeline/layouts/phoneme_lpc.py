@@ -22,8 +22,8 @@ acoustics of each frame given the phoneme, what comes next, and its own history.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import torch
 
@@ -175,19 +175,31 @@ class PhonemeLPCLayout:
     tokens_per_frame: int = TOKENS_PER_FRAME
     end_of_speech: int = END_OF_SPEECH
     min_vocab_size: int = VOCAB_SIZE
+    #: The text front end: anything with ``align(text, frame_rate) -> TextAlignment`` (the
+    #: model's manifest picks it: audio_pipeline/text/lexicon.py's LexiconFrontEnd); None is
+    #: eSpeak NG (audio_pipeline/text/espeak.py).
+    front_end: Any = field(default=None, compare=False)
+
+    def _align(self, text: str):
+        if self.front_end is not None:
+            return self.front_end.align(text, FRAME_RATE)
+        from audio_pipeline.text.espeak import text_alignment
+
+        return text_alignment(text, FRAME_RATE)
 
     # --- prompts ---------------------------------------------------------------------------------
 
     def phonemes(self, tokenizer, text: str) -> list[tuple[int, int]]:
         """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory."""
-        from audio_pipeline.text.espeak import PAUSE, text_phoneme_frames
+        from audio_pipeline.text.espeak import PAUSE
 
         vocab = tokenizer.get_vocab()
         out = []
-        for name, frames in text_phoneme_frames(text, FRAME_RATE):
+        for name, frames in self._align(text).phonemes:
             token = vocab.get(phoneme_token_name(name))
             if token is None:  # unknown to this model: the same phoneme unstressed, else a pause
-                token = vocab.get(phoneme_token_name(name.lstrip("',")), vocab.get(phoneme_token_name(PAUSE)))
+                token = vocab.get(phoneme_token_name(name.lstrip("',")),
+                                  vocab.get(phoneme_token_name(PAUSE), vocab.get(phoneme_token_name("pau"))))
                 logger.debug("phoneme %r is not in the model's inventory", name)
             out.append((token, frames))
         return out
@@ -199,9 +211,7 @@ class PhonemeLPCLayout:
         import bisect
         import dataclasses
 
-        from audio_pipeline.text.espeak import text_alignment
-
-        aligned = text_alignment(text, FRAME_RATE)
+        aligned = self._align(text)
         starts, cut_starts = [0], [0]
         for _, frames in aligned.phonemes:
             starts.append(starts[-1] + frames)

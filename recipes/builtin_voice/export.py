@@ -1,11 +1,16 @@
 """Exports a trained checkpoint as an engine model directory (the built-in voice's shipped form).
 
     python -m recipes.builtin_voice.export --run runs/voice --out audio_pipeline/builtin/lpc-en
+    python -m recipes.builtin_voice.export --run /tmp/bv3/run1 --out audio_pipeline/builtin/slt-en \
+        --decoder mcep --decoder-dir /tmp/bv3/mcep --front-end /tmp/bv3 --voice slt-en   # second generation
 
 Writes config.json and model.safetensors (float16, from the run), the tokenizer (tokenizer.json
 and tokenizer_config.json: one token per id, phonemes as ``<ph:NAME>``), the lpc decoder
 (decoder/config.json and decoder/envelope_codebook.npy) and audio_pipeline.json (family
-``phoneme-lpc``, the voice, the decoder).
+``phoneme-lpc``, the voice, the decoder). With ``--decoder mcep`` the decoder directory comes from
+the codec's fit (teacher_dataset.py), and ``--front-end DIR`` adds the lexicon front end's files
+(lexicon.txt.gz, prosody.json) with ``front_end: lexicon`` in the manifest, and the licences of
+what the voice learned from (LICENSES.md).
 """
 
 from __future__ import annotations
@@ -47,7 +52,31 @@ def from_checkpoint(run: Path, data: Path) -> Path:
     return snapshot
 
 
-def export(run: Path, out: Path) -> Path:
+SECOND_DESCRIPTION = ("Built-in US English voice: a 4-layer Llama over CMU phones and learned durations, "
+                      "trained on Festival's cmu_us_slt_arctic_hts speech, mel-cepstral vocoder (recipes/builtin_voice)")
+#: The notices of what the second-generation voice is made from (Debian's copies).
+NOTICES = {
+    "Festival's CMU lexicon (festlex-cmu): the voice's lexicon.txt.gz is converted from it":
+        "/usr/share/doc/festlex-cmu/copyright",
+    "The cmu_us_slt_arctic_hts voice (festvox-us-slt-hts): the teacher whose speech the voice learned":
+        "/usr/share/doc/festvox-us-slt-hts/copyright",
+    "Festival, the teacher's synthesizer": "/usr/share/doc/festival/copyright",
+}
+
+
+def write_notices(out: Path) -> None:
+    parts = ["# What this voice is made from, and the licences\n",
+             "The voice's model, durations and codec are the audio-pipeline project's own (Apache-2.0), "
+             "trained on speech that Festival made with the voice below; the lexicon is a converted "
+             "form of Festival's CMU lexicon (one pronunciation per word). Their notices follow.\n"]
+    for title, path in NOTICES.items():
+        text = Path(path).read_text(encoding="utf-8", errors="replace") if Path(path).is_file() else "(not found)"
+        parts.append(f"## {title}\n\n```\n{text.strip()}\n```\n")
+    (out / "LICENSES.md").write_text("\n".join(parts))
+
+
+def export(run: Path, out: Path, *, decoder: str = "lpc", decoder_dir: Path | None = None,
+           front_end: Path | None = None, voice: str = VOICE) -> Path:
     from audio_pipeline.decoders.lpc import save_lpc_decoder
     from audio_pipeline.layouts.manifest import MANIFEST_NAME
     from audio_pipeline.layouts.phoneme_lpc import write_tokenizer
@@ -61,16 +90,27 @@ def export(run: Path, out: Path) -> Path:
     write_tokenizer(out, inventory)
     if (out / "decoder").exists():
         shutil.rmtree(out / "decoder")
-    save_lpc_decoder(out / "decoder", np.load(run / "envelope_codebook.npy").astype(np.float32))
-    (out / MANIFEST_NAME).write_text(json.dumps({
+    if decoder == "lpc":
+        save_lpc_decoder(out / "decoder", np.load(run / "envelope_codebook.npy").astype(np.float32))
+    else:
+        shutil.copytree(decoder_dir, out / "decoder")
+    manifest = {
         "family": "phoneme-lpc",
         "description": DESCRIPTION,
-        "voices": [{"name": VOICE, "language": "en-US",
+        "voices": [{"name": voice, "language": "en-US",
                     "description": "US English, trained on eSpeak NG speech (the project's own small voice)"}],
-        "default_voice": VOICE,
-        "audio_decoder": "lpc",
+        "default_voice": voice,
+        "audio_decoder": decoder,
         "audio_decoder_weights": "decoder",
-    }, indent=2) + "\n")
+    }
+    if front_end is not None:
+        for name in ("lexicon.txt.gz", "prosody.json"):
+            shutil.copyfile(front_end / name, out / name)
+        write_notices(out)
+        manifest.update(front_end="lexicon", description=SECOND_DESCRIPTION, voices=[{
+            "name": voice, "language": "en-US",
+            "description": "US English, learned from Festival's cmu_us_slt_arctic_hts voice (the project's own small voice)"}])
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 
 
@@ -80,9 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoint-data", type=Path,
                         help="export the run's latest checkpoint.pt (training still going) with this dataset")
+    parser.add_argument("--decoder", choices=["lpc", "mcep"], default="lpc")
+    parser.add_argument("--decoder-dir", type=Path, help="with --decoder mcep: the fitted codec directory")
+    parser.add_argument("--front-end", type=Path, help="a folder with lexicon.txt.gz and prosody.json")
+    parser.add_argument("--voice", default=VOICE, help="the voice's name")
     args = parser.parse_args(argv)
+    if args.decoder == "mcep" and args.decoder_dir is None:
+        parser.error("--decoder mcep needs --decoder-dir")
     run = from_checkpoint(args.run, args.checkpoint_data) if args.checkpoint_data else args.run
-    out = export(run, args.out)
+    out = export(run, args.out, decoder=args.decoder, decoder_dir=args.decoder_dir, front_end=args.front_end,
+                 voice=args.voice)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"exported {out} ({size / 1e6:.1f} MB)")
     return 0

@@ -2,15 +2,16 @@
 
 Recipe only (Debian: ``apt-get install festival festvox-us-slt-hts``; the run time never needs
 Festival). For each text it writes the teacher's speech and what Festival knows about it: every
-segment (CMU phone set, ``pau`` for pauses) with its end time, and every word with its start and
-end (after Festival's own text normalization: "9:15" becomes "nine fifteen").
+segment (CMU phone set, ``pau`` for pauses) with its end time, its syllable's stress (0/1) and its
+word, and every word with its start and end (after Festival's own text normalization: "9:15"
+becomes "nine fifteen").
 
     python -m recipes.builtin_voice.teacher --count 200 --out /tmp/bv2/teacher [--workers 2]
 
 One Festival process synthesizes a whole batch of texts (its start-up, about 0.2 s, is paid once
 per batch). Output per utterance ``NNNNN``: ``NNNNN.wav`` (the voice's 32 kHz, as Festival writes
-it) and one line of ``index.jsonl``: {"id", "text", "segments": [[name, end_s], ...],
-"words": [[word, start_s, end_s], ...]}.
+it) and one line of ``index.jsonl``: {"id", "text", "segments": [[name, end_s, stress, word],
+...], "words": [[word, start_s, end_s], ...]} (a pause's word is "").
 
 Licences: Festival (X11-style), the voice ``cmu_us_slt_arctic_hts`` (CMU's EST-2003/EST-2000
 licences, HTS parts BSD-3-clause; /usr/share/doc/festvox-us-slt-hts/copyright): all permit
@@ -39,7 +40,8 @@ class TeacherUtterance:
     index: int
     text: str
     wav: Path
-    segments: list[tuple[str, float]]
+    #: (phone, end in seconds, stress of its syllable, its word; "" and 0 for a pause)
+    segments: list[tuple[str, float, int, str]]
     words: list[tuple[str, float, float]]
 
 
@@ -57,7 +59,8 @@ def _script(texts: list[tuple[int, str]], out_dir: Path, voice: str) -> str:
             "(utt.synth utt)",
             f"(utt.save.wave utt {_scheme_string(str(wav))} 'riff)",
             f'(format t "{MARK}U {index}\\n")',
-            f'(mapcar (lambda (s) (format t "{MARK}S %s %f\\n" (item.name s) (item.feat s "end"))) '
+            f'(mapcar (lambda (s) (format t "{MARK}S %s %f %s %s\\n" (item.name s) (item.feat s "end") '
+            '(item.feat s "R:SylStructure.parent.stress") (item.feat s "R:SylStructure.parent.parent.name"))) '
             "(utt.relation.items utt 'Segment))",
             f'(mapcar (lambda (w) (format t "{MARK}W %s %f %f\\n" (item.name w) (item.feat w "word_start") '
             '(item.feat w "word_end"))) (utt.relation.items utt \'Word))',
@@ -76,7 +79,10 @@ def parse_output(stdout: str, texts: dict[int, str], out_dir: Path) -> list[Teac
             index = int(fields[0])
             utterances.append(TeacherUtterance(index, texts[index], out_dir / f"{index:05d}.wav", [], []))
         elif kind == "S":
-            utterances[-1].segments.append((fields[0], float(fields[1])))
+            name, end = fields[0], float(fields[1])
+            stress = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
+            word = fields[3] if len(fields) > 3 and name != "pau" else ""
+            utterances[-1].segments.append((name, end, stress, word))
         elif kind == "W":
             utterances[-1].words.append((fields[0], float(fields[1]), float(fields[2])))
     return utterances
@@ -108,6 +114,7 @@ def _batch(args: tuple[list[tuple[int, str]], str, str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from audio_pipeline.text.normalize import normalize
     from recipes.builtin_voice.corpus import training_texts
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100, help="texts per Festival process")
     parser.add_argument("--voice", default=VOICE, help="Festival voice")
     args = parser.parse_args(argv)
-    texts = list(enumerate(training_texts(args.count)))
+    # The teacher reads the text as the server's normalizer writes it out, so that its words are
+    # the words the run-time front end sees.
+    texts = [(i, normalize(text).spoken) for i, text in enumerate(training_texts(args.count))]
     batches = [(texts[i:i + args.batch], args.out, args.voice) for i in range(0, len(texts), args.batch)]
     started = time.monotonic()
     out = Path(args.out)

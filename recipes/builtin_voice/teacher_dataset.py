@@ -1,0 +1,92 @@
+"""Training data for the second-generation voice: the teacher's speech (teacher.py) coded by the
+mcep codec, with the teacher's own units and durations as the explicit alignment.
+
+    python -m recipes.builtin_voice.teacher_dataset --teacher /tmp/bv3/teacher --out /tmp/bv3/train.npz \
+        --decoder-out /tmp/bv3/mcep [--count 8000] [--workers 2]
+
+Per utterance: the units (phones with stress, ``pau``; audio_pipeline/text/lexicon.py's names),
+each unit's frames (segment ends rounded to the 50 Hz grid), and every frame's (envelope, prosody)
+codes. The codec's codebook and levels are fitted on the first ``--fit`` utterances and written
+as a decoder directory (``--decoder-out``). The output has the keys of dataset.py's, so train.py
+trains on it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
+
+from recipes.builtin_voice.dataset import save
+from recipes.builtin_voice.mcep_codec import Quantizer, _analyze_file
+from recipes.builtin_voice.prosody import teacher_units
+
+
+def _analyze(args: tuple[dict, str]) -> tuple[dict, tuple]:
+    record, folder = args
+    return record, _analyze_file(str(Path(folder) / f"{record['id']:05d}.wav"))
+
+
+def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path) -> dict:
+    started = time.time()
+    records = [json.loads(line) for line in open(folder / "index.jsonl")][:count]
+    analysed = []
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        for i, item in enumerate(pool.imap(_analyze, [(r, str(folder)) for r in records], chunksize=8)):
+            analysed.append(item)
+            if (i + 1) % 500 == 0:
+                print(f"  {i + 1}/{len(records)} analysed, {time.time() - started:.0f} s", flush=True)
+    quantizer = Quantizer.fit([a for _, a in analysed[:fit]])
+    quantizer.save(decoder_out)
+    print(f"  codec fitted on {min(fit, len(analysed))} utterances -> {decoder_out}, {time.time() - started:.0f} s",
+          flush=True)
+    texts, unit_lists, durations, codes = [], [], [], []
+    for record, analysis in analysed:
+        units, frames = teacher_units(record)
+        coded = quantizer.encode(*analysis)
+        # The segments end where the audio does, give or take a frame: the last pause absorbs it.
+        total = sum(frames)
+        if len(coded) < total:
+            coded = np.concatenate([coded, np.repeat(coded[-1:], total - len(coded), axis=0)])
+        frames[-1] += len(coded) - total
+        keep = [i for i, f in enumerate(frames) if f > 0]
+        texts.append(record["text"])
+        unit_lists.append([units[i].name for i in keep])
+        durations.append([frames[i] for i in keep])
+        codes.append(coded)
+    inventory = sorted({u for units in unit_lists for u in units})
+    lookup = {u: i for i, u in enumerate(inventory)}
+    return {
+        "inventory": np.array(inventory),
+        "centroids": quantizer.codebook.astype(np.float32),
+        "texts": np.array(texts),
+        "phonemes": [np.array([lookup[u] for u in units], dtype=np.int16) for units in unit_lists],
+        "durations": [np.array(d, dtype=np.int16) for d in durations],
+        "codes": [c.astype(np.int16) for c in codes],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--teacher", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--decoder-out", type=Path, required=True)
+    parser.add_argument("--count", type=int, default=8000)
+    parser.add_argument("--fit", type=int, default=1500, help="utterances the codebook is fitted on")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    started = time.time()
+    data = build(args.teacher, args.count, workers=args.workers, fit=args.fit, decoder_out=args.decoder_out)
+    save(data, args.out)
+    frames = sum(len(c) for c in data["codes"])
+    print(f"wrote {args.out}: {len(data['codes'])} utterances, {frames} frames ({frames / 50 / 3600:.2f} h), "
+          f"{len(data['inventory'])} units, {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""The lexicon front end of the second-generation voice (pronouncing dictionary, phrase breaks,
+durations) on its own and through the engine: a tiny random phoneme-lpc model written here, with
+the lexicon front end and the mcep decoder, speaks with the units, frames and word timings the
+front end gives."""
+
+import json
+
+import numpy as np
+import pytest
+
+from audio_pipeline.text.lexicon import Lexicon, LexiconFrontEnd, Phonemizer
+from audio_pipeline.text.prosody import PAUSE_KINDS, ProsodyModel, duration_input_size
+
+WORDS = {
+    "the": ((("dh", "ax"), 0),),
+    "cat": ((("k", "ae", "t"), 1),),
+    "sat": ((("s", "ae", "t"), 1),),
+    "on": ((("aa", "n"), 1),),
+    "mat": ((("m", "ae", "t"), 1),),
+    "jess": ((("jh", "eh", "s"), 1),),
+    "well": ((("w", "eh", "l"), 1),),
+    "known": ((("n", "ow", "n"), 1),),
+    "sofa": ((("s", "ow"), 1), (("f", "ax"), 0)),
+}
+INVENTORY = ["pau", "dh", "ax0", "k", "ae1", "t", "s", "aa1", "n", "m", "jh", "eh1", "w", "l", "ow1", "f", "ih0", "z"]
+
+
+def prosody(frames_per_unit=3.0, pause_frames=10.0, break_before=("on",)):
+    """A hand-made model: every phone lasts ``frames_per_unit``, every pause ``pause_frames``; a
+    break before the words of ``break_before``."""
+    inventory = {u: i for i, u in enumerate(INVENTORY)}
+    size = duration_input_size(len(inventory))
+    w1 = np.zeros((size, 2))
+    w1[inventory["pau"], 0] = 1.0  # hidden 0: "this is a pause"
+    w1[:, 1] = 0.0
+    b1 = np.array([0.0, 1.0])  # hidden 1: always on
+    w2 = np.array([np.log(pause_frames) - np.log(frames_per_unit), np.log(frames_per_unit)])
+    vocabulary = list(break_before)
+    weights = np.full(len(vocabulary) + 1 + 16, 0.0)
+    weights[:len(vocabulary)] = 10.0
+    return ProsodyModel({"break_words": vocabulary, "break_weights": weights.tolist(), "break_bias": -5.0,
+                         "inventory": INVENTORY, "w1": w1.tolist(), "b1": b1.tolist(), "w2": w2.tolist(), "b2": 0.0})
+
+
+@pytest.fixture
+def lexicon(tmp_path):
+    path = tmp_path / "lexicon.txt.gz"
+    Lexicon.write(path, WORDS)
+    return Lexicon.load(path)
+
+
+def test_words_become_phones_with_stress_and_the_rules_on_top(lexicon):
+    phonemizer = Phonemizer(lexicon)
+    units = [u for u, _ in phonemizer.units("The cat sat, on Jess's well-known sofa.")]
+    assert units == ["pau", "dh", "ax0", "k", "ae1", "t", "s", "ae1", "t", "pau", "aa1", "n",
+                     "jh", "eh1", "s", "ih0", "z",  # a possessive after a sibilant
+                     "w", "eh1", "l", "n", "ow1", "n",  # a hyphenated word is its parts
+                     "s", "ow1", "f", "ax0", "pau"]
+    assert [u for u, _ in phonemizer.units("The cat's mat")][3:7] == ["k", "ae1", "t", "s"]  # voiceless: s
+
+
+def test_a_word_the_lexicon_lacks_is_spelled_from_espeak_in_cmu_phones(lexicon):
+    from audio_pipeline.text.lexicon import VOWELS
+
+    units = [u for u, _ in Phonemizer(lexicon).units("Zorbulax")]
+    phones = {u.rstrip("01") for u in units if u != "pau"}
+    cmu = VOWELS | {"b", "ch", "d", "dh", "f", "g", "hh", "jh", "k", "l", "m", "n", "ng", "p", "r", "s", "sh", "t",
+                    "th", "v", "w", "y", "z", "zh"}
+    assert len(phones) >= 4 and phones <= cmu, phones
+    assert any(u.endswith("1") for u in units)  # eSpeak's stress mark carried over
+
+
+def test_the_front_end_gives_units_frames_and_word_frames(lexicon):
+    front_end = LexiconFrontEnd(lexicon, prosody())
+    text = "The cat sat on the mat, the cat."
+    aligned = front_end.align(text, 50)
+    names = [n for n, _ in aligned.phonemes]
+    # Pauses at the start, before "on" (a predicted break), after the comma, and at the end.
+    assert names == ["pau", "dh", "ax0", "k", "ae1", "t", "s", "ae1", "t", "pau", "aa1", "n", "dh", "ax0",
+                     "m", "ae1", "t", "pau", "dh", "ax0", "k", "ae1", "t", "pau"]
+    assert [f for n, f in aligned.phonemes if n == "pau"] == [10] * 4
+    assert {f for n, f in aligned.phonemes if n != "pau"} == {3}
+    words = aligned.words
+    assert [text[w.start:w.end] for w in words] == ["The", "cat", "sat", "on", "the", "mat", "the", "cat"]
+    assert (words[0].first_frame, words[0].end_frame) == (10, 16)
+    assert words[3].first_frame == words[2].end_frame + 10  # the break's pause between them
+    assert words[-1].end_frame == sum(f for _, f in aligned.phonemes) - 10
+
+
+def test_the_break_model_uses_the_words_since_the_last_pause(lexicon):
+    model = prosody(break_before=())
+    vocabulary_size = 0
+    weights = np.zeros(vocabulary_size + 1 + 16)
+    weights[vocabulary_size + 1 + 4:vocabulary_size + 1 + 8] = 10.0  # five or more words since a pause
+    model.break_weights, model.break_bias, model.vocabulary = weights, -5.0, {}
+    units, _ = LexiconFrontEnd(lexicon, model).units("the cat sat on the mat the cat sat on the mat")
+    kinds = [u.kind for u in units if u.name == "pau"]
+    assert kinds[0] == "start" and kinds[-1] == "end" and "break" in kinds
+    assert set(kinds) <= set(PAUSE_KINDS)
+
+
+@pytest.fixture(scope="module")
+def tiny_lexicon_voice(tmp_path_factory):
+    """A random 1-layer phoneme-lpc model with the lexicon front end and an mcep decoder."""
+    from safetensors.torch import save_file
+
+    from audio_pipeline.decoders.mcep import DEFAULT_CONFIG, save_mcep_decoder
+    from audio_pipeline.layouts.manifest import MANIFEST_NAME
+    from audio_pipeline.layouts.phoneme_lpc import VOCAB_SIZE, write_tokenizer
+    from audio_pipeline.models.tiny import random_llama_state
+    from recipes.builtin_voice.train import model_config
+
+    path = tmp_path_factory.mktemp("lexicon-voice")
+    config = model_config(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                          num_key_value_heads=2)
+    assert config["vocab_size"] == VOCAB_SIZE
+    (path / "config.json").write_text(json.dumps(config))
+    state = random_llama_state(config, seed=0)
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, str(path / "model.safetensors"))
+    write_tokenizer(path, INVENTORY)
+    rng = np.random.default_rng(0)
+    order, bands = DEFAULT_CONFIG["order"], len(DEFAULT_CONFIG["aperiodicity_bands"]) - 1
+    codebook = np.concatenate([rng.normal(0, 0.3, (1024, order)) / np.arange(1, order + 1),
+                               rng.uniform(-30, -1, (1024, bands))], 1)
+    save_mcep_decoder(path / "decoder", codebook)
+    Lexicon.write(path / "lexicon.txt.gz", WORDS)
+    model = prosody()
+    (path / "prosody.json").write_text(json.dumps({
+        "break_words": list(model.vocabulary), "break_weights": model.break_weights.tolist(),
+        "break_bias": model.break_bias, "inventory": INVENTORY, "w1": model.w1.tolist(), "b1": model.b1.tolist(),
+        "w2": model.w2.tolist(), "b2": model.b2}))
+    (path / MANIFEST_NAME).write_text(json.dumps({
+        "family": "phoneme-lpc", "voices": [{"name": "tiny"}], "default_voice": "tiny", "audio_decoder": "mcep",
+        "audio_decoder_weights": "decoder", "front_end": "lexicon", "streaming": {"chunk_size": [8, 40]}}))
+    return path
+
+
+def test_the_engine_speaks_a_lexicon_voice_with_its_frames_and_word_timings(tiny_lexicon_voice):
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+
+    config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": str(tiny_lexicon_voice),
+                                                                        "device": "cpu"})
+    engine = TTSEngine(config)
+    engine.start()
+    try:
+        text = "The cat sat on the mat, the cat."
+        context = engine.create_context(text, seed=1)
+        frames = sum(f for _, f in engine.layout.front_end.align(text, 50).phonemes)
+        assert context.alignment.tokens == 4 * frames
+        assert [w.text for w in context.words] == ["The", "cat", "sat", "on", "the", "mat", "the", "cat"]
+        assert context.words[0].start_sample == 10 * 320
+        result = engine.synthesize(text, seed=1)
+        assert result.stop_reason.value == "end_of_speech"
+        assert result.samples.shape[0] == frames * 320 and result.sample_rate == 16000
+    finally:
+        engine.stop()
+
+
+def test_a_manifest_names_a_known_front_end(tiny_lexicon_voice, tmp_path):
+    import shutil
+
+    from audio_pipeline.layouts.manifest import MANIFEST_NAME, ModelManifest
+
+    copy = tmp_path / "voice"
+    shutil.copytree(tiny_lexicon_voice, copy)
+    manifest = json.loads((copy / MANIFEST_NAME).read_text())
+    (copy / MANIFEST_NAME).write_text(json.dumps({**manifest, "front_end": "festival"}))
+    with pytest.raises(ValueError, match="unknown front_end 'festival'"):
+        ModelManifest.read(copy)
