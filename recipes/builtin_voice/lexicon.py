@@ -4,7 +4,8 @@ distribute with its notices, which go with the voice) into the run-time format o
 audio_pipeline/text/lexicon.py, and how well the run-time front end agrees with the teacher.
 
     python -m recipes.builtin_voice.lexicon build --out /tmp/bv3/lexicon.txt.gz
-    python -m recipes.builtin_voice.lexicon agree --lexicon /tmp/bv3/lexicon.txt.gz --teacher /tmp/bv3/teacher
+    python -m recipes.builtin_voice.lexicon agree --lexicon /tmp/bv3/lexicon.txt.gz --teacher /tmp/bv3/teacher \
+        [--prosody /tmp/bv3/prosody.json]
 
 This is a converted (modified) form of the lexicon: one pronunciation per word (where Festival
 keeps several by part of speech, the one it uses for a determiner, else an untagged one, else the
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     agree = commands.add_parser("agree", help="the front end's units against the teacher's")
     agree.add_argument("--lexicon", required=True)
     agree.add_argument("--teacher", required=True, help="a teacher.py output folder (index.jsonl)")
+    agree.add_argument("--prosody", help="prosody.json: place the learned phrase breaks too (default: pauses at "
+                                         "punctuation only)")
     agree.add_argument("--count", type=int, default=2000)
     agree.add_argument("--show", type=int, default=10, help="disagreements to print")
     args = parser.parse_args(argv)
@@ -105,13 +108,24 @@ def main(argv: list[str] | None = None) -> int:
     from audio_pipeline.text.lexicon import Lexicon, Phonemizer
 
     phonemizer = Phonemizer(Lexicon.load(args.lexicon))
+    if args.prosody:
+        from audio_pipeline.text.lexicon import LexiconFrontEnd
+        from audio_pipeline.text.prosody import ProsodyModel
+
+        front_end = LexiconFrontEnd(phonemizer.lexicon, ProsodyModel.load(args.prosody))
+
+        def our_units(text):
+            return [u.name for u in front_end.units(text)[0]]
+    else:
+        def our_units(text):
+            return [u for u, _ in phonemizer.units(text)]
     same = errors = total = 0
     phone_errors = phone_total = 0  # pauses left out
     shown = 0
     confusions: Counter = Counter()
     records = [json.loads(line) for line in open(Path(args.teacher) / "index.jsonl")][:args.count]
     for record in records:
-        ours = [u for u, _ in phonemizer.units(record["text"])]
+        ours = our_units(record["text"])
         theirs = teacher_units(record)
         distance = edit_distance(ours, theirs)
         same += distance == 0
