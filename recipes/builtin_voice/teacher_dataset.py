@@ -27,8 +27,17 @@ from recipes.builtin_voice.prosody import teacher_units
 
 
 def _analyze(args: tuple[dict, str]) -> tuple[dict, tuple]:
+    """One utterance's analysis, kept beside the teacher's output (``analysis/NNNNN.npz``): WORLD's
+    F0 search costs about a second per utterance, and a later, larger run reuses it."""
     record, folder = args
-    return record, _analyze_file(str(Path(folder) / f"{record['id']:05d}.wav"))
+    cache = Path(folder) / "analysis" / f"{record['id']:05d}.npz"
+    if cache.is_file():
+        with np.load(cache) as saved:
+            return record, (saved["cepstrum"], saved["bands"], saved["f0"])
+    cepstrum, bands, f0 = _analyze_file(str(Path(folder) / f"{record['id']:05d}.wav"))
+    cache.parent.mkdir(exist_ok=True)
+    np.savez(cache, cepstrum=cepstrum.astype(np.float32), bands=bands.astype(np.float32), f0=f0.astype(np.float32))
+    return record, (cepstrum, bands, f0)
 
 
 def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path) -> dict:
