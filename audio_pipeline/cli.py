@@ -54,11 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Text-to-speech serving engine.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run the gRPC server")
+    serve = commands.add_parser("serve", help="run the server (gRPC, and HTTP with --http-port)")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
     serve.add_argument("--port", type=int, default=50051, help="gRPC port (default: 50051; 0 picks a free one)")
     serve.add_argument("--metrics-port", type=int, metavar="PORT",
                        help="serve Prometheus /metrics on PORT (default 8001 when prometheus_metrics_mode launches a server)")
+    serve.add_argument("--http-port", type=int, metavar="PORT",
+                       help="also serve HTTP on PORT: OpenAI-compatible POST /v1/audio/speech, /v1/models, "
+                            "/v1/audio/voices, /health, /metrics (default: off; 0 picks a free port)")
     serve.add_argument("--metrics-host", metavar="HOST",
                        help="address /metrics listens on (default: the same as --host; e.g. 127.0.0.1 keeps it local)")
     _add_security_flags(serve)
@@ -124,7 +127,10 @@ def run_serve(args: argparse.Namespace, config) -> None:
                             tls=TLSFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file),
                             auth=AuthTokens.load(args.auth_token_file, args.admin_token_file),
                             on_listening=lambda port: print(f"{PROG}: listening on {args.host}:{port}",
-                                                            file=sys.stderr, flush=True))
+                                                            file=sys.stderr, flush=True),
+                            http_port=args.http_port,
+                            on_http_listening=lambda port: print(f"{PROG}: HTTP listening on {args.host}:{port}",
+                                                                 file=sys.stderr, flush=True))
     asyncio.run(serve(config, options))
 
 

@@ -49,6 +49,14 @@ class ServerOptions:
     stop_event: asyncio.Event | None = None
     install_signal_handlers: bool = True
     ready: threading.Event = field(default_factory=threading.Event)
+    #: Port of the HTTP front door (OpenAI-compatible speech); None = off, 0 picks a free one.
+    http_port: int | None = None
+    #: Called with the HTTP port once it listens.
+    on_http_listening: object = None
+
+    @property
+    def http_bind_host(self) -> str:
+        return self.host[1:-1] if self.host.startswith("[") and self.host.endswith("]") else self.host
 
     @property
     def metrics_bind_host(self) -> str:
@@ -88,11 +96,46 @@ class RunningServer:
         if self.port == 0:
             raise OSError(f"could not bind {address}")
         self.metrics_http = None
+        #: The HTTP front door's port, once it listens.
+        self.http_port: int | None = None
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
+
+async def start_http(running: RunningServer, options: ServerOptions):
+    """Starts the HTTP front door on the server's event loop; (uvicorn server, its task)."""
+    import contextlib
+
+    import uvicorn
+
+    from audio_pipeline.http.app import create_app
+    from audio_pipeline.server.tls import http_ssl_options
+
+    class EmbeddedServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # the server's own loop handles SIGINT/SIGTERM
+            yield
+
+    config = uvicorn.Config(create_app(running), host=options.http_bind_host, port=options.http_port,
+                            log_level="warning", lifespan="off", access_log=False,
+                            timeout_graceful_shutdown=max(1, int(running.config.grace_period_s)),
+                            **http_ssl_options(options.tls))
+    server = EmbeddedServer(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises why it could not start (a port in use...)
+            raise OSError(f"the HTTP server on port {options.http_port} stopped at once")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    logger.info("HTTP (OpenAI-compatible speech) on %s:%d", options.http_bind_host, port)
+    if options.on_http_listening is not None:
+        options.on_http_listening(port)
+    running.http_port = port
+    return server, task
+
 
 async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: TTSEngine | None = None) -> None:
     """Runs the server until SIGINT/SIGTERM (or ``options.stop_event``), then drains and stops."""
@@ -119,6 +162,9 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
         running.metrics_http = running.metrics.serve_http(metrics_port, options.metrics_bind_host)
         logger.info("metrics on http://%s:%d/metrics", options.metrics_bind_host,
                     running.metrics_http.server_address[1])
+    http = None
+    if options.http_port is not None:
+        http = await start_http(running, options)
     stop = options.stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     if options.install_signal_handlers:
@@ -139,7 +185,12 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
         running.servicer.ready = False
         engine.generation.stop_accepting()
         await running.set_serving(False)
+        if http is not None:
+            http_server, http_task = http
+            http_server.should_exit = True
         await running.server.stop(config.grace_period_s)
+        if http is not None:
+            await http_task
         running.servicer.close()
         await loop.run_in_executor(None, engine.stop, 0.0)
         if running.metrics_http is not None:

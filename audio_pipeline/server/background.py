@@ -17,17 +17,27 @@ class BackgroundServer:
 
     def __init__(self, config: AudioGenerationConfig, *, host: str = "127.0.0.1", port: int = 0,
                  engine: TTSEngine | None = None, metrics_port: int | None = None, metrics_host: str | None = None,
-                 tls: TLSFiles | None = None, auth: AuthTokens | None = None):
+                 tls: TLSFiles | None = None, auth: AuthTokens | None = None, http_port: int | None = None):
         self.config = config
         self.engine = engine
         self.port: int | None = None
+        #: The HTTP front door's port (with ``http_port`` given; 0 picks a free one).
+        self.http_port: int | None = None
         self._options = ServerOptions(host=host, port=port, metrics_port=metrics_port, metrics_host=metrics_host,
-                                      tls=tls, auth=auth,
+                                      tls=tls, auth=auth, http_port=http_port,
+                                      on_http_listening=self._http_listening,
                                       on_listening=self._listening, install_signal_handlers=False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None
         self._listening_event = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tts-server", daemon=True)
+
+    def _http_listening(self, port: int) -> None:
+        self.http_port = port
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self._options.host}:{self.http_port}"
 
     def _listening(self, port: int) -> None:
         self.port = port

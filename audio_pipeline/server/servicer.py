@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from dataclasses import dataclass, field
 from contextlib import aclosing
 from concurrent.futures import ThreadPoolExecutor
 
@@ -58,6 +59,33 @@ def timing_message(timing: WordTiming, engine_rate: int, output_rate: int) -> tt
                               spoken=timing.spoken, precision=PRECISIONS[timing.precision])
 
 
+def outcome_of(error: RequestError) -> str:
+    """The requests-metric outcome of a refusal."""
+    if isinstance(error, Unavailable):
+        return "unavailable"
+    if isinstance(error, ResourceExhausted):
+        return "rejected"
+    return "invalid"
+
+
+@dataclass(frozen=True)
+class SpeechSettings:
+    """How a request wants its text spoken, whichever front door it came through."""
+
+    voice: str | None = None
+    reference: object = None
+    normalize_text: bool | None = None
+    #: Sampling fields the client set, by name.
+    overrides: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request, reference) -> "SpeechSettings":
+        """From a SynthesizeRequest or StreamSettings message."""
+        return cls(voice=request.voice or None, reference=reference,
+                   normalize_text=request.normalize_text if request.HasField("normalize_text") else None,
+                   overrides=sampling_overrides(request))
+
+
 #: Threads for request preparation (text front end, reference audio): off the event loop, and
 #: bounded, so a burst of long texts queues there instead of stalling health checks and streams.
 FRONTEND_WORKERS = 2
@@ -77,65 +105,80 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
     def close(self) -> None:
         self.frontend.shutdown(wait=False, cancel_futures=True)
 
-    def _segment_context(self, request: tts_pb2.SynthesizeRequest, reference, text: str, request_id: str,
-                         index: int):
+    def _segment_context(self, speech: "SpeechSettings", text: str, request_id: str, index: int):
         """One segment's engine context (runs on the front-end pool). Segment i of a request with a
         seed uses seed + i, so a long text is as reproducible as a short one."""
-        overrides = sampling_overrides(request)
+        overrides = dict(speech.overrides)
         if index and overrides.get("seed") is not None:
             overrides["seed"] = (overrides["seed"] + index) % 2 ** 63
         return self.engine.create_context(
-            text, voice=request.voice or None, request_id=f"{request_id}-{index}", reference=reference,
-            normalize_text=request.normalize_text if request.HasField("normalize_text") else None, **overrides)
+            text, voice=speech.voice or None, request_id=f"{request_id}-{index}", reference=speech.reference,
+            normalize_text=speech.normalize_text, **overrides)
 
-    async def _start(self, request: tts_pb2.SynthesizeRequest, request_id: str):
-        """Validates what can be checked at once, then prepares and submits the first segment."""
-        output = StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
-        self.engine.check_text(request.text)
-        loop = asyncio.get_running_loop()
-        reference = None
-        if request.HasField("reference"):
-            reference = await loop.run_in_executor(self.frontend, self.engine.reference_prompt,
-                                                   request.reference.audio, request.reference.transcript)
-        synthesis = SegmentedSynthesis(
-            self.engine, lambda text, index: self._segment_context(request, reference, text, request_id, index),
+    def synthesis(self, speech: "SpeechSettings", request_id: str) -> SegmentedSynthesis:
+        """A request's segmented synthesis (not started): the same for every front door."""
+        return SegmentedSynthesis(
+            self.engine, lambda text, index: self._segment_context(speech, text, request_id, index),
             executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars)
+
+    async def start_text(self, text: str, speech: "SpeechSettings", request_id: str) -> SegmentedSynthesis:
+        """Checks ``text``, prepares and submits its first segment; raises the RequestError that
+        refuses it (nothing of it is left running then)."""
+        self.engine.check_text(text)
+        synthesis = self.synthesis(speech, request_id)
         try:
-            await synthesis.add_text(request.text)
+            await synthesis.add_text(text)
             synthesis.close()
             await synthesis.start()
         except BaseException:  # refused, or the client left while it was being prepared
             synthesis.cancel()
             raise
-        return synthesis, output
+        return synthesis
+
+    async def _start(self, request: tts_pb2.SynthesizeRequest, request_id: str):
+        """Validates what can be checked at once, then prepares and submits the first segment."""
+        output = StreamAudioOutput(self.engine.sample_rate, request.sample_rate, request.encoding)
+        self.engine.check_text(request.text)
+        reference = None
+        if request.HasField("reference"):
+            loop = asyncio.get_running_loop()
+            reference = await loop.run_in_executor(self.frontend, self.engine.reference_prompt,
+                                                   request.reference.audio, request.reference.transcript)
+        return await self.start_text(request.text, SpeechSettings.of(request, reference), request_id), output
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: RequestError, outcome: str) -> None:
         self.metrics.requests.labels(outcome).inc()
         await context.abort(STATUS_OF_ERROR.get(type(error), grpc.StatusCode.INTERNAL), str(error))
 
-    async def _admit(self, context: grpc.aio.ServicerContext, client_id: str, field: str) -> tuple[str, str]:
+    def admit(self, client_id: str, field: str) -> tuple[str, str]:
         """Checks that the server takes a new request now; returns (the id the engine runs it
-        under, the client's label). Aborts the call otherwise.
+        under, the client's label), or raises the RequestError that refuses it.
 
         The engine runs the request under an id of the server's making; the client's id is a label
         for its own chunks and the logs, so it can never name (or cancel) another client's request.
         A burst is refused before it is prepared, counting the requests already being prepared."""
         if not self.ready:
-            await self._abort(context, Unavailable("the server is warming up; retry shortly"), "unavailable")
+            raise Unavailable("the server is warming up; retry shortly")
         request_id = uuid.uuid4().hex
         label = client_id or request_id
         limit = self.engine.config.limits.max_request_id_chars
         if len(label) > limit:
-            await self._abort(context, InvalidArgument(f"longer than {limit} characters", field=field), "invalid")
+            raise InvalidArgument(f"longer than {limit} characters", field=field)
         if label in self._labels:
-            await self._abort(context, AlreadyExists(f"{echo(label)} names a running request", field=field),
-                              "invalid")
+            raise AlreadyExists(f"{echo(label)} names a running request", field=field)
         generation = self.engine.generation
         if not generation.accepting:
-            await self._abort(context, generation.unavailable(), "unavailable")
+            raise generation.unavailable()
         if not generation.has_room(pending=self._preparing):
-            await self._abort(context, ResourceExhausted("the request queue is full; retry later"), "rejected")
+            raise ResourceExhausted("the request queue is full; retry later")
         return request_id, label
+
+    async def _admit(self, context: grpc.aio.ServicerContext, client_id: str, field: str) -> tuple[str, str]:
+        """admit(), or the call aborted with its error."""
+        try:
+            return self.admit(client_id, field)
+        except RequestError as error:
+            await self._abort(context, error, outcome_of(error))
 
     async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context: grpc.aio.ServicerContext):
         if isinstance(request, MalformedRequest):
@@ -245,9 +288,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             output = StreamAudioOutput(self.engine.sample_rate, settings.sample_rate, settings.encoding)
         except RequestError as error:
             await self._abort(context, error, "invalid")
-        synthesis = SegmentedSynthesis(
-            self.engine, lambda text, index: self._segment_context(settings, None, text, request_id, index),
-            executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars)
+        synthesis = self.synthesis(SpeechSettings.of(settings, None), request_id)
         self._labels.add(label)
         reader = asyncio.create_task(self._read_live_text(request_iterator, synthesis))
         try:

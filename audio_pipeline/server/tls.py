@@ -77,3 +77,14 @@ def server_credentials(files: TLSFiles | None) -> grpc.ServerCredentials | None:
     _check_usable(files)
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
+
+
+def http_ssl_options(files: TLSFiles | None) -> dict:
+    """uvicorn's TLS settings for the HTTP front door: the same certificate, key and client CA as
+    gRPC's (mutual TLS too); {} for plaintext. Call after server_credentials() checked the files."""
+    if files is None or not files.enabled:
+        return {}
+    options = {"ssl_certfile": files.cert_file, "ssl_keyfile": files.key_file}
+    if files.client_ca_file:
+        options.update(ssl_ca_certs=files.client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options

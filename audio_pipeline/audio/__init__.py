@@ -1,0 +1,1 @@
+"""Audio out: streaming encoders for every format the front doors offer."""

@@ -1,0 +1,1 @@
+"""The HTTP front door (ASGI): OpenAI-compatible speech beside gRPC, on the same engine."""

@@ -1,0 +1,192 @@
+"""The HTTP front door over a real server (gRPC and HTTP on the same engine), spoken to with the
+official ``openai`` package and httpx: every response format decodes to the expected audio,
+streaming gives audio before the synthesis ends, SSE carries all of it, a client that leaves frees
+its request, and bad requests get OpenAI-shaped errors."""
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import make_config, wait_idle
+
+TEXT = "Hello there, world."
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    from audio_pipeline.server.background import BackgroundServer
+
+    server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64"), http_port=0).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def idle(server):
+    wait_idle(server.engine)
+    yield server
+    wait_idle(server.engine)
+
+
+@pytest.fixture
+def client(idle):
+    with openai.OpenAI(base_url=f"{idle.http_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def grpc_samples(server, **options):
+    """The same speech through gRPC: float samples at 24 kHz."""
+    from audio_pipeline_client import TTSClient
+
+    with TTSClient(server.target, timeout=120) as grpc_client:
+        return grpc_client.synthesize(TEXT, **options).samples
+
+
+def decode(data: bytes, response_format: str):
+    """(float samples, rate) of an encoded response."""
+    import av
+
+    if response_format == "pcm":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768, 24000
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f for f in container.decode(audio=0)]
+    samples = np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32)
+    if frames[0].format.name.startswith("s16"):
+        samples /= 32768
+    return samples, frames[0].sample_rate
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_the_openai_package_gets_speech_in_every_format(client, idle, response_format):
+    expected = grpc_samples(idle, seed=3, sample_rate=24000).size / 24000
+    response = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format=response_format,
+                                          extra_body={"seed": 3})
+    samples, rate = decode(response.content, response_format)
+    assert rate == (48000 if response_format == "opus" else 24000)
+    # Lossy codecs pad the start and end by a frame or two (at most ~0.1 s here).
+    assert samples.size / rate == pytest.approx(expected, abs=0.11 if response_format in ("mp3", "aac") else 0.03)
+    assert response.response.headers["x-ignored-fields"] == "voice=alloy"
+    if response_format in ("wav", "pcm", "flac"):  # lossless: the very samples gRPC gives
+        reference = grpc_samples(idle, seed=3, sample_rate=24000)
+        np.testing.assert_allclose(samples[:reference.size], reference, atol=2 / 32768)
+
+
+def test_streamed_audio_arrives_before_the_synthesis_ends(client, idle):
+    text = " ".join(["This sentence is one of several."] * 6)
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=text,
+                                                            response_format="pcm") as response:
+        chunks = response.iter_bytes()
+        first = next(chunks)
+        still_running = idle.engine.generation.load != (0, 0)
+        rest = b"".join(chunks)
+    assert first and still_running and len(rest) > len(first)
+    assert response.headers["content-type"] == "audio/pcm"
+
+
+def test_server_sent_events_carry_all_the_audio_then_the_usage(idle):
+    body = {"model": "tts-1", "input": TEXT, "response_format": "pcm", "seed": 4}
+    plain = httpx.post(f"{idle.http_url}/v1/audio/speech", json=body, timeout=120).content
+    with httpx.stream("POST", f"{idle.http_url}/v1/audio/speech", json={**body, "stream_format": "sse"},
+                      timeout=120) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == plain
+    done = events[-1]
+    assert done["type"] == "speech.audio.done" and done["usage"]["output_tokens"] > 0
+    assert done["usage"]["total_tokens"] == done["usage"]["input_tokens"] + done["usage"]["output_tokens"]
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_request(idle):
+    """``idle`` checks afterwards that no request and no KV block is left."""
+    from audio_pipeline.context import StopReason
+
+    cancelled = idle.engine.generation.stop_reasons[StopReason.CANCELLED]
+    text = " ".join(["A long text that keeps the engine busy."] * 30)
+    with httpx.stream("POST", f"{idle.http_url}/v1/audio/speech", timeout=120,
+                      json={"model": "tts-1", "input": text, "response_format": "mp3"}) as response:
+        next(response.iter_bytes())
+        assert idle.engine.generation.load != (0, 0)
+    # Leaving the block closed the connection: the server cancels the synthesis (not let it finish).
+    wait_idle(idle.engine)
+    assert idle.engine.generation.stop_reasons[StopReason.CANCELLED] > cancelled
+    metrics = httpx.get(f"{idle.http_url}/metrics").text
+    assert 'tts_rpc_requests_total{outcome="client_cancelled"}' in metrics
+
+
+def test_mu_law_at_8_khz_round_trips_within_its_quantization_error(idle):
+    import av
+
+    body = {"model": "tts-1", "input": TEXT, "seed": 5, "sample_rate": 8000}
+    pcm = np.frombuffer(httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "response_format": "pcm"},
+                                   timeout=120).content, dtype="<i2").astype(np.float32) / 32768
+    response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=120,
+                          json={"model": "tts-1", "input": TEXT, "seed": 5, "response_format": "mulaw"})
+    assert response.headers["content-type"] == "audio/basic"
+    with av.open(io.BytesIO(response.content), format="mulaw",
+                 options={"sample_rate": "8000", "ch_layout": "mono"}) as container:
+        decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]) / 32768
+    assert decoded.size == pcm.size == len(response.content)
+    # mu-law keeps about 3 % of a sample's magnitude, and a step near silence.
+    assert np.all(np.abs(decoded - pcm) <= 0.035 * np.abs(pcm) + 2e-3)
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"model": "tts-1", "voice": "alloy"}, 400, "input"),
+    ({"model": "tts-1", "input": "Hi.", "response_format": "wma"}, 400, "response_format"),
+    ({"model": "tts-1", "input": "Hi.", "speed": 9}, 400, "speed"),
+    ({"model": "tts-1", "input": "Hi.", "stream_format": "websocket"}, 400, "stream_format"),
+    ({"model": "tts-1", "input": "Hi.", "voice": "nobody-here"}, 404, "voice"),
+    ({"model": "tts-1", "input": "x" * 200_000}, 400, "text"),
+])
+def test_bad_requests_get_openai_shaped_errors(client, body, status, param):
+    extra = {k: v for k, v in body.items() if k not in ("model", "input", "voice")}
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.audio.speech.create(model=body["model"], input=body.get("input", ""), voice=body.get("voice", "alloy"),
+                                   extra_body=extra)
+    assert caught.value.status_code == status
+    error = caught.value.body
+    assert error["param"] == param and error["message"] and error["type"]
+
+
+def test_an_oversized_body_is_refused_with_413(idle):
+    limit = idle.engine.config.limits.max_message_bytes
+    response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=60,
+                          content=json.dumps({"model": "tts-1", "input": "x" * (limit + 10)}))
+    assert response.status_code == 413 and response.json()["error"]["param"] == "body"
+
+
+def test_models_voices_health_and_metrics(idle):
+    base = idle.http_url
+    models = httpx.get(f"{base}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["object"] == "model"
+    voices = httpx.get(f"{base}/v1/audio/voices").json()["voices"]
+    assert [v["name"] for v in voices if v["default"]] == [idle.engine.manifest.default_voice]
+    assert httpx.get(f"{base}/health").json() == {"status": "serving"}
+    httpx.post(f"{base}/v1/audio/speech", json={"model": "tts-1", "input": "Hi."}, timeout=60)
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'tts_rpc_requests_total{outcome="ok"}' in metrics
+    missing = httpx.get(f"{base}/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["message"]
+
+
+def test_bearer_tokens_guard_the_http_routes_too(tiny_model_dir, tmp_path):
+    from audio_pipeline.server.auth import AuthTokens
+    from audio_pipeline.server.background import BackgroundServer
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-token\n")
+    with BackgroundServer(make_config(tiny_model_dir), http_port=0,
+                          auth=AuthTokens.load(str(tokens))) as server:
+        with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="wrong", max_retries=0) as wrong:
+            with pytest.raises(openai.AuthenticationError):
+                wrong.audio.speech.create(model="tts-1", voice="alloy", input="Hi.")
+        with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="secret-token", max_retries=0) as right:
+            assert right.audio.speech.create(model="tts-1", voice="alloy", input="Hi.",
+                                             response_format="wav").content[:4] == b"RIFF"
+        assert httpx.get(f"{server.http_url}/health").status_code == 200  # probes stay open
