@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -16,8 +15,8 @@ from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
                                    Unavailable, echo)
+from audio_pipeline.pipelines.live_text import LiveText
 from audio_pipeline.pipelines.segmented import SegmentedSynthesis
-from audio_pipeline.text.segment import segments
 from audio_pipeline.text.timings import SEGMENT, WORD, WordTiming
 from audio_pipeline.server.audio_output import StreamAudioOutput
 from audio_pipeline.server.handlers import MalformedRequest
@@ -308,24 +307,9 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             self._labels.discard(label)
 
     async def _read_live_text(self, request_iterator, synthesis: SegmentedSynthesis) -> None:
-        """Feeds the stream's text to ``synthesis``: each sentence once it is complete (a later one
-        has begun), everything at a flush or at the end of input."""
-        limit = self.engine.config.sampling.max_text_chars
-        max_chars = self.engine.config.max_segment_chars
-        buffer, total = "", 0
-        consumed = 0  # characters of the stream's text before ``buffer`` (word timings count from 0)
-
-        def speak(text: str, everything: bool) -> str:
-            nonlocal consumed
-            found = segments(text, max_chars)
-            done = found if everything else found[:-1]
-            for segment in done:
-                synthesis.add_segment(dataclasses.replace(segment, start=segment.start + consumed,
-                                                          end=segment.end + consumed))
-            rest = "" if everything or not found else text[found[-1].start:]
-            consumed += len(text) - len(rest)
-            return rest
-
+        """Feeds the stream's text to ``synthesis`` (pipelines/live_text.py)."""
+        live = LiveText(synthesis, max_chars=self.engine.config.sampling.max_text_chars,
+                        max_segment_chars=self.engine.config.max_segment_chars)
         try:
             async for message in request_iterator:
                 if isinstance(message, MalformedRequest):
@@ -336,16 +320,12 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                 if kind is None:
                     raise InvalidArgument("a message with no content", field="content")
                 if kind == "text":
-                    total += len(message.text)
-                    if total > limit:
-                        raise InvalidArgument(f"over the limit of {limit} characters in all", field="text")
-                    buffer = speak(buffer + message.text, everything=False)
+                    live.add(message.text)
                 elif kind == "flush":
-                    buffer = speak(buffer, everything=True)
+                    live.flush()
                 else:  # end_of_input
                     break
-            speak(buffer, everything=True)  # the end of input, or the client half-closed its side
-            synthesis.close()
+            live.end()  # the end of input, or the client half-closed its side
         except RequestError as error:
             synthesis.fail(error)
         except asyncio.CancelledError:

@@ -1,0 +1,53 @@
+"""Live text: pieces of any size (an LLM's tokens) become sentences for a SegmentedSynthesis.
+
+A sentence is spoken once it is complete, which the segmenter knows when the next one has begun;
+a flush speaks what has come so far, even an unfinished sentence; the end of input speaks the
+rest and closes the synthesis. Segments keep their place in all the text received, so word
+timings point into the pieces joined. Every front door with live text (gRPC's SynthesizeStream,
+the HTTP WebSocket) feeds text through this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from audio_pipeline.errors import InvalidArgument
+from audio_pipeline.text.segment import segments
+
+
+class LiveText:
+    def __init__(self, synthesis, *, max_chars: int, max_segment_chars: int):
+        self.synthesis = synthesis
+        self.max_chars = max_chars
+        self.max_segment_chars = max_segment_chars
+        self.buffer = ""
+        self.total = 0
+        #: Characters of the text before ``buffer``.
+        self.consumed = 0
+
+    def _speak(self, everything: bool) -> None:
+        text = self.buffer
+        found = segments(text, self.max_segment_chars)
+        for segment in found if everything else found[:-1]:
+            self.synthesis.add_segment(dataclasses.replace(segment, start=segment.start + self.consumed,
+                                                           end=segment.end + self.consumed))
+        rest = "" if everything or not found else text[found[-1].start:]
+        self.consumed += len(text) - len(rest)
+        self.buffer = rest
+
+    def add(self, text: str) -> None:
+        """A piece of text; InvalidArgument (naming ``text``) past the limit of all text."""
+        self.total += len(text)
+        if self.total > self.max_chars:
+            raise InvalidArgument(f"over the limit of {self.max_chars} characters in all", field="text")
+        self.buffer += text
+        self._speak(everything=False)
+
+    def flush(self) -> None:
+        """Speak what has come so far."""
+        self._speak(everything=True)
+
+    def end(self) -> None:
+        """No more text: the rest is spoken and the synthesis closed."""
+        self._speak(everything=True)
+        self.synthesis.close()
