@@ -190,3 +190,74 @@ def test_bearer_tokens_guard_the_http_routes_too(tiny_model_dir, tmp_path):
             assert right.audio.speech.create(model="tts-1", voice="alloy", input="Hi.",
                                              response_format="wav").content[:4] == b"RIFF"
         assert httpx.get(f"{server.http_url}/health").status_code == 200  # probes stay open
+
+
+def socket_session(server, messages, *, until_done=1, timeout=120):
+    """Sends ``messages`` over /v1/audio/stream and collects what comes back until ``until_done``
+    utterances have finished (done, interrupted or error): (JSON messages, binary frames by context)."""
+    from websockets.sync.client import connect
+
+    received, audio, current = [], {}, None
+    finished = 0
+    with connect(f"ws://127.0.0.1:{server.http_port}/v1/audio/stream", open_timeout=30) as socket:
+        for message in messages:
+            socket.send(json.dumps(message))
+        while finished < until_done:
+            frame = socket.recv(timeout=timeout)
+            if isinstance(frame, bytes):
+                audio.setdefault(current, []).append(frame)
+                continue
+            event = json.loads(frame)
+            received.append(event)
+            if event["type"] == "started":
+                current = event["context_id"]
+            if event["type"] in ("done", "interrupted", "error"):
+                finished += 1
+    return received, {k: b"".join(v) for k, v in audio.items()}
+
+
+def test_the_websocket_speaks_two_utterances_in_order_with_word_timings(idle):
+    first, second = "First one here. And more.", "Second one, there."
+    received, audio = socket_session(idle, [
+        {"type": "start", "context_id": "a", "seed": 1},
+        {"type": "start", "context_id": "b", "seed": 2},
+        {"type": "text", "context_id": "a", "text": first[:9]}, {"type": "text", "context_id": "a", "text": first[9:]},
+        {"type": "text", "context_id": "b", "text": second}, {"type": "end", "context_id": "b"},
+        {"type": "end", "context_id": "a"},
+    ], until_done=2)
+    kinds = [(e["type"], e.get("context_id")) for e in received if e["type"] != "words"]
+    assert kinds == [("started", "a"), ("done", "a"), ("started", "b"), ("done", "b")]
+    body = {"model": "tts-1", "response_format": "pcm"}
+    for context, text, seed in (("a", first, 1), ("b", second, 2)):
+        alone = httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "input": text, "seed": seed},
+                           timeout=120).content
+        # The same speech as a whole-text request, up to a rounding step (utterances share batches).
+        np.testing.assert_allclose(np.frombuffer(audio[context], "<i2").astype(np.int32),
+                                   np.frombuffer(alone, "<i2").astype(np.int32), atol=2)
+        words = [w for e in received if e["type"] == "words" and e["context_id"] == context for w in e["words"]]
+        # This model has no word alignment: one timing per sentence, pointing into the utterance's text.
+        assert [w["text"] for w in words] == (["First one here.", "And more."] if context == "a" else [second])
+        assert all(text[w["text_start"]:w["text_end"]] == w["text"] and w["precision"] == "segment" for w in words)
+
+
+def test_an_interrupt_stops_the_current_utterance_at_once_and_the_next_goes_on(idle):
+    """``idle`` checks afterwards that nothing is left running."""
+    long_text = " ".join(["This is a long sentence that goes on."] * 20)
+    received, audio = socket_session(idle, [
+        {"type": "start", "context_id": "long"}, {"type": "text", "context_id": "long", "text": long_text},
+        {"type": "interrupt", "context_id": "long"},
+        {"type": "start", "context_id": "next", "seed": 3}, {"type": "text", "context_id": "next", "text": "Hello."},
+        {"type": "end", "context_id": "next"},
+    ], until_done=2)
+    outcome = {e["context_id"]: e["type"] for e in received if e["type"] in ("done", "interrupted", "error")}
+    assert outcome == {"long": "interrupted", "next": "done"}
+
+
+def test_bad_websocket_messages_are_answered_naming_the_field(idle):
+    received, _ = socket_session(idle, [
+        {"type": "text", "context_id": "nobody", "text": "Hi."},
+        {"type": "start", "context_id": "x", "response_format": "wma"},
+        {"type": "dance", "context_id": "y"},
+        {"type": "start"},
+    ], until_done=4)
+    assert [e["param"] for e in received] == ["context_id", "response_format", "type", "context_id"]

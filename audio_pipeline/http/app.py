@@ -5,6 +5,7 @@ Routes:
   ``speed``, ``instructions``, ``stream_format``); the audio streams as it is made, in chunked
   transfer (``stream_format: audio``) or as server-sent events (``sse``: ``speech.audio.delta``
   with base64 audio, then ``speech.audio.done`` with the usage).
+- ``/v1/audio/stream``: a WebSocket for live text (http/stream_socket.py).
 - ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health`` (200 when serving, 503 otherwise:
   the gRPC health state), ``GET /metrics`` (Prometheus).
 
@@ -25,7 +26,8 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from audio_pipeline.audio.encoders import FORMATS, StreamEncoder
 from audio_pipeline.context import StopReason
@@ -218,8 +220,20 @@ def create_app(running) -> Starlette:
             return await handler(request)
         return checked
 
+    async def stream_socket(websocket: WebSocket) -> None:
+        from audio_pipeline.http.stream_socket import StreamSocket
+        from audio_pipeline.server.auth import bearer_token
+
+        if auth is not None and auth.enabled:
+            token = bearer_token([("authorization", websocket.headers.get("authorization", ""))])
+            if token is None or auth.role_of(token) is None:
+                await websocket.close(code=1008, reason="missing or invalid bearer token")
+                return
+        await websocket.accept()
+        await StreamSocket(websocket, running).run()
+
     speech, models, voices = authorized(speech), authorized(models), authorized(voices)
-    routes = [Route("/v1/audio/speech", speech, methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
+    routes = [Route("/v1/audio/speech", speech, methods=["POST"]), WebSocketRoute("/v1/audio/stream", stream_socket), Route("/v1/models", models, methods=["GET"]),
               Route("/v1/audio/voices", voices, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})

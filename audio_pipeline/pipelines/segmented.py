@@ -37,6 +37,8 @@ REQUEUE_DELAY_S = 0.05
 LOOKAHEAD = 1
 
 _END = object()
+#: Put in the started queue by cancel(): whatever waits for the next segment stops waiting.
+_CANCELLED = object()
 
 
 class SegmentedSynthesis:
@@ -162,16 +164,22 @@ class SegmentedSynthesis:
             raise first
         if first is _END:
             raise InvalidArgument("no text to speak", field="text")
+        if first is _CANCELLED:
+            self._first = _CANCELLED
+            return
         self._first = first
         self.voice = first[1][0][0].voice
 
     def cancel(self) -> None:
         """Stops every segment (idempotent)."""
+        if self._cancelled:
+            return
         self._cancelled = True
         if self._producer is not None:
             self._producer.cancel()
         for context in self._submitted:
             self.engine.cancel(context.request_id)
+        self._started.put_nowait(_CANCELLED)
 
     async def events(self) -> AsyncIterator[AudioEvent]:
         """Audio events of every segment in order, silences between them, then one ``complete``
@@ -193,6 +201,9 @@ class SegmentedSynthesis:
         pause = 0.0
         carried: list[WordTiming] = []  # timings for the next event out
         while item is not _END:
+            if item is _CANCELLED:
+                yield AudioEvent("complete", self.request_id, stop_reason=StopReason.CANCELLED)
+                return
             if isinstance(item, BaseException):
                 raise item
             segment, parts = item
