@@ -246,7 +246,7 @@ def test_cli_unwritable_output_is_one_line(free_port, tmp_path, capsys):
 
 def test_cli_usage_errors_exit_2(capsys):
     assert main(["--text", TEXT]) == 2
-    assert main(["--text", TEXT, "--output", "x.wav", "--format", "mp3"]) == 2
+    assert main(["--text", TEXT, "--output", "x.wav", "--format", "wma"]) == 2
     assert main(["--input", "a.txt", "--text", TEXT, "--raw"]) == 2
     assert "usage: tts-client" in capsys.readouterr().err
 

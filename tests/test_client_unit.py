@@ -80,12 +80,13 @@ def test_encode_float32_is_little_endian_wire_layout():
 @pytest.mark.parametrize("name, expected", [
     ("pcm16", PCM16), ("PCM16", PCM16), ("f32", FLOAT32), ("float32", FLOAT32), (" Float32 ", FLOAT32),
     ("AUDIO_ENCODING_FLOAT32", FLOAT32), (tts_pb2.AUDIO_ENCODING_PCM16, PCM16), (2, FLOAT32), (None, None),
+    ("mp3", tts_pb2.AUDIO_ENCODING_MP3), ("MuLaw", tts_pb2.AUDIO_ENCODING_MULAW), (7, tts_pb2.AUDIO_ENCODING_FLAC),
 ])
 def test_parse_encoding(name, expected):
     assert parse_encoding(name) == expected
 
 
-@pytest.mark.parametrize("name", ["mp3", "", 7, True, 1.0])
+@pytest.mark.parametrize("name", ["wma", "", 70, True, 1.0])
 def test_parse_encoding_rejects_unknown(name):
     with pytest.raises(ValueError, match="encoding"):
         parse_encoding(name)
@@ -184,7 +185,7 @@ def test_stream_without_audio_is_valid_and_gives_empty_samples():
     ([format_message(), audio_message(0, request_id="other")], "request id changed"),
     ([format_message(channels=2)], "mono"),
     ([format_message(sample_rate=0)], "no sample rate"),
-    ([format_message(encoding=9)], "unknown audio encoding"),
+    ([format_message(encoding=99)], "unknown audio encoding"),
     ([format_message(), tts_pb2.AudioChunk(request_id="r")], "no content"),
     ([format_message(), audio_message(0)], "without a completion"),
     ([], "without a completion"),

@@ -261,3 +261,46 @@ def test_bad_websocket_messages_are_answered_naming_the_field(idle):
         {"type": "start"},
     ], until_done=4)
     assert [e["param"] for e in received] == ["context_id", "response_format", "type", "context_id"]
+
+
+@pytest.mark.parametrize("name", ["wav", "mp3", "opus", "aac", "flac", "mulaw", "alaw"])
+def test_grpc_streams_every_encoded_format(idle, name):
+    """The same encoders on gRPC: the chunks' bytes joined are one file of the expected length."""
+    from audio_pipeline_client import TTSClient
+
+    with TTSClient(idle.target, timeout=120) as grpc_client:
+        reference = grpc_client.synthesize(TEXT, seed=6)
+        rate = 8000 if name in ("mulaw", "alaw") else reference.sample_rate
+        result = grpc_client.synthesize(TEXT, seed=6, encoding=name)
+        chunks = list(grpc_client.stream(TEXT, seed=6, encoding=name))
+    assert result.sample_rate == rate and result.data
+    streamed = b"".join(c.data for c in chunks[:-1])
+    if name == "opus":  # each Ogg stream has its own random serial number
+        assert len(streamed) == len(result.data)
+    else:
+        assert streamed == result.data  # streamed = whole, byte for byte
+    assert sum(c.num_samples for c in chunks[:-1]) == pytest.approx(reference.samples.size * rate / reference.sample_rate, abs=2)
+    if name == "aac":  # this client cannot decode AAC: PyAV can
+        decoded, decoded_rate = decode(result.data, "aac")
+    else:  # the client decodes the rest (Opus at its own 48 kHz)
+        decoded, decoded_rate = result.samples, 48000 if name == "opus" else rate
+    expected = reference.samples.size / reference.sample_rate
+    assert decoded.size / decoded_rate == pytest.approx(expected, abs=0.11)
+
+
+def test_the_cli_picks_the_format_from_the_output_name(idle, tmp_path):
+    import subprocess
+    import sys
+
+    import av
+
+    for name in ("out.mp3", "out.flac", "out.ulaw"):
+        done = subprocess.run([sys.executable, "-m", "audio_pipeline_client.cli", "--server", idle.target,
+                               "--text", TEXT, "--output", str(tmp_path / name), "--quiet"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    with av.open(str(tmp_path / "out.mp3")) as container:
+        assert container.streams.audio[0].codec_context.name.startswith("mp3")
+    with av.open(str(tmp_path / "out.flac")) as container:
+        assert container.streams.audio[0].codec_context.name == "flac"
+    assert (tmp_path / "out.ulaw").stat().st_size > 8000  # about a second of 8 kHz G.711 bytes

@@ -226,21 +226,22 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                               for w in event.words or ()]
                     if event.kind == "audio":
                         samples = output.convert(event.samples)
+                        data = output.encode(samples) if samples.size else b""
                     elif event.kind == "complete":
                         finished = True
                         if event.stop_reason == StopReason.CANCELLED:
                             await self._abort(context, Unavailable("the request was cancelled by the server "
                                                                    "(shutting down)"), "cancelled")
                         samples = output.finish()
+                        data = (output.encode(samples) if samples.size else b"") + output.close()
                     else:
                         finished = True
                         self.metrics.requests.labels("failed").inc()
                         await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
-                    # The last timings go out even when no samples are left to carry them.
-                    if samples.size or (words and event.kind == "complete"):
+                    # The last timings (and an encoder's last bytes) go out even with no samples left.
+                    if samples.size or data or (words and event.kind == "complete"):
                         yield tts_pb2.AudioChunk(request_id=label, audio=tts_pb2.AudioFrames(
-                            data=output.encode(samples) if samples.size else b"", chunk_index=chunk_index,
-                            num_samples=samples.size, words=words))
+                            data=data, chunk_index=chunk_index, num_samples=samples.size, words=words))
                         words = []
                         chunk_index += 1
                         sent_samples += samples.size
@@ -264,6 +265,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             synthesis.cancel()
             await self._abort(context, error, "invalid")
         finally:
+            output.release()
             if not finished:
                 # The client went away (cancel, deadline, broken stream): stop generating for it.
                 synthesis.cancel()

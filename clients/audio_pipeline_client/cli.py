@@ -12,7 +12,8 @@ import grpc
 import soundfile
 
 from audio_pipeline_client.client import TTSClient
-from audio_pipeline_client.protocol import FLOAT32, FLUSH, encode_samples, float_to_pcm16, parse_encoding
+from audio_pipeline_client.protocol import (EXTENSIONS, FLOAT32, FLUSH, STREAM_ENCODINGS, encode_samples,
+                                             float_to_pcm16, parse_encoding)
 from audio_pipeline_client.timings import timings_document
 from audio_pipeline_client.types import AudioStreamChunk, TTSError
 
@@ -93,8 +94,11 @@ def synthesize_parser() -> argparse.ArgumentParser:
                              "--reference-transcript")
     parser.add_argument("--reference-transcript", metavar="TEXT", help="the words spoken in --reference-audio")
     parser.add_argument("--sample-rate", type=positive_int, metavar="HZ", help="output rate (default: native)")
-    parser.add_argument("--format", choices=["pcm16", "f32"], default="pcm16",
-                        help="sample format on the wire and in the output (default: %(default)s)")
+    parser.add_argument("--format", choices=["pcm16", "f32", "wav", "mp3", "opus", "aac", "flac", "mulaw", "alaw"],
+                        help="audio format on the wire and in the output (default: from the --output name's "
+                             "extension: .mp3, .opus/.ogg, .aac, .flac, .ulaw, .alaw; else pcm16). Encoded "
+                             "formats are written as the server sends them; mulaw and alaw are 8 kHz unless "
+                             "--sample-rate says otherwise")
     parser.add_argument("--seed", type=non_negative_int, help="random seed: same seed and text, same audio")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
@@ -256,8 +260,19 @@ def synthesize(args: argparse.Namespace) -> int:
     if (args.reference_audio is None) != (args.reference_transcript is None):
         raise CommandError("--reference-audio and --reference-transcript go together")
     reference_audio = Path(args.reference_audio) if args.reference_audio else None
-    encoding = parse_encoding(args.format)
-    sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
+    suffix = Path(args.output).suffix.lower() if args.output else ""
+    named = EXTENSIONS.get(suffix, "wav" if suffix == ".wav" else None)
+    if args.format and named and args.format != named and not (named == "wav" and args.format in ("pcm16", "f32")):
+        raise CommandError(f"--format {args.format} does not match the output name {args.output} "
+                           f"(which says {named}); change one of them")
+    name = args.format or (EXTENSIONS.get(suffix, "pcm16") if args.output else "pcm16")
+    if name == "wav" and args.output:
+        name = "pcm16"  # a WAV file with its real sizes, from PCM16 on the wire
+    encoding = parse_encoding(name)
+    if name in STREAM_ENCODINGS:
+        sink = EncodedSink(Path(args.output) if args.output else None, name)
+    else:
+        sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
     timings = TimingsFile(Path(args.timings)) if args.timings else None
     progress = Progress(quiet=args.quiet)
     try:
@@ -362,6 +377,50 @@ class TimingsFile:
         self.temporary_path.unlink(missing_ok=True)
 
 
+class EncodedSink:
+    """Writes an encoded stream's bytes as they come: into a hidden temporary file beside ``path``
+    (renamed onto it on success), or to stdout when ``path`` is None (--raw)."""
+
+    def __init__(self, path: Path | None, name: str):
+        self.path = path
+        self.bytes_written = 0
+        self.file = None
+        self.description = f"{name} to standard output" if path is None else str(path)
+        if path is not None:
+            if path.is_dir():
+                raise CommandError(f"cannot write {path}: it is a directory")
+            self.temporary_path = path.with_name(f".{path.name}.{os.getpid()}.part")
+            try:
+                self.file = open(self.temporary_path, "xb")  # noqa: SIM115 - closed in commit/discard
+            except OSError as error:
+                raise CommandError(f"cannot write the output {path}: {error.strerror or error}") from error
+
+    def write(self, chunk: AudioStreamChunk) -> None:
+        if not chunk.data:
+            return
+        if self.file is None:
+            sys.stdout.buffer.write(chunk.data)
+            sys.stdout.buffer.flush()
+        else:
+            self.file.write(chunk.data)
+        self.bytes_written += len(chunk.data)
+
+    def commit(self) -> None:
+        if self.file is None:
+            self.description = f"{self.bytes_written} bytes of {self.description}"
+            return
+        try:
+            self.file.close()
+            os.replace(self.temporary_path, self.path)
+        except OSError as error:
+            raise CommandError(f"cannot write the output {self.path}: {error.strerror or error}") from error
+
+    def discard(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.temporary_path.unlink(missing_ok=True)
+
+
 class RawSink:
     """Writes the samples to stdout as little-endian PCM in the requested encoding, flushed per chunk."""
 
@@ -408,10 +467,10 @@ class Progress:
         self.sample_rate = chunk.sample_rate
         if chunk.final:
             self.stop_reason = chunk.stop_reason or ""
-        elif chunk.samples.size:
+        elif chunk.samples.size or chunk.num_samples:
             if self.first_audio is None:
                 self.first_audio = now - self.started
-            self.audio_seconds += chunk.samples.size / chunk.sample_rate
+            self.audio_seconds += (chunk.samples.size or chunk.num_samples) / chunk.sample_rate
             self.chunks += 1
         if self.quiet or now - self.last_shown < (PROGRESS_REDRAW_SECONDS if self.terminal else PROGRESS_LINE_SECONDS):
             return

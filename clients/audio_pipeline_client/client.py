@@ -78,7 +78,7 @@ class TTSClient:
                                 reference_audio=reference_audio, reference_transcript=reference_transcript,
                                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 stop_token_ids=stop_token_ids, normalize_text=normalize_text)
-        return result_from_chunks(list(self._stream_request(request)))
+        return result_from_chunks(list(self._stream_request(request)), request.encoding)
 
     def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
                max_tokens: int | None = None, min_tokens: int | None = None,

@@ -13,7 +13,15 @@ from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSEr
 
 PCM16 = tts_pb2.AUDIO_ENCODING_PCM16
 FLOAT32 = tts_pb2.AUDIO_ENCODING_FLOAT32
-ENCODING_NAMES = {"pcm16": PCM16, "f32": FLOAT32, "float32": FLOAT32}
+#: Encodings whose chunks are one encoded stream (the chunks' bytes joined are the file).
+STREAM_ENCODINGS = {"wav": tts_pb2.AUDIO_ENCODING_WAV, "mp3": tts_pb2.AUDIO_ENCODING_MP3,
+                    "opus": tts_pb2.AUDIO_ENCODING_OPUS, "aac": tts_pb2.AUDIO_ENCODING_AAC,
+                    "flac": tts_pb2.AUDIO_ENCODING_FLAC, "mulaw": tts_pb2.AUDIO_ENCODING_MULAW,
+                    "alaw": tts_pb2.AUDIO_ENCODING_ALAW}
+ENCODING_NAMES = {"pcm16": PCM16, "f32": FLOAT32, "float32": FLOAT32, **STREAM_ENCODINGS}
+#: The file name extension that picks each stream encoding (tts-client --output out.mp3).
+EXTENSIONS = {".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac", ".flac": "flac", ".ulaw": "mulaw",
+              ".mulaw": "mulaw", ".alaw": "alaw"}
 SAMPLE_WIDTH = {PCM16: 2, FLOAT32: 4}
 PRECISION_NAMES = {
     tts_pb2.TIMING_PRECISION_UNSPECIFIED: "unspecified",
@@ -39,7 +47,7 @@ def parse_encoding(encoding: str | int | None) -> int | None:
             return tts_pb2.AudioEncoding.Value(encoding.strip().upper())
     elif isinstance(encoding, int) and not isinstance(encoding, bool) and encoding in tts_pb2.AudioEncoding.values():
         return encoding
-    raise ValueError(f"encoding: unknown encoding {encoding!r}; use 'pcm16' or 'f32'")
+    raise ValueError(f"encoding: unknown encoding {encoding!r}; use one of {', '.join(ENCODING_NAMES)}")
 
 
 def build_request(text: str, *, voice: str | None = None, seed: int | None = None,
@@ -131,6 +139,10 @@ def voice_reference(audio: ReferenceAudio | None, transcript: str | None) -> tts
         except OSError as exc:
             raise TTSError.invalid_input(f"reference audio {audio}: {exc.strerror or exc}") from None
     return tts_pb2.VoiceReference(audio=audio or b"", transcript=transcript or "")
+
+
+def is_stream_encoding(encoding: int) -> bool:
+    return encoding in STREAM_ENCODINGS.values()
 
 
 def sample_width(encoding: int) -> int:
@@ -229,7 +241,8 @@ class StreamReader:
             raise TTSError.protocol_violation("the format message has no sample rate")
         if audio_format.channels != 1:
             raise TTSError.protocol_violation(f"expected mono audio, the format says {audio_format.channels} channels")
-        sample_width(audio_format.encoding)
+        if not is_stream_encoding(audio_format.encoding):
+            sample_width(audio_format.encoding)
         self.format = audio_format
         return None
 
@@ -237,8 +250,11 @@ class StreamReader:
         if frames.chunk_index != self.audio_chunks:
             raise TTSError.protocol_violation(
                 f"audio chunk {frames.chunk_index} arrived where chunk {self.audio_chunks} was expected")
-        samples = decode_samples(frames.data, self.format.encoding)
-        if samples.size != frames.num_samples:
+        if is_stream_encoding(self.format.encoding):  # bytes of one encoded file: no samples per chunk
+            samples = np.zeros(0, dtype=np.float32)
+        else:
+            samples = decode_samples(frames.data, self.format.encoding)
+        if not is_stream_encoding(self.format.encoding) and samples.size != frames.num_samples:
             raise TTSError.protocol_violation(
                 f"audio chunk {frames.chunk_index} says {frames.num_samples} samples but carries {samples.size}")
         self.audio_chunks += 1
@@ -248,14 +264,67 @@ class StreamReader:
                                  precision=PRECISION_NAMES.get(w.precision, "unspecified"), sample_rate=rate)
                       for w in frames.words)
         return AudioStreamChunk(samples=samples, sample_rate=rate, index=frames.chunk_index,
-                                request_id=self.request_id, words=words)
+                                request_id=self.request_id, words=words, data=frames.data,
+                                num_samples=frames.num_samples)
 
 
-def result_from_chunks(chunks: list[AudioStreamChunk]) -> SynthesisResult:
+def decode_stream(data: bytes, name: str, total_samples: int = 0) -> np.ndarray:
+    """Float samples of a whole encoded stream (G.711 here; WAV, FLAC, MP3 and Ogg/Opus through
+    soundfile); empty where this client cannot decode it (AAC). ``total_samples``: the samples the
+    stream was made from (a streamed FLAC header leaves its length unknown, which soundfile cannot
+    read: it is written in)."""
+    if name in ("mulaw", "alaw"):
+        return g711_decode(np.frombuffer(data, dtype=np.uint8), name)
+    if name == "aac" or not data:
+        return np.zeros(0, dtype=np.float32)
+    import io
+
+    import soundfile
+
+    if name == "flac" and data[:4] == b"fLaC" and len(data) > 26 and total_samples:
+        # STREAMINFO, the first metadata block: its 36-bit sample count ends at byte 25.
+        patched = bytearray(data)
+        patched[21] = (patched[21] & 0xF0) | ((total_samples >> 32) & 0x0F)
+        patched[22:26] = (total_samples & 0xFFFFFFFF).to_bytes(4, "big")
+        data = bytes(patched)
+    if name == "wav":  # a streaming header (sizes 0xFFFFFFFF): the samples follow its 44 bytes
+        return np.frombuffer(data[44:len(data) - (len(data) - 44) % 2], dtype="<i2").astype(np.float32) / 32768
+    with soundfile.SoundFile(io.BytesIO(data)) as sound:
+        blocks = []
+        while True:
+            block = sound.read(65536, dtype="float32")
+            if not len(block):
+                break
+            blocks.append(block.reshape(-1))
+    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
+
+
+def g711_decode(codes: np.ndarray, name: str) -> np.ndarray:
+    """G.711 mu-law or A-law bytes -> float samples (the standard's expansion)."""
+    if name == "mulaw":
+        value = ~codes.astype(np.int32) & 0xFF
+        exponent, mantissa = (value >> 4) & 0x07, value & 0x0F
+        magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+        linear = np.where(value & 0x80, -magnitude, magnitude)
+    else:
+        value = codes.astype(np.int32) ^ 0x55
+        exponent, mantissa = (value >> 4) & 0x07, value & 0x0F
+        magnitude = np.where(exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
+        linear = np.where(value & 0x80, magnitude, -magnitude)
+    return (linear / 32768.0).astype(np.float32)
+
+
+def result_from_chunks(chunks: list[AudioStreamChunk], encoding: int | None = None) -> SynthesisResult:
     """The whole synthesis from a complete stream (audio chunks then the final chunk)."""
     final = chunks[-1]
-    audio = [chunk.samples for chunk in chunks[:-1]]
-    samples = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
+    data = b"".join(chunk.data for chunk in chunks[:-1])
+    name = next((n for n, e in STREAM_ENCODINGS.items() if e == encoding), None)
+    if name is not None:
+        samples = decode_stream(data, name, sum(chunk.num_samples for chunk in chunks[:-1]))
+    else:
+        audio = [chunk.samples for chunk in chunks[:-1]]
+        samples = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     return SynthesisResult(samples=samples, sample_rate=final.sample_rate, usage=final.usage,
                            stop_reason=final.stop_reason, request_id=final.request_id,
-                           words=tuple(word for chunk in chunks[:-1] for word in chunk.words))
+                           words=tuple(word for chunk in chunks[:-1] for word in chunk.words),
+                           data=data if name is not None else b"")

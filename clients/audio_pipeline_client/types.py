@@ -80,6 +80,11 @@ class AudioStreamChunk:
     #: The words whose audio starts in this chunk (or, with ``"segment"`` precision, the segment
     #: whose audio just ended). A chunk may carry words and no samples.
     words: tuple[WordTiming, ...] = ()
+    #: The chunk's bytes as sent. With an encoded stream (mp3, opus, aac, flac, wav, mulaw, alaw)
+    #: these are the audio (the chunks' bytes joined are the file) and ``samples`` is empty.
+    data: bytes = b""
+    #: Samples this chunk was made from (of an encoded stream: the encoder may hold some back).
+    num_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,9 @@ class SynthesisResult:
     request_id: str
     #: Every spoken word's timing, in text order (see WordTiming).
     words: tuple[WordTiming, ...] = ()
+    #: With an encoded stream: the whole file (``samples`` is its decoded audio where this client
+    #: can decode it: all but AAC).
+    data: bytes = b""
 
     @property
     def duration_seconds(self) -> float:

@@ -12,6 +12,13 @@ class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIO_ENCODING_UNSPECIFIED: _ClassVar[AudioEncoding]
     AUDIO_ENCODING_PCM16: _ClassVar[AudioEncoding]
     AUDIO_ENCODING_FLOAT32: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_WAV: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_MP3: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_OPUS: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_AAC: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_FLAC: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_MULAW: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_ALAW: _ClassVar[AudioEncoding]
 
 class TimingPrecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -27,6 +34,13 @@ class StopReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 AUDIO_ENCODING_UNSPECIFIED: AudioEncoding
 AUDIO_ENCODING_PCM16: AudioEncoding
 AUDIO_ENCODING_FLOAT32: AudioEncoding
+AUDIO_ENCODING_WAV: AudioEncoding
+AUDIO_ENCODING_MP3: AudioEncoding
+AUDIO_ENCODING_OPUS: AudioEncoding
+AUDIO_ENCODING_AAC: AudioEncoding
+AUDIO_ENCODING_FLAC: AudioEncoding
+AUDIO_ENCODING_MULAW: AudioEncoding
+AUDIO_ENCODING_ALAW: AudioEncoding
 TIMING_PRECISION_UNSPECIFIED: TimingPrecision
 TIMING_PRECISION_WORD: TimingPrecision
 TIMING_PRECISION_SEGMENT: TimingPrecision
