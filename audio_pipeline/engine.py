@@ -78,6 +78,10 @@ class SynthesisResult:
     stop_reason: StopReason
 
 
+#: The range of a request's speed (OpenAI's).
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+
+
 class TTSEngine:
     """Everything needed to serve one model: load once, then create and submit requests."""
 
@@ -227,7 +231,7 @@ class TTSEngine:
 
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
                        reference: VoicePrompt | None = None, normalize_text: bool | None = None,
-                       **sampling_overrides: Any) -> TTSContext:
+                       speed: float | None = None, **sampling_overrides: Any) -> TTSContext:
         """A validated context; InvalidArgument or NotFound naming the field otherwise."""
         self.check_text(text)
         limits = self.config.limits
@@ -260,9 +264,16 @@ class TTSEngine:
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
         normalized = (normalize(text) if (self.config.normalize_text if normalize_text is None else normalize_text)
                       else NormalizedText(text, text))
-        prompt = self.layout.build_prompt(self.tokenizer, normalized.spoken, voice, reference)
+        speed = 1.0 if speed is None else float(speed)
+        if not MIN_SPEED <= speed <= MAX_SPEED:
+            raise InvalidArgument(f"{speed:g} is out of range: {MIN_SPEED} to {MAX_SPEED}", field="speed")
+        if speed != 1.0 and not getattr(self.layout, "supports_speed", False):
+            raise InvalidArgument(f"this model ({self.manifest.family} layout) speaks at one speed: only 1.0 is "
+                                  "supported", field="speed")
+        extra = {"speed": speed} if speed != 1.0 else {}
+        prompt = self.layout.build_prompt(self.tokenizer, normalized.spoken, voice, reference, **extra)
         aligned_words = getattr(self.layout, "word_frames", None)
-        words = (word_timings(normalized, aligned_words(normalized.spoken), self.decoder.samples_per_frame)
+        words = (word_timings(normalized, aligned_words(normalized.spoken, **extra), self.decoder.samples_per_frame)
                  if aligned_words is not None else None)
         plan = getattr(self.layout, "alignment", None)
         alignment = plan(prompt) if plan is not None else None

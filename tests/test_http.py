@@ -304,3 +304,13 @@ def test_the_cli_picks_the_format_from_the_output_name(idle, tmp_path):
     with av.open(str(tmp_path / "out.flac")) as container:
         assert container.streams.audio[0].codec_context.name == "flac"
     assert (tmp_path / "out.ulaw").stat().st_size > 8000  # about a second of 8 kHz G.711 bytes
+
+
+def test_a_model_without_an_alignment_refuses_another_speed(idle):
+    from audio_pipeline_client import TTSClient, TTSError
+
+    response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=60,
+                          json={"model": "tts-1", "input": "Hi.", "speed": 2.0})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
+    with TTSClient(idle.target, timeout=60) as grpc_client, pytest.raises(TTSError, match="speed"):
+        grpc_client.synthesize("Hi.", speed=2.0)

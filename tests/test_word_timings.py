@@ -224,3 +224,17 @@ def test_the_front_end_times_every_word_of_a_long_text_once():
     assert len(timings) > 0.9 * len(written_words(text)) - 200  # most words have their own timing
     grouped = [t.text for t in timings if " " in t.text and t.text == t.spoken]
     assert "on the" in " | ".join(grouped)
+
+
+def test_speed_changes_the_built_in_voices_durations_and_its_timings(builtin_server):
+    with TTSClient(builtin_server.target, timeout=300) as client:
+        normal = client.synthesize("Hello there, world.", temperature=0.0)
+        fast = client.synthesize("Hello there, world.", temperature=0.0, speed=2.0)
+        slow = client.synthesize("Hello there, world.", temperature=0.0, speed=0.5)
+    assert 0.45 < fast.samples.size / normal.samples.size < 0.62  # phonemes of 1 frame stay 1 frame
+    assert 1.9 < slow.samples.size / normal.samples.size < 2.1
+    for result in (fast, slow):
+        assert [w.text for w in result.words] == ["Hello", "there", "world"]
+        assert result.words[-1].end_sample <= result.samples.size
+    ratio = slow.words[-1].end_sample / normal.words[-1].end_sample
+    assert 1.9 < ratio < 2.1

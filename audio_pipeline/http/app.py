@@ -101,8 +101,7 @@ class SpeechRequest:
         speed = body.get("speed", 1.0)
         if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not 0.25 <= speed <= 4.0:
             raise InvalidArgument("must be a number from 0.25 to 4.0", field="speed")
-        if speed != 1.0:
-            raise InvalidArgument("only 1.0 is supported by this server so far", field="speed")
+        self.speed = float(speed)
         if body.get("instructions"):
             self.ignored.append("instructions")
         rate = body.get("sample_rate")  # this server's extension
@@ -158,8 +157,8 @@ def create_app(running) -> Starlette:
         overrides = {} if wanted.seed is None else {"seed": wanted.seed}
         servicer._preparing += 1
         try:
-            synthesis = await servicer.start_text(wanted.text, SpeechSettings(voice=wanted.voice, overrides=overrides),
-                                                  request_id)
+            synthesis = await servicer.start_text(
+                wanted.text, SpeechSettings(voice=wanted.voice, overrides=overrides, speed=wanted.speed), request_id)
         except RequestError as error:
             encoder.close()
             servicer.metrics.requests.labels(outcome_of(error)).inc()

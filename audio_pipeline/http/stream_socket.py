@@ -141,7 +141,7 @@ class StreamSocket:
             if normalize is not None and not isinstance(normalize, bool):
                 encoder.close()
                 raise InvalidArgument("must be true or false", field="normalize_text")
-            speech = SpeechSettings(voice=wanted.voice, normalize_text=normalize,
+            speech = SpeechSettings(voice=wanted.voice, normalize_text=normalize, speed=wanted.speed,
                                     overrides={} if wanted.seed is None else {"seed": wanted.seed})
             synthesis = self.servicer.synthesis(speech, request_id)
             live = LiveText(synthesis, max_chars=self.engine.config.sampling.max_text_chars,

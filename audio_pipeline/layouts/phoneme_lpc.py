@@ -189,8 +189,17 @@ class PhonemeLPCLayout:
 
     # --- prompts ---------------------------------------------------------------------------------
 
-    def phonemes(self, tokenizer, text: str) -> list[tuple[int, int]]:
-        """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory."""
+    #: Requests may set a speed: the voice says each phoneme in its frames divided by the speed.
+    supports_speed: bool = True
+
+    @staticmethod
+    def _frames(frames: int, speed: float) -> int:
+        """A phoneme's frames at ``speed`` (at least 1, at most MAX_DURATION)."""
+        return min(MAX_DURATION, max(1, int(round(frames / speed))))
+
+    def phonemes(self, tokenizer, text: str, speed: float = 1.0) -> list[tuple[int, int]]:
+        """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory,
+        at ``speed`` (2.0: each phoneme in half its frames)."""
         from audio_pipeline.text.espeak import PAUSE
 
         vocab = tokenizer.get_vocab()
@@ -201,13 +210,13 @@ class PhonemeLPCLayout:
                 token = vocab.get(phoneme_token_name(name.lstrip("',")),
                                   vocab.get(phoneme_token_name(PAUSE), vocab.get(phoneme_token_name("pau"))))
                 logger.debug("phoneme %r is not in the model's inventory", name)
-            out.append((token, frames))
+            out.append((token, self._frames(frames, speed)))
         return out
 
-    def word_frames(self, text: str) -> list:
+    def word_frames(self, text: str, speed: float = 1.0) -> list:
         """The spoken words of ``text`` with the frames each sounds in, on the alignment the
-        engine forces (:class:`audio_pipeline.text.espeak.WordFrames`; phonemes cut to
-        MAX_DURATION frames move the words after them as they move the speech)."""
+        engine forces (:class:`audio_pipeline.text.espeak.WordFrames`): the front end's frames at
+        ``speed``, phonemes cut to MAX_DURATION frames, the words moved as the speech moves."""
         import bisect
         import dataclasses
 
@@ -215,7 +224,7 @@ class PhonemeLPCLayout:
         starts, cut_starts = [0], [0]
         for _, frames in aligned.phonemes:
             starts.append(starts[-1] + frames)
-            cut_starts.append(cut_starts[-1] + min(frames, MAX_DURATION))
+            cut_starts.append(cut_starts[-1] + self._frames(frames, speed))
 
         def cut(frame: int) -> int:
             k = min(bisect.bisect_right(starts, frame) - 1, len(aligned.phonemes) - 1)
@@ -228,13 +237,13 @@ class PhonemeLPCLayout:
         return [dataclasses.replace(w, first_frame=cut(w.first_frame), end_frame=cut(w.end_frame))
                 for w in aligned.words]
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
-        """The LM prompt for ``text`` (one voice: ``voice`` is not part of the prompt)."""
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
+        """The LM prompt for ``text`` at ``speed`` (one voice: ``voice`` is not part of the prompt)."""
         from audio_pipeline.errors import InvalidArgument
 
         if reference is not None:
             raise InvalidArgument("the built-in phoneme-lpc voice cannot be cloned", field="reference")
-        phonemes = self.phonemes(tokenizer, text)
+        phonemes = self.phonemes(tokenizer, text, speed)
         if not phonemes:
             raise InvalidArgument("has nothing to speak", field="text")
         if len(phonemes) > MAX_PROMPT_PHONEMES:

@@ -76,13 +76,16 @@ class SpeechSettings:
     normalize_text: bool | None = None
     #: Sampling fields the client set, by name.
     overrides: dict = field(default_factory=dict)
+    #: Speaking rate (None: 1.0).
+    speed: float | None = None
 
     @classmethod
     def of(cls, request, reference) -> "SpeechSettings":
         """From a SynthesizeRequest or StreamSettings message."""
         return cls(voice=request.voice or None, reference=reference,
                    normalize_text=request.normalize_text if request.HasField("normalize_text") else None,
-                   overrides=sampling_overrides(request))
+                   overrides=sampling_overrides(request),
+                   speed=request.speed if request.HasField("speed") else None)
 
 
 #: Threads for request preparation (text front end, reference audio): off the event loop, and
@@ -112,7 +115,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             overrides["seed"] = (overrides["seed"] + index) % 2 ** 63
         return self.engine.create_context(
             text, voice=speech.voice or None, request_id=f"{request_id}-{index}", reference=speech.reference,
-            normalize_text=speech.normalize_text, **overrides)
+            normalize_text=speech.normalize_text, speed=speech.speed, **overrides)
 
     def synthesis(self, speech: "SpeechSettings", request_id: str) -> SegmentedSynthesis:
         """A request's segmented synthesis (not started): the same for every front door."""

@@ -116,6 +116,8 @@ def synthesize_parser() -> argparse.ArgumentParser:
                         help="live text: send the input line by line as it is read (e.g. '--input - --live' with "
                              "another program writing to standard input); each sentence is spoken once complete, "
                              "an empty line speaks what came so far")
+    parser.add_argument("--speed", type=positive_float, metavar="X",
+                        help="speaking rate, 0.25 to 4.0 (2 is twice as fast; the built-in voice; default 1)")
     parser.add_argument("--no-normalize", dest="normalize_text", action="store_const", const=False,
                         help="speak the text as written (by default numbers, money, dates, units and the "
                              "like are read as words first, e.g. '$5' as 'five dollars')")
@@ -281,7 +283,7 @@ def synthesize(args: argparse.Namespace) -> int:
                        repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate, encoding=encoding,
                        request_id=args.request_id, min_p=args.min_p, frequency_penalty=args.frequency_penalty,
                        presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id,
-                       normalize_text=args.normalize_text)
+                       normalize_text=args.normalize_text, speed=args.speed)
         with connect(args) as client:
             chunks = (client.stream_text(live_lines(args), **options) if args.live else
                       client.stream(text, reference_audio=reference_audio,

@@ -59,7 +59,7 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
                   reference_transcript: str | None = None, min_p: float | None = None,
                   frequency_penalty: float | None = None, presence_penalty: float | None = None,
                   stop_token_ids: Sequence[int] | None = None,
-                  normalize_text: bool | None = None) -> tts_pb2.SynthesizeRequest:
+                  normalize_text: bool | None = None, speed: float | None = None) -> tts_pb2.SynthesizeRequest:
     """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
     request = tts_pb2.SynthesizeRequest(text=text)
     if reference_audio is not None or reference_transcript is not None:
@@ -84,6 +84,8 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
         request.sampling.stop_token_ids.extend(int(t) for t in stop_token_ids)
     if normalize_text is not None:
         request.normalize_text = normalize_text
+    if speed is not None:
+        request.speed = speed
     return request
 
 
@@ -93,7 +95,8 @@ def build_stream_settings(**options) -> tts_pb2.StreamSettings:
     return tts_pb2.StreamSettings(
         voice=request.voice, sampling=request.sampling, encoding=request.encoding,
         sample_rate=request.sample_rate, request_id=request.request_id,
-        **({"normalize_text": request.normalize_text} if request.HasField("normalize_text") else {}))
+        **({"normalize_text": request.normalize_text} if request.HasField("normalize_text") else {}),
+        **({"speed": request.speed} if request.HasField("speed") else {}))
 
 
 #: What a live-text iterable may yield: a piece of text, or FLUSH (speak what has come so far now).

@@ -83,7 +83,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text")
+    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text", "speed")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class SynthesizeRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
     text: str
     voice: str
     sampling: SamplingParams
@@ -100,23 +101,26 @@ class SynthesizeRequest(_message.Message):
     request_id: str
     reference: VoiceReference
     normalize_text: bool
-    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ...) -> None: ...
+    speed: float
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ...) -> None: ...
 
 class StreamSettings(_message.Message):
-    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text")
+    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text", "speed")
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
     voice: str
     sampling: SamplingParams
     encoding: AudioEncoding
     sample_rate: int
     request_id: str
     normalize_text: bool
-    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ...) -> None: ...
+    speed: float
+    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ...) -> None: ...
 
 class Flush(_message.Message):
     __slots__ = ()
