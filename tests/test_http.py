@@ -74,6 +74,13 @@ def test_the_openai_package_gets_speech_in_every_format(client, idle, response_f
     if response_format in ("wav", "pcm", "flac"):  # lossless: the very samples gRPC gives
         reference = grpc_samples(idle, seed=3, sample_rate=24000)
         np.testing.assert_allclose(samples[:reference.size], reference, atol=2 / 32768)
+    # Streamed (with_streaming_response): the same audio, piece by piece.
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format=response_format,
+            extra_body={"seed": 3}) as streamed:
+        pieces = list(streamed.iter_bytes())
+    streamed_samples, streamed_rate = decode(b"".join(pieces), response_format)
+    assert streamed_rate == rate and streamed_samples.size == samples.size
 
 
 def test_streamed_audio_arrives_before_the_synthesis_ends(client, idle):
