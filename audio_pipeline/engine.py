@@ -265,8 +265,7 @@ class TTSEngine:
         normalized = (normalize(text) if (self.config.normalize_text if normalize_text is None else normalize_text)
                       else NormalizedText(text, text))
         speed = 1.0 if speed is None else float(speed)
-        if not MIN_SPEED <= speed <= MAX_SPEED:
-            raise InvalidArgument(f"{speed:g} is out of range: {MIN_SPEED} to {MAX_SPEED}", field="speed")
+        self.check_speed(speed)
         if speed != 1.0 and not getattr(self.layout, "supports_speed", False):
             raise InvalidArgument(f"this model ({self.manifest.family} layout) speaks at one speed: only 1.0 is "
                                   "supported", field="speed")
@@ -288,6 +287,12 @@ class TTSEngine:
         return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
                           layout=self.layout, voice=voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None)
+
+    @staticmethod
+    def check_speed(speed: float) -> None:
+        """InvalidArgument naming ``speed`` outside MIN_SPEED..MAX_SPEED."""
+        if not MIN_SPEED <= float(speed) <= MAX_SPEED:
+            raise InvalidArgument(f"{float(speed):g} is out of range: {MIN_SPEED} to {MAX_SPEED}", field="speed")
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's

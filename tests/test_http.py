@@ -313,11 +313,17 @@ def test_the_cli_picks_the_format_from_the_output_name(idle, tmp_path):
     assert (tmp_path / "out.ulaw").stat().st_size > 8000  # about a second of 8 kHz G.711 bytes
 
 
-def test_a_model_without_an_alignment_refuses_another_speed(idle):
-    from audio_pipeline_client import TTSClient, TTSError
+def test_a_model_without_an_alignment_is_time_stretched_to_the_speed(idle):
+    from audio_pipeline_client import TTSClient
 
-    response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=60,
-                          json={"model": "tts-1", "input": "Hi.", "speed": 2.0})
+    body = {"model": "tts-1", "input": TEXT, "response_format": "pcm", "seed": 7}
+    normal = httpx.post(f"{idle.http_url}/v1/audio/speech", json=body, timeout=60).content
+    fast = httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "speed": 2.0}, timeout=60).content
+    assert len(fast) / 2 == pytest.approx(len(normal) / 2 / 2, abs=2)
+    with TTSClient(idle.target, timeout=60) as grpc_client:
+        slow = grpc_client.synthesize(TEXT, seed=7, speed=0.5)
+        plain = grpc_client.synthesize(TEXT, seed=7)
+    assert slow.samples.size == pytest.approx(2 * plain.samples.size, abs=2)
+    assert slow.words[-1].end_sample == slow.samples.size  # the sentence's timing, stretched too
+    response = httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "speed": 9}, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
-    with TTSClient(idle.target, timeout=60) as grpc_client, pytest.raises(TTSError, match="speed"):
-        grpc_client.synthesize("Hi.", speed=2.0)

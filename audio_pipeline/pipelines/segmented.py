@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.audio.stretch import TimeStretch
 from audio_pipeline.errors import InvalidArgument, ResourceExhausted
 from audio_pipeline.pipelines.audio_generation import AudioEvent, Usage
 from audio_pipeline.text.segment import Segment, segments
@@ -46,12 +47,14 @@ class SegmentedSynthesis:
     a segment's engine context (it may raise InvalidArgument or another RequestError)."""
 
     def __init__(self, engine: Any, prepare: Callable[[str, int], TTSContext], *, executor: Executor,
-                 request_id: str, max_segment_chars: int):
+                 request_id: str, max_segment_chars: int, stretch: float | None = None):
         self.engine = engine
         self.prepare = prepare
         self.executor = executor
         self.request_id = request_id
         self.max_segment_chars = max_segment_chars
+        #: Time-stretch the whole stream by this speed (for models that speak at one speed).
+        self.stretch = stretch
         #: Segments known so far, in order.
         self.segments: list[Segment] = []
         #: The voice of the first segment (every segment has the same).
@@ -200,6 +203,22 @@ class SegmentedSynthesis:
         item, self._first = self._first, None
         pause = 0.0
         carried: list[WordTiming] = []  # timings for the next event out
+        stretcher = TimeStretch(self.stretch, sample_rate) if self.stretch not in (None, 1.0) else None
+
+        source = 0  # samples of the speech before any stretching: timings are made on this clock
+
+        def stretched(samples):
+            nonlocal source
+            source += samples.shape[0]
+            return stretcher.process(samples) if stretcher is not None else samples
+
+        def on_stream(timing: WordTiming) -> WordTiming:
+            """A timing on the source clock, on the stream's (stretched) clock."""
+            if stretcher is None:
+                return timing
+            return dataclasses.replace(timing, start_sample=int(round(timing.start_sample / self.stretch)),
+                                       end_sample=int(round(timing.end_sample / self.stretch)))
+
         while item is not _END:
             if item is _CANCELLED:
                 yield AudioEvent("complete", self.request_id, stop_reason=StopReason.CANCELLED)
@@ -208,19 +227,20 @@ class SegmentedSynthesis:
                 raise item
             segment, parts = item
             if pause > 0:  # the silence the previous segment's punctuation asks for
-                silence = np.zeros(int(round(pause * sample_rate)), dtype=np.float32)
+                silence = stretched(np.zeros(int(round(pause * sample_rate)), dtype=np.float32))
                 audio_samples += silence.shape[0]
                 yield AudioEvent("audio", self.request_id, samples=silence, chunk_index=chunk_index, words=carried)
                 carried = []
                 chunk_index += 1
             for context, queue, text_offset, text in parts:
-                base = audio_samples
-                words = [w.shifted(text_offset, base) for w in context.words or ()]
+                base = source
+                words = [on_stream(w.shifted(text_offset, base)) for w in context.words or ()]
                 while True:
                     event: AudioEvent = await queue.get()
                     if event.kind == "audio":
                         if first_audio is None:
                             first_audio = time.monotonic() - started_at
+                        event = dataclasses.replace(event, samples=stretched(event.samples))
                         audio_samples += event.samples.shape[0]
                         heard = 0
                         while heard < len(words) and words[heard].start_sample < audio_samples:
@@ -239,7 +259,7 @@ class SegmentedSynthesis:
                     if event.stop_reason == StopReason.MAX_TOKENS:
                         stop_reason = StopReason.MAX_TOKENS
                     if context.words is None:
-                        carried.append(segment_timing(text, audio_samples - base).shifted(text_offset, base))
+                        carried.append(on_stream(segment_timing(text, source - base).shifted(text_offset, base)))
                     elif event.stop_reason == StopReason.END_OF_SPEECH:
                         # Words that start where the audio ends (no frame of their own).
                         carried += [dataclasses.replace(w, end_sample=min(w.end_sample, audio_samples))
@@ -249,6 +269,12 @@ class SegmentedSynthesis:
             self._progress.set()
             pause = segment.pause
             item = await self._started.get()
+        if stretcher is not None:  # what the stretcher still holds
+            rest = stretcher.finish()
+            audio_samples += rest.shape[0]
+            yield AudioEvent("audio", self.request_id, samples=rest, chunk_index=chunk_index, words=carried)
+            carried = []
+            chunk_index += 1
         elapsed = time.monotonic() - started_at
         yield AudioEvent("complete", self.request_id, stop_reason=stop_reason, words=carried, usage=Usage(
             prompt_tokens=prompt_tokens, generated_tokens=generated_tokens, audio_samples=audio_samples,

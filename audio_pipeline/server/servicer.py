@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -118,10 +119,18 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             normalize_text=speech.normalize_text, speed=speech.speed, **overrides)
 
     def synthesis(self, speech: "SpeechSettings", request_id: str) -> SegmentedSynthesis:
-        """A request's segmented synthesis (not started): the same for every front door."""
+        """A request's segmented synthesis (not started): the same for every front door. A speed
+        other than 1 goes to the model where its layout can speak at it (the built-in voice),
+        else the stream is time-stretched."""
+        stretch = None
+        if speech.speed is not None and speech.speed != 1.0:
+            self.engine.check_speed(speech.speed)
+            if not getattr(self.engine.layout, "supports_speed", False):
+                stretch, speech = speech.speed, dataclasses.replace(speech, speed=None)
         return SegmentedSynthesis(
             self.engine, lambda text, index: self._segment_context(speech, text, request_id, index),
-            executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars)
+            executor=self.frontend, request_id=request_id, max_segment_chars=self.engine.config.max_segment_chars,
+            stretch=stretch)
 
     async def start_text(self, text: str, speech: "SpeechSettings", request_id: str) -> SegmentedSynthesis:
         """Checks ``text``, prepares and submits its first segment; raises the RequestError that

@@ -117,7 +117,7 @@ def synthesize_parser() -> argparse.ArgumentParser:
                              "another program writing to standard input); each sentence is spoken once complete, "
                              "an empty line speaks what came so far")
     parser.add_argument("--speed", type=positive_float, metavar="X",
-                        help="speaking rate, 0.25 to 4.0 (2 is twice as fast; the built-in voice; default 1)")
+                        help="speaking rate, 0.25 to 4.0 (2 is twice as fast, at the same pitch; default 1)")
     parser.add_argument("--no-normalize", dest="normalize_text", action="store_const", const=False,
                         help="speak the text as written (by default numbers, money, dates, units and the "
                              "like are read as words first, e.g. '$5' as 'five dollars')")
