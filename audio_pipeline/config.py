@@ -461,6 +461,9 @@ class AudioGenerationConfig(PipelineConfig):
                           "abbreviations, URLs, symbols); a request's normalize_text overrides it.")
     max_reference_seconds: float = Field(
         30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
+    openai_voices: dict[str, str] = Field(
+        default_factory=dict, description="HTTP front door: OpenAI voice names (alloy, nova, ...) mapped to this "
+                                          "server's voices; unmapped OpenAI names speak with the default voice.")
     limits: "LimitsConfig" = Field(default_factory=lambda: LimitsConfig(),
                                    description="Bounds on what one request or client may ask of the server.")
 

@@ -327,3 +327,36 @@ def test_a_model_without_an_alignment_is_time_stretched_to_the_speed(idle):
     assert slow.words[-1].end_sample == slow.samples.size  # the sentence's timing, stretched too
     response = httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "speed": 9}, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "speed"
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_voices_can_be_mapped(tiny_model_dir):
+    """gRPC calls fill the one batch slot and the one queue place: the HTTP door shares the
+    admission and refuses with 429."""
+    import time
+
+    import grpc
+
+    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+
+    config = make_config(tiny_model_dir, "max_batch_size=1", "max_queue_size=1", 'openai_voices={"nova": "leo"}')
+    with BackgroundServer(config, http_port=0) as server, grpc.insecure_channel(server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        long = tts_pb2.SynthesizeRequest(text="Hello.", sampling=tts_pb2.SamplingParams(max_tokens=4000,
+                                                                                          min_tokens=4000))
+        running = stub.Synthesize(long, timeout=120)
+        next(running), next(running)  # format, first audio: this one holds the only batch slot
+        queued = stub.Synthesize(long, timeout=120)
+        deadline = time.monotonic() + 30
+        while server.engine.generation.load != (1, 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        refused = httpx.post(f"{server.http_url}/v1/audio/speech", json={"model": "tts-1", "input": "Hi."},
+                             timeout=30)
+        running.cancel()
+        queued.cancel()
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        wait_idle(server.engine)
+        mapped = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=60,
+                            json={"model": "tts-1", "input": "Hi.", "voice": "nova", "response_format": "wav"})
+        assert mapped.status_code == 200 and "x-ignored-fields" not in mapped.headers

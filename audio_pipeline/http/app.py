@@ -118,7 +118,7 @@ def create_app(running) -> Starlette:
     """The ASGI app of a running server (``running``: server/app.py's RunningServer)."""
     servicer, engine = running.servicer, running.engine
     config = engine.config
-    voice_map = dict(getattr(config, "openai_voices", None) or {})
+    voice_map = dict(config.openai_voices)
 
     async def speech(request: Request) -> Response:
         from audio_pipeline.server.audio_output import StreamAudioOutput
