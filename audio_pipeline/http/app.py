@@ -155,16 +155,15 @@ def create_app(running) -> Starlette:
             servicer.metrics.requests.labels(outcome_of(error)).inc()
             return request_error(error)
         overrides = {} if wanted.seed is None else {"seed": wanted.seed}
-        servicer._preparing += 1
         try:
-            synthesis = await servicer.start_text(
-                wanted.text, SpeechSettings(voice=wanted.voice, overrides=overrides, speed=wanted.speed), request_id)
+            with servicer.preparing():
+                synthesis = await servicer.start_text(
+                    wanted.text, SpeechSettings(voice=wanted.voice, overrides=overrides, speed=wanted.speed),
+                    request_id)
         except RequestError as error:
             encoder.close()
             servicer.metrics.requests.labels(outcome_of(error)).inc()
             return request_error(error)
-        finally:
-            servicer._preparing -= 1
         headers = {"X-Request-Id": request_id}
         if wanted.ignored:
             headers["X-Ignored-Fields"] = ", ".join(wanted.ignored)

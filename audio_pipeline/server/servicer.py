@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -161,6 +162,15 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         self.metrics.requests.labels(outcome).inc()
         await context.abort(STATUS_OF_ERROR.get(type(error), grpc.StatusCode.INTERNAL), str(error))
 
+    @contextlib.contextmanager
+    def preparing(self):
+        """Counts a request between admission and submission (what admit() counts as pending)."""
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+
     def admit(self, client_id: str, field: str) -> tuple[str, str]:
         """Checks that the server takes a new request now; returns (the id the engine runs it
         under, the client's label), or raises the RequestError that refuses it.
@@ -198,17 +208,15 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         log_label = echo(label, self.engine.config.limits.max_request_id_chars)
         self._labels.add(label)
         try:
-            self._preparing += 1
             try:
-                synthesis, output = await self._start(request, request_id)
+                with self.preparing():
+                    synthesis, output = await self._start(request, request_id)
             except (ResourceExhausted, Unavailable, AlreadyExists) as error:
                 await self._abort(context, error, "rejected")
                 return
             except RequestError as error:
                 await self._abort(context, error, "invalid")
                 return
-            finally:
-                self._preparing -= 1
             try:
                 # aclosing: when the client goes away, the inner stream's cleanup (cancelling the
                 # generation) runs now, not whenever the event loop finalizes it.
