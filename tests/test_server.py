@@ -114,7 +114,7 @@ BAD_REQUESTS = [
     (dict(presence_penalty=-3.0), grpc.StatusCode.INVALID_ARGUMENT, "sampling.presence_penalty"),
     (dict(sample_rate=1000), grpc.StatusCode.INVALID_ARGUMENT, "sample_rate"),
     (dict(sample_rate=400000), grpc.StatusCode.INVALID_ARGUMENT, "sample_rate"),
-    (dict(encoding=7), grpc.StatusCode.INVALID_ARGUMENT, "encoding"),
+    (dict(encoding=99), grpc.StatusCode.INVALID_ARGUMENT, "encoding"),
     (dict(request_id="r" * 200), grpc.StatusCode.INVALID_ARGUMENT, "request_id"),
 ]
 
