@@ -23,7 +23,7 @@ from audio_pipeline import config_sources as sources
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
-DEFAULT_MODEL = "builtin:lpc-en"
+DEFAULT_MODEL = "builtin:slt-en"
 
 #: Fields this engine accepts but does not honour yet -> the feature that will honour them.
 #: resolve() rejects a listed field whose value differs from its default; an entry

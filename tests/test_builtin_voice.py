@@ -1,4 +1,5 @@
-"""The built-in voice (builtin:lpc-en, the default model): its phoneme-lpc layout, front-end, shipped
+"""The built-in voices (builtin:slt-en, the default model, and builtin:lpc-en, its first generation):
+their phoneme-lpc layout, front ends, shipped
 files, the engine's alignment enforcement and budget, the gRPC service on the default model, and
 the regression guard: held-out sentences spoken through the engine are identified by pocketsphinx."""
 
@@ -82,12 +83,12 @@ def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 
     config = AudioGenerationConfig.load(env={})
-    assert DEFAULT_MODEL == config.model.model_path == "builtin:lpc-en"
-    assert config.resolved_audio_decoder == "lpc" and config.to_display_dict()["audio_decoder"] == "lpc"
+    assert DEFAULT_MODEL == config.model.model_path == "builtin:slt-en"
+    assert config.resolved_audio_decoder == "mcep" and config.to_display_dict()["audio_decoder"] == "mcep"
     # A decoder given explicitly wins; streaming settings are checked against the decoder in use.
     explicit = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=causal-conv"])
     assert explicit.resolved_audio_decoder == "causal-conv"
-    with pytest.raises(ValueError, match=r"chunk_size \[7\].*lpc's 4 tokens per frame"):
+    with pytest.raises(ValueError, match=r"chunk_size \[7\].*mcep's 4 tokens per frame"):
         AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=7"])
     tiny = AudioGenerationConfig.load(env={}, model={"model_path": "builtin:tiny-orpheus"})
     assert tiny.resolved_audio_decoder == "snac"
@@ -227,7 +228,7 @@ def test_streamed_audio_equals_one_shot_at_every_setting(engine, flags):
     finally:
         streamed_engine.stop()
     assert len(streamed) == len(reference) > 16000 * 0.5
-    # The lpc decoder carries its whole state (filter, pulse phase, noise) from chunk to chunk, with
+    # The decoder carries its whole state (responses' tails, pulse phase, noise) from chunk to chunk, with
     # or without block_causal: the streamed samples are the one-shot's.
     np.testing.assert_allclose(streamed, reference, atol=1e-5)
 
@@ -246,7 +247,7 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
     try:
         with TTSClient(server.target) as client:
             voices = client.list_voices()
-            assert [v.name for v in voices][:1] == ["lpc-en"]
+            assert [v.name for v in voices][:1] == ["slt-en"]
             chunks = list(client.stream("Good morning, Anna."))
             whole = client.synthesize("Good morning, Anna.", temperature=0.0)
         assert len(chunks) > 2 and whole.stop_reason == "end_of_speech" and whole.sample_rate == 16000
@@ -328,3 +329,16 @@ def test_the_scheduler_plans_exactly_the_forced_tokens_a_sample_brings(engine):
             assert context.total_length - before == planned
     assert context.stop_reason.value == "end_of_speech"
     assert len(context.generated) == context.alignment.tokens and samples == 2 * len(context.alignment.frames)
+
+
+def test_the_second_generation_voice_ships_its_front_end_codec_and_licences():
+    from audio_pipeline.builtin import shipped_model_dir
+    from audio_pipeline.layouts.manifest import ModelManifest
+
+    directory = shipped_model_dir("slt-en")
+    manifest = ModelManifest.read(directory)
+    assert (manifest.front_end, manifest.audio_decoder, manifest.default_voice) == ("lexicon", "mcep", "slt-en")
+    size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    assert size < 20e6
+    licences = (directory / "LICENSES.md").read_text()
+    assert "festlex-cmu" in licences and "cmu_us_slt_arctic_hts" in licences and "Carnegie Mellon" in licences

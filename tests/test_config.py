@@ -121,7 +121,7 @@ def test_nested_defaults():
     assert MAXModelConfig is ModelConfig
     model = config.model
     assert (model.model_path, model.dtype, model.device) == (DEFAULT_MODEL, "auto", "auto")
-    assert DEFAULT_MODEL == "builtin:lpc-en"
+    assert DEFAULT_MODEL == "builtin:slt-en"
     assert model.served_model_name is None and model.weight_path == [] and model.trust_remote_code is False
     assert model.kv_cache == KVCacheConfig(kv_cache_page_size=128, enable_prefix_caching=True,
                                            device_memory_utilization=0.9)

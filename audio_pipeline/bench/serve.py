@@ -1,6 +1,6 @@
 """Serving benchmark through the real server: N concurrent streaming clients against `audio-pipeline serve`.
 
-    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:lpc-en]
+    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en]
                                          [--task-arg NAME=VALUE ...] [--rounds 1]
 
 It starts `audio-pipeline serve` in a subprocess (default settings unless ``--task-arg`` or

@@ -1,6 +1,7 @@
 """Models shipped inside the package (package data): ``builtin:NAME`` is the directory NAME here.
 
-``lpc-en`` is the built-in voice, made by recipes/builtin_voice (see its NOTES.md).
+``slt-en`` is the built-in voice (the default model), ``lpc-en`` its first generation; both are made
+by recipes/builtin_voice (see its NOTES.md).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 #: Shipped model names (directories beside this file).
-SHIPPED_MODELS = ("lpc-en",)
+SHIPPED_MODELS = ("slt-en", "lpc-en")
 
 
 def shipped_model_dir(name: str) -> Path:

@@ -102,6 +102,8 @@ def export(run: Path, out: Path, *, decoder: str = "lpc", decoder_dir: Path | No
         "default_voice": voice,
         "audio_decoder": decoder,
         "audio_decoder_weights": "decoder",
+        # First audio after 2 frames, then 10-frame chunks; streams equal one-shot (causal_state).
+        "streaming": {"chunk_size": [8, 40], "block_causal": True},
     }
     if front_end is not None:
         for name in ("lexicon.txt.gz", "prosody.json"):
