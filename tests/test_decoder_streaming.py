@@ -13,6 +13,7 @@ import torch
 from audio_pipeline.decoders import available_audio_decoders, load_audio_decoder
 from audio_pipeline.decoders.causal_conv import CausalConvDecoder, save_random_causal_checkpoint
 from audio_pipeline.decoders.lpc import save_lpc_decoder
+from audio_pipeline.decoders.mcep import save_mcep_decoder
 from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 
@@ -45,9 +46,12 @@ FACTORIES = {
                     lambda frames, seed: torch.randint(0, 4096, (frames * 7,),
                                                        generator=torch.Generator().manual_seed(seed))),
     "lpc": (lambda path: save_lpc_decoder(path, np.random.default_rng(0).normal(0, 0.8, size=(64, 16))), _lpc_codes),
+    "mcep": (lambda path: save_mcep_decoder(path, np.concatenate(
+        [np.random.default_rng(0).normal(0, 0.3, (64, 40)) / np.arange(1, 41),
+         np.random.default_rng(1).uniform(-30, -1, (64, 4))], 1)), _lpc_codes),
 }
 #: Decoders whose audio depends only on the past: block-causal streaming must equal one-shot.
-CAUSAL = {"causal-conv", "lpc"}
+CAUSAL = {"causal-conv", "lpc", "mcep"}
 
 
 def test_every_built_in_decoder_is_covered():
