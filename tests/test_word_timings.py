@@ -39,13 +39,13 @@ def assert_every_word_once_in_order(text, timings):
 
 @pytest.fixture(scope="module")
 def builtin_server():
-    """A real server running the built-in voice (the default model)."""
+    """A real server running the built-in voice whose alignment comes from eSpeak NG (lpc-en)."""
     import tempfile
 
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.server.background import BackgroundServer
 
-    config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu"},
+    config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": "builtin:lpc-en", "device": "cpu"},
                                         voices_dir=tempfile.mkdtemp(prefix="voices-"))
     server = BackgroundServer(config).start()
     yield server
@@ -238,3 +238,20 @@ def test_speed_changes_the_built_in_voices_durations_and_its_timings(builtin_ser
         assert result.words[-1].end_sample <= result.samples.size
     ratio = slow.words[-1].end_sample / normal.words[-1].end_sample
     assert 1.9 < ratio < 2.1
+
+
+def test_the_default_voice_times_every_word_on_its_front_ends_alignment():
+    """slt-en (the lexicon front end): every written word once, in order, on the unit boundaries
+    the engine forces."""
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.text.normalize import normalize
+
+    engine = TTSEngine(AudioGenerationConfig.load(env={}, model={"model_path": "builtin:slt-en", "device": "cpu"}))
+    text = "Dr. Smith paid $5.50 at 9:15, didn't he?"
+    context = engine.create_context(text)
+    assert_every_word_once_in_order(text, context.words)
+    assert next(w for w in context.words if w.text == "$5.50").spoken == "five dollars and fifty cents"
+    frames = np.cumsum([0] + [n for _, n in engine.layout.front_end.align(normalize(text).spoken, 50).phonemes])
+    boundaries = set(frames * FRAME)
+    assert all(w.start_sample in boundaries and w.end_sample in boundaries for w in context.words)
