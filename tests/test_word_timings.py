@@ -98,12 +98,16 @@ def test_the_built_in_voice_times_every_word_within_a_frame_of_its_alignment(bui
         expected += [(base + start, base + end) for start, end in filter(None, spoken_words)]
         base += frames[-1] * FRAME + int(round(segment.pause * RATE))
     assert base - int(round(segment.pause * RATE)) == result.samples.size
+    # The timings sit exactly on the forced alignment's boundaries. A fresh eSpeak run is an
+    # independent check: its timings move by a few milliseconds from run to run (text_alignment's
+    # cache keeps one), so it is allowed one frame plus that jitter (5 ms).
+    slack = FRAME + RATE // 200
     for word in words:
         assert word.start_sample in boundaries and word.end_sample in boundaries, word
-        assert min(abs(word.start_sample - start) for start, _ in expected) <= FRAME, word
-        assert min(abs(word.end_sample - end) for _, end in expected) <= FRAME, word
+        assert min(abs(word.start_sample - start) for start, _ in expected) <= slack, word
+        assert min(abs(word.end_sample - end) for _, end in expected) <= slack, word
     for start, end in expected:
-        assert any(w.start_sample - FRAME <= start and end <= w.end_sample + FRAME for w in words), (start, end)
+        assert any(w.start_sample - slack <= start and end <= w.end_sample + slack for w in words), (start, end)
 
     # Where the timings say words are, the audio speaks; the long stretches between them are quiet.
     audio = result.samples.astype(np.float64)
