@@ -1,4 +1,4 @@
-"""The project's own LPC vocoder decoder ("lpc"), the codec of the built-in voice.
+"""The project's own LPC vocoder decoder ("lpc"), the codec of the first-generation built-in voice (lpc-en).
 
 A frame (20 ms at 16 kHz, 320 samples) is four codes: the phoneme index and countdown (ignored
 here: the language model's alignment, see audio_pipeline/layouts/phoneme_lpc.py), the spectral
@@ -14,16 +14,13 @@ Weights: a directory with ``config.json`` and ``envelope_codebook.npy`` ([codebo
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from audio_pipeline.decoders.base import AudioDecoder
+from audio_pipeline.decoders.codebook_vocoder import CodebookVocoder, level_value, save_codebook_vocoder
 from audio_pipeline.decoders.registry import register_audio_decoder
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -54,10 +51,6 @@ def reflection_to_lpc(k: np.ndarray) -> np.ndarray:
     return a
 
 
-def level_value(codes: np.ndarray, bounds: tuple[float, float], levels: int) -> np.ndarray:
-    lo, hi = bounds
-    return lo + codes / (levels - 1) * (hi - lo)
-
 
 @dataclass
 class LPCState:
@@ -69,59 +62,24 @@ class LPCState:
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
 
-class LPCDecoder(AudioDecoder):
+class LPCDecoder(CodebookVocoder):
     name = "lpc"
-    tokens_per_frame = 4
-    supports_block_causal = True
-    causal_state = True
+    DEFAULT_CONFIG = DEFAULT_CONFIG
 
     def __init__(self, config: dict[str, Any], codebook: np.ndarray):
         from scipy.signal import lfilter
 
+        super().__init__(config, codebook, int(config["order"]), "")
         self._lfilter = lfilter
-        self.config = config
-        self.sample_rate = int(config["sample_rate"])
-        self.samples_per_frame = int(config["hop"])
-        self.order = int(config["order"])
-        if codebook.ndim != 2 or codebook.shape[1] != self.order:
-            raise ValueError(f"audio_decoder_weights: the envelope codebook must be [size, {self.order}], "
-                             f"got {list(codebook.shape)}")
-        self.codebook = codebook.astype(np.float64)
-        self.codebook_size = codebook.shape[0]
-        self.f0_levels = int(config["f0_levels"])
-        self.gain_levels = int(config["gain_levels"])
-        # The filter memory fades within a frame or two, the pulse phase carries on for good: a
-        # window restarted from zeros would shift the pulses. Streams decode on the carried state
-        # instead (causal_state), so they never restart.
-        self.receptive_field_frames = 2
         self._filters = [reflection_to_lpc(lar_to_reflection(v)) for v in self.codebook]
-
-    @classmethod
-    def load(cls, weights: str, config: dict[str, Any] | None = None, *,
-             device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "LPCDecoder":
-        path = Path(weights)
-        if not (path / "config.json").is_file() or not (path / "envelope_codebook.npy").is_file():
-            raise ValueError(f"audio_decoder_weights: {path} must hold config.json and envelope_codebook.npy")
-        merged = {**DEFAULT_CONFIG, **json.loads((path / "config.json").read_text()), **(config or {})}
-        return cls(merged, np.load(path / "envelope_codebook.npy"))
 
     def init_state(self) -> LPCState:
         return LPCState(np.zeros(self.order), rng=np.random.default_rng(int(self.config["noise_seed"])))
 
-    def _check(self, codes: torch.Tensor) -> np.ndarray:
-        self.check_codes(codes)
-        frames = codes.detach().cpu().numpy().astype(np.int64).reshape(-1, self.tokens_per_frame)
-        limits = {2: self.codebook_size, 3: (self.f0_levels + 1) * self.gain_levels}
-        for column, limit in limits.items():
-            values = frames[:, column]
-            if values.min() < 0 or values.max() >= limit:
-                raise ValueError(f"code out of range at frame position {column}: must be in [0, {limit})")
-        return frames
-
     def _synthesize(self, frames: np.ndarray, state: LPCState) -> np.ndarray:
         hop = self.samples_per_frame
         f0_range = tuple(self.config["log_f0_range"])
-        f0_codes, gain_codes = np.divmod(frames[:, 3], self.gain_levels)
+        f0_codes, gain_codes = self.prosody(frames)
         gains = np.exp(level_value(gain_codes, tuple(self.config["log_gain_range"]), self.gain_levels))
         pieces = []
         for envelope, f0_code, gain in zip(frames[:, 2], f0_codes, gains):
@@ -141,25 +99,10 @@ class LPCDecoder(AudioDecoder):
                                                zi=[state.deemphasis])
         return np.clip(y, -1.0, 1.0).astype(np.float32)
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._synthesize(self._check(codes), self.init_state()))
-
-    def decode_blocks(self, blocks: list[torch.Tensor], states: list[LPCState | None]) -> list[tuple[torch.Tensor, LPCState]]:
-        """Each block on its stream's state (states are not modified; new ones are returned)."""
-        out = []
-        for codes, state in zip(blocks, states):
-            state = copy.deepcopy(state) if state is not None else self.init_state()
-            out.append((torch.from_numpy(self._synthesize(self._check(codes), state)), state))
-        return out
-
 
 register_audio_decoder(LPCDecoder)
 
 
 def save_lpc_decoder(path: str | Path, codebook: np.ndarray, **overrides: Any) -> Path:
     """Writes an lpc decoder directory (config.json + envelope_codebook.npy)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**DEFAULT_CONFIG, **overrides}, indent=2))
-    np.save(path / "envelope_codebook.npy", np.asarray(codebook, dtype=np.float64))
-    return path
+    return save_codebook_vocoder(path, codebook, {**DEFAULT_CONFIG, **overrides}, dtype=np.float64)

@@ -26,16 +26,13 @@ bands]). The recipe fits them (recipes/builtin_voice/mcep_codec.py).
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from audio_pipeline.decoders.base import AudioDecoder
+from audio_pipeline.decoders.codebook_vocoder import CodebookVocoder, level_value, save_codebook_vocoder
 from audio_pipeline.decoders.registry import register_audio_decoder
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -96,10 +93,6 @@ def minimum_phase(log_amplitude: np.ndarray, fft_size: int, length: int) -> np.n
     return np.fft.irfft(np.exp(np.fft.rfft(folded, axis=-1)), fft_size, axis=-1)[..., :length]
 
 
-def level_value(codes: np.ndarray, bounds: tuple[float, float], levels: int) -> np.ndarray:
-    lo, hi = bounds
-    return lo + np.asarray(codes) / (levels - 1) * (hi - lo)
-
 
 @dataclass
 class MCEPState:
@@ -112,26 +105,14 @@ class MCEPState:
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
 
-class MCEPDecoder(AudioDecoder):
+class MCEPDecoder(CodebookVocoder):
     name = "mcep"
-    tokens_per_frame = 4
-    supports_block_causal = True
-    causal_state = True
+    DEFAULT_CONFIG = DEFAULT_CONFIG
 
     def __init__(self, config: dict[str, Any], codebook: np.ndarray):
-        self.config = config
-        self.sample_rate = int(config["sample_rate"])
-        self.samples_per_frame = int(config["hop"])
-        self.order = int(config["order"])
+        order = int(config["order"])
         bands = [float(b) for b in config["aperiodicity_bands"]]
-        width = self.order + len(bands) - 1
-        if codebook.ndim != 2 or codebook.shape[1] != width:
-            raise ValueError(f"audio_decoder_weights: the envelope codebook must be [size, {width}] "
-                             f"(order {self.order} + {len(bands) - 1} bands), got {list(codebook.shape)}")
-        self.codebook = codebook.astype(np.float64)
-        self.codebook_size = codebook.shape[0]
-        self.f0_levels = int(config["f0_levels"])
-        self.gain_levels = int(config["gain_levels"])
+        super().__init__(config, codebook, order + len(bands) - 1, f" (order {order} + {len(bands) - 1} bands)")
         self.response_length = int(config["response_length"])
         fft = int(config["fft_size"])
         bins = fft // 2 + 1
@@ -146,36 +127,14 @@ class MCEPDecoder(AudioDecoder):
         self._periodic = minimum_phase(self._periodic_log, fft, self.response_length)
         self._aperiodic = minimum_phase(envelope + np.log(share), fft, self.response_length)
         self._unvoiced = minimum_phase(envelope, fft, self.response_length)
-        # A stream starts with no tail and its own noise generator, and every block carries on
-        # from the state the one before left (causal_state): no window ever restarts.
-        self.receptive_field_frames = 2
-
-    @classmethod
-    def load(cls, weights: str, config: dict[str, Any] | None = None, *,
-             device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "MCEPDecoder":
-        path = Path(weights)
-        if not (path / "config.json").is_file() or not (path / "envelope_codebook.npy").is_file():
-            raise ValueError(f"audio_decoder_weights: {path} must hold config.json and envelope_codebook.npy")
-        merged = {**DEFAULT_CONFIG, **json.loads((path / "config.json").read_text()), **(config or {})}
-        return cls(merged, np.load(path / "envelope_codebook.npy"))
 
     def init_state(self) -> MCEPState:
         return MCEPState(np.zeros(self.response_length + self.samples_per_frame),
                          rng=np.random.default_rng(int(self.config["noise_seed"])))
 
-    def _check(self, codes: torch.Tensor) -> np.ndarray:
-        self.check_codes(codes)
-        frames = codes.detach().cpu().numpy().astype(np.int64).reshape(-1, self.tokens_per_frame)
-        limits = {2: self.codebook_size, 3: (self.f0_levels + 1) * self.gain_levels}
-        for column, limit in limits.items():
-            values = frames[:, column]
-            if values.size and (values.min() < 0 or values.max() >= limit):
-                raise ValueError(f"code out of range at frame position {column}: must be in [0, {limit})")
-        return frames
-
     def _synthesize(self, frames: np.ndarray, state: MCEPState) -> np.ndarray:
         hop, length, rate = self.samples_per_frame, self.response_length, self.sample_rate
-        f0_codes, gain_codes = np.divmod(frames[:, 3], self.gain_levels)
+        f0_codes, gain_codes = self.prosody(frames)
         gains = np.exp(level_value(gain_codes, tuple(self.config["gain_range"]), self.gain_levels))
         f0s = np.where(f0_codes > 0, np.exp(level_value(np.maximum(f0_codes - 1, 0),
                                                         tuple(self.config["log_f0_range"]), self.f0_levels)), 0.0)
@@ -216,25 +175,10 @@ class MCEPDecoder(AudioDecoder):
             state.tail = np.concatenate([buffer[hop:], np.zeros(hop)])
         return np.clip(out, -1.0, 1.0).astype(np.float32)
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._synthesize(self._check(codes), self.init_state()))
-
-    def decode_blocks(self, blocks: list[torch.Tensor], states: list[MCEPState | None]) -> list[tuple[torch.Tensor, MCEPState]]:
-        """Each block on its stream's state (states are not modified; new ones are returned)."""
-        out = []
-        for codes, state in zip(blocks, states):
-            state = copy.deepcopy(state) if state is not None else self.init_state()
-            out.append((torch.from_numpy(self._synthesize(self._check(codes), state)), state))
-        return out
-
 
 register_audio_decoder(MCEPDecoder)
 
 
 def save_mcep_decoder(path: str | Path, codebook: np.ndarray, **overrides: Any) -> Path:
     """Writes an mcep decoder directory (config.json + envelope_codebook.npy)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**DEFAULT_CONFIG, **overrides}, indent=2))
-    np.save(path / "envelope_codebook.npy", np.asarray(codebook, dtype=np.float32))
-    return path
+    return save_codebook_vocoder(path, codebook, {**DEFAULT_CONFIG, **overrides})
