@@ -57,6 +57,29 @@ class Word:
     units: tuple[str, ...]
 
 
+def punctuation_after(items: list) -> dict[int, str]:
+    """For :meth:`Phonemizer.words`'s items: the first punctuation mark after each word that has
+    one, by the word's index among the words."""
+    out: dict[int, str] = {}
+    count = 0
+    for item in items:
+        if isinstance(item, Word):
+            count += 1
+        elif count:
+            out.setdefault(count - 1, item)
+    return out
+
+
+def words_to_punctuation(index: int, words: int, marks: dict[int, str]) -> int:
+    """Words after word ``index`` up to the next punctuation mark (or the end), that one included."""
+    remaining = 0
+    for later in range(index + 1, words):
+        remaining += 1
+        if later in marks:
+            break
+    return remaining
+
+
 class Lexicon:
     """word (lower case) -> syllables ((phones, stress), ...)."""
 
@@ -181,13 +204,7 @@ class LexiconFrontEnd:
 
         items = self.phonemizer.words(text)
         words = [item for item in items if isinstance(item, Word)]
-        punctuation_after: dict[int, str] = {}
-        count = 0
-        for item in items:
-            if isinstance(item, Word):
-                count += 1
-            elif count:
-                punctuation_after.setdefault(count - 1, item)
+        marks = punctuation_after(items)
         units = [Unit(PAUSE, -1, "start")]
         since = 0
         for index, word in enumerate(words):
@@ -195,17 +212,12 @@ class LexiconFrontEnd:
             since += 1
             if index == len(words) - 1:
                 break
-            if index in punctuation_after:
-                units.append(Unit(PAUSE, -1, punctuation_after[index]))
+            if index in marks:
+                units.append(Unit(PAUSE, -1, marks[index]))
                 since = 0
                 continue
-            remaining = 0
-            for later in range(index + 1, len(words)):
-                remaining += 1
-                if later in punctuation_after:
-                    break
             following = text[words[index + 1].start:words[index + 1].end]
-            if self.prosody.is_break(following, since, remaining):
+            if self.prosody.is_break(following, since, words_to_punctuation(index, len(words), marks)):
                 units.append(Unit(PAUSE, -1, "break"))
                 since = 0
         units.append(Unit(PAUSE, -1, "end"))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from audio_pipeline.text.lexicon import Lexicon, Phonemizer, Word, unit
-from audio_pipeline.text.prosody import (CAP, PAUSE, PAUSE_KINDS, Unit, break_features, duration_features,
+from audio_pipeline.text.lexicon import Lexicon, Phonemizer, Word, punctuation_after, unit, words_to_punctuation
+from audio_pipeline.text.prosody import (CAP, PAUSE, Unit, break_features, duration_features,
                                          duration_input_size)
 
 FRAME_RATE = 50
@@ -72,13 +72,7 @@ def examples(record: dict, phonemizer: Phonemizer):
     """(break examples [(features..., label)], duration examples [(units, frames)]) of one utterance."""
     items = phonemizer.words(record["text"])
     words = [w for w in items if isinstance(w, Word)]
-    punctuation_after: dict[int, str] = {}
-    count = 0
-    for item in items:
-        if isinstance(item, Word):
-            count += 1
-        elif count:
-            punctuation_after[count - 1] = item
+    marks = punctuation_after(items)  # as the run-time front end reads them
     our_phones, our_word = [], []
     for index, word in enumerate(words):
         our_phones += word.units
@@ -98,22 +92,18 @@ def examples(record: dict, phonemizer: Phonemizer):
         elif index == len(units) - 1:
             u.kind = "end"
         else:
-            u.kind = punctuation_after.get(before, "break")
+            u.kind = marks.get(before, "break")
             paused_after.add(before)
     breaks = []
     since = 0
     for index in range(len(words) - 1):
         since += 1
-        if index in punctuation_after:
+        if index in marks:
             since = 0
             continue
-        remaining = 0
-        for later in range(index + 1, len(words)):
-            remaining += 1
-            if later in punctuation_after:
-                break
         label = index in paused_after
-        breaks.append((words[index + 1], since, remaining, label, record["text"]))
+        breaks.append((words[index + 1], since, words_to_punctuation(index, len(words), marks), label,
+                       record["text"]))
         if label:
             since = 0
     return breaks, (units, frames)
