@@ -240,15 +240,15 @@ class SegmentedSynthesis:
                     if event.kind == "audio":
                         if first_audio is None:
                             first_audio = time.monotonic() - started_at
-                        event = dataclasses.replace(event, samples=stretched(event.samples))
-                        audio_samples += event.samples.shape[0]
+                        samples = stretched(event.samples)
+                        audio_samples += samples.shape[0]
                         heard = 0
                         while heard < len(words) and words[heard].start_sample < audio_samples:
                             heard += 1
                         out, words = carried + words[:heard], words[heard:]
                         carried = []
-                        yield dataclasses.replace(event, request_id=self.request_id, chunk_index=chunk_index,
-                                                  words=out)
+                        yield dataclasses.replace(event, samples=samples, request_id=self.request_id,
+                                                  chunk_index=chunk_index, words=out)
                         chunk_index += 1
                         continue
                     if event.kind == "error" or event.stop_reason == StopReason.CANCELLED:
