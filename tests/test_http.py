@@ -360,3 +360,17 @@ def test_a_full_queue_answers_429_with_retry_after_and_voices_can_be_mapped(tiny
         mapped = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=60,
                             json={"model": "tts-1", "input": "Hi.", "voice": "nova", "response_format": "wav"})
         assert mapped.status_code == 200 and "x-ignored-fields" not in mapped.headers
+
+
+def test_an_http_port_in_use_stops_the_server_with_one_clear_error(tiny_model_dir):
+    import socket
+
+    from audio_pipeline.server.background import BackgroundServer
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = BackgroundServer(make_config(tiny_model_dir), http_port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="--http-port: cannot serve HTTP on 127.0.0.1"):
+            server.start()
+        server.stop()

@@ -123,11 +123,18 @@ async def start_http(running: RunningServer, options: ServerOptions):
                             timeout_graceful_shutdown=max(1, int(running.config.grace_period_s)),
                             **http_ssl_options(options.tls))
     server = EmbeddedServer(config)
-    task = asyncio.create_task(server.serve())
+
+    async def run() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn exits when it cannot start (after logging why)
+            pass
+
+    task = asyncio.create_task(run())
     while not server.started:
-        if task.done():
-            task.result()  # raises why it could not start (a port in use...)
-            raise OSError(f"the HTTP server on port {options.http_port} stopped at once")
+        if task.done():  # uvicorn logs why (a port in use...) and exits its task
+            raise OSError(f"--http-port: cannot serve HTTP on {options.http_bind_host}:{options.http_port} "
+                          "(see the error above)")
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     logger.info("HTTP (OpenAI-compatible speech) on %s:%d", options.http_bind_host, port)
@@ -164,7 +171,11 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
                     running.metrics_http.server_address[1])
     http = None
     if options.http_port is not None:
-        http = await start_http(running, options)
+        try:
+            http = await start_http(running, options)
+        except BaseException:
+            await running.server.stop(0)
+            raise
     stop = options.stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     if options.install_signal_handlers:
