@@ -4,6 +4,10 @@ mcep codec, with the teacher's own units and durations as the explicit alignment
     python -m recipes.builtin_voice.teacher_dataset --teacher /tmp/bv3/teacher --out /tmp/bv3/train.npz \
         --decoder-out /tmp/bv3/mcep [--count 8000] [--workers 2]
 
+A larger run that continues an earlier model keeps that model's codes and unit ids:
+``--codec /tmp/bv3/mcep`` reuses the fitted codec instead of fitting one, and ``--inventory
+RUN/phonemes.json`` keeps the run's unit order (units it lacks are appended, so ids stay put).
+
 Per utterance: the units (phones with stress, ``pau``; audio_pipeline/text/lexicon.py's names),
 each unit's frames (segment ends rounded to the 50 Hz grid), and every frame's (envelope, prosody)
 codes. The codec's codebook and levels are fitted on the first ``--fit`` utterances and written
@@ -40,7 +44,8 @@ def _analyze(args: tuple[dict, str]) -> tuple[dict, tuple]:
     return record, (cepstrum, bands, f0)
 
 
-def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path) -> dict:
+def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path | None,
+          codec: Path | None = None, inventory: list[str] | None = None) -> dict:
     started = time.time()
     records = [json.loads(line) for line in open(folder / "index.jsonl")][:count]
     analysed = []
@@ -49,10 +54,14 @@ def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path
             analysed.append(item)
             if (i + 1) % 500 == 0:
                 print(f"  {i + 1}/{len(records)} analysed, {time.time() - started:.0f} s", flush=True)
-    quantizer = Quantizer.fit([a for _, a in analysed[:fit]])
-    quantizer.save(decoder_out)
-    print(f"  codec fitted on {min(fit, len(analysed))} utterances -> {decoder_out}, {time.time() - started:.0f} s",
-          flush=True)
+    if codec is not None:
+        quantizer = Quantizer.load(codec)
+        print(f"  codec from {codec}", flush=True)
+    else:
+        quantizer = Quantizer.fit([a for _, a in analysed[:fit]])
+        quantizer.save(decoder_out)
+        print(f"  codec fitted on {min(fit, len(analysed))} utterances -> {decoder_out}, {time.time() - started:.0f} s",
+              flush=True)
     texts, unit_lists, durations, codes = [], [], [], []
     for record, analysis in analysed:
         units, frames = teacher_units(record)
@@ -67,7 +76,8 @@ def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path
         unit_lists.append([units[i].name for i in keep])
         durations.append([frames[i] for i in keep])
         codes.append(coded)
-    inventory = sorted({u for units in unit_lists for u in units})
+    seen = {u for units in unit_lists for u in units}
+    inventory = list(inventory or []) + sorted(seen - set(inventory or []))
     lookup = {u: i for i, u in enumerate(inventory)}
     return {
         "inventory": np.array(inventory),
@@ -83,13 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--decoder-out", type=Path, required=True)
+    parser.add_argument("--decoder-out", type=Path, help="where the fitted codec is written (without --codec)")
+    parser.add_argument("--codec", type=Path, help="reuse this fitted codec (a decoder directory) instead of fitting")
+    parser.add_argument("--inventory", type=Path,
+                        help="a run's phonemes.json: keep its unit order (for train.py --init-from that run)")
     parser.add_argument("--count", type=int, default=8000)
     parser.add_argument("--fit", type=int, default=1500, help="utterances the codebook is fitted on")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.codec is None and args.decoder_out is None:
+        parser.error("give --decoder-out (fit a codec) or --codec (reuse one)")
     started = time.time()
-    data = build(args.teacher, args.count, workers=args.workers, fit=args.fit, decoder_out=args.decoder_out)
+    inventory = json.loads(args.inventory.read_text()) if args.inventory else None
+    data = build(args.teacher, args.count, workers=args.workers, fit=args.fit, decoder_out=args.decoder_out,
+                 codec=args.codec, inventory=inventory)
     save(data, args.out)
     frames = sum(len(c) for c in data["codes"])
     print(f"wrote {args.out}: {len(data['codes'])} utterances, {frames} frames ({frames / 50 / 3600:.2f} h), "
