@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -26,11 +27,12 @@ from audio_pipeline_client.protocol import (
 )
 from audio_pipeline_client.transport import (
     TTS_SERVICE_NAME,
-    Deadline,
     ReadinessProbe,
+    channel_options,
     decode_health_status,
     encode_health_request,
-    retry_delay,
+    grpc_target,
+    service_config,
 )
 
 
@@ -197,14 +199,6 @@ def test_stream_order_violations_raise_a_clear_error(messages, complaint):
     assert str(caught.value).startswith("INTERNAL: protocol violation: ")
 
 
-def test_reader_reports_when_retrying_is_no_longer_safe():
-    reader = StreamReader()
-    reader.read(format_message())
-    assert not reader.started
-    reader.read(audio_message(0))
-    assert reader.started
-
-
 def test_error_message_is_one_line_code_and_details():
     error = TTSError(grpc.StatusCode.INVALID_ARGUMENT, "text: must not be empty")
     assert str(error) == "INVALID_ARGUMENT: text: must not be empty"
@@ -233,19 +227,49 @@ def test_error_from_rpc_error():
     assert str(TTSError.from_rpc_error(FailedCall(grpc.StatusCode.INTERNAL, None))) == "INTERNAL"
 
 
-def test_only_unavailable_is_retried_with_exponential_backoff():
-    no_deadline = Deadline(None)
-    delays = [retry_delay(grpc.StatusCode.UNAVAILABLE, attempt, 3, no_deadline) for attempt in range(4)]
-    assert delays == [pytest.approx(0.2), pytest.approx(0.4), pytest.approx(0.8), None]
-    for code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL):
-        assert retry_delay(code, 0, 3, no_deadline) is None
-    assert retry_delay(grpc.StatusCode.UNAVAILABLE, 0, 0, no_deadline) is None
+def test_service_config_retries_only_unavailable_of_the_calls_that_change_nothing():
+    config = json.loads(service_config(3))
+    assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    (method,) = config["methodConfig"]
+    assert {(n["service"], n["method"]) for n in method["name"]} == {
+        (TTS_SERVICE_NAME, "Synthesize"), (TTS_SERVICE_NAME, "ListVoices")}
+    policy = method["retryPolicy"]
+    assert policy["retryableStatusCodes"] == ["UNAVAILABLE"] and policy["maxAttempts"] == 4
+    assert policy["initialBackoff"] == "0.2s" and policy["backoffMultiplier"] == 2
+    assert json.loads(service_config(10))["methodConfig"][0]["retryPolicy"]["maxAttempts"] == 5  # gRPC's cap
+    assert "methodConfig" not in json.loads(service_config(0, "pick_first"))
+    with pytest.raises(ValueError, match="load_balancing"):
+        service_config(3, "random")
 
 
-def test_no_retry_that_would_outlast_the_deadline():
-    assert retry_delay(grpc.StatusCode.UNAVAILABLE, 0, 3, Deadline(0.05)) is None
-    assert retry_delay(grpc.StatusCode.UNAVAILABLE, 0, 3, Deadline(60.0)) == pytest.approx(0.2)
+def test_a_caller_service_config_wins_and_retries_can_be_switched_off():
+    mine = '{"loadBalancingConfig": [{"pick_first": {}}]}'
+    options = dict(channel_options({"grpc.service_config": mine}))
+    assert options["grpc.service_config"] == mine
+    assert dict(channel_options(None, retries=0))["grpc.enable_retries"] == 0
+
+
+@pytest.mark.parametrize("targets, expected", [
+    ("localhost:50051", "localhost:50051"),
+    ("dns:///tts.default.svc:50051", "dns:///tts.default.svc:50051"),
+    (["10.0.0.1:50051"], "10.0.0.1:50051"),
+    (["10.0.0.1:50051", "10.0.0.2:50052"], "ipv4:10.0.0.1:50051,10.0.0.2:50052"),
+    (["[::1]:50051", "[fe80::2]:50051"], "ipv6:[::1]:50051,[fe80::2]:50051"),
+])
+def test_targets_become_one_grpc_target(targets, expected):
+    assert grpc_target(targets) == expected
+
+
+@pytest.mark.parametrize("targets, complaint", [
+    (["tts-a:50051", "tts-b:50051"], "dns:///"),
+    (["10.0.0.1:50051", "[::1]:50051"], "all IPv4 or all IPv6"),
+    (["10.0.0.1:x", "10.0.0.2:1"], "no port"),
+    ([], "empty"),
+    ("", "host:port"),
+])
+def test_bad_targets_name_the_problem(targets, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        grpc_target(targets)
 
 
 @pytest.mark.parametrize("service", ["", TTS_SERVICE_NAME, "x" * 300])

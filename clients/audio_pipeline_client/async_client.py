@@ -16,11 +16,12 @@ from audio_pipeline_client.transport import (
     PEMOption,
     Deadline,
     ReadinessProbe,
+    TargetOption,
     TLSOption,
     call_metadata,
     channel_credentials,
     channel_options,
-    retry_delay,
+    grpc_target,
 )
 from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Voice
 
@@ -31,18 +32,19 @@ class AsyncTTSClient:
     Create it inside a running event loop (grpc.aio channels belong to the loop that made them).
     """
 
-    def __init__(self, target: str = "localhost:50051", *, timeout: float | None = None, retries: int = 3,
-                 tls: TLSOption = False, token: str | None = None,
+    def __init__(self, target: TargetOption = "localhost:50051", *, timeout: float | None = None,
+                 retries: int = 3, tls: TLSOption = False, token: str | None = None,
                  options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None,
-                 client_cert: PEMOption | None = None, client_key: PEMOption | None = None):
-        self.target = target
+                 client_cert: PEMOption | None = None, client_key: PEMOption | None = None,
+                 load_balancing: str = "round_robin", metadata: Sequence[tuple[str, str]] | None = None):
+        self.target = grpc_target(target)
         self.timeout = timeout
         self.retries = retries
         credentials = channel_credentials(tls, client_cert, client_key)
-        arguments = channel_options(options)
-        self._channel = (grpc.aio.secure_channel(target, credentials, arguments) if credentials is not None
-                         else grpc.aio.insecure_channel(target, arguments))
-        self._metadata = call_metadata(token)
+        arguments = channel_options(options, retries=retries, load_balancing=load_balancing)
+        self._channel = (grpc.aio.secure_channel(self.target, credentials, arguments) if credentials is not None
+                         else grpc.aio.insecure_channel(self.target, arguments))
+        self._metadata = call_metadata(token, metadata)
         self._stub = tts_pb2_grpc.TextToSpeechStub(self._channel)
         self._health_check = self._channel.unary_unary(HEALTH_CHECK_METHOD)
 
@@ -99,19 +101,12 @@ class AsyncTTSClient:
 
     async def list_voices(self) -> list[Voice]:
         """The voices of the server, default first."""
-        deadline = Deadline(self.timeout)
-        attempt = 0
-        while True:
-            try:
-                response = await self._stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=deadline.remaining(),
-                                                       metadata=self._metadata)
-                return [voice_from_proto(voice) for voice in response.voices]
-            except grpc.RpcError as error:
-                delay = retry_delay(error.code(), attempt, self.retries, deadline)
-                if delay is None:
-                    raise TTSError.from_rpc_error(error) from error
-            await asyncio.sleep(delay)
-            attempt += 1
+        try:
+            response = await self._stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=self.timeout,
+                                                   metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+        return [voice_from_proto(voice) for voice in response.voices]
 
     async def register_voice(self, name: str, audio: ReferenceAudio, transcript: str, *,
                        description: str = "") -> Voice:
@@ -164,23 +159,15 @@ class AsyncTTSClient:
             call.cancel()
 
     async def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> AsyncIterator[AudioStreamChunk]:
-        deadline = Deadline(self.timeout)
-        attempt = 0
-        while True:
-            reader = StreamReader()
-            call = self._stub.Synthesize(request, timeout=deadline.remaining(), metadata=self._metadata)
-            try:
-                async for message in call:
-                    chunk = reader.read(message)
-                    if chunk is not None:
-                        yield chunk
-                reader.end()
-                return
-            except grpc.RpcError as error:
-                delay = None if reader.started else retry_delay(error.code(), attempt, self.retries, deadline)
-                if delay is None:
-                    raise TTSError.from_rpc_error(error) from error
-            finally:
-                call.cancel()
-            await asyncio.sleep(delay)
-            attempt += 1
+        reader = StreamReader()
+        call = self._stub.Synthesize(request, timeout=self.timeout, metadata=self._metadata)
+        try:
+            async for message in call:
+                chunk = reader.read(message)
+                if chunk is not None:
+                    yield chunk
+            reader.end()
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+        finally:
+            call.cancel()

@@ -15,6 +15,7 @@ from audio_pipeline_client.client import TTSClient
 from audio_pipeline_client.protocol import (EXTENSIONS, FLOAT32, FLUSH, STREAM_ENCODINGS, encode_samples,
                                              float_to_pcm16, parse_encoding)
 from audio_pipeline_client.timings import timings_document
+from audio_pipeline_client.transport import grpc_target
 from audio_pipeline_client.types import AudioStreamChunk, TTSError
 
 PROGRAM = "tts-client"
@@ -63,7 +64,11 @@ def fail(message: str, status: int = 1) -> int:
 def connection_arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--server", default=os.environ.get(SERVER_ENVIRONMENT, "localhost:50051"),
-                        metavar="HOST:PORT", help=f"server address (default: ${SERVER_ENVIRONMENT} or %(default)s)")
+                        metavar="HOST:PORT",
+                        help=f"server address (default: ${SERVER_ENVIRONMENT} or %(default)s); several replicas as "
+                             "a comma-separated list of ip:port, or one dns:///NAME:PORT resolving to them all")
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                        help="metadata sent with every call, repeatable (application=tts for a Ray Serve proxy)")
     parser.add_argument("--timeout", type=positive_float, metavar="S", help="deadline of the call in seconds")
     parser.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system roots")
     parser.add_argument("--ca-file", metavar="PEM", help="connect with TLS, trusting these root certificates")
@@ -187,8 +192,19 @@ def positive_float(value: str) -> float:
 
 def connect(args: argparse.Namespace) -> TTSClient:
     try:
-        client = TTSClient(args.server, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token,
-                           client_cert=args.cert_file, client_key=args.key_file)
+        metadata = []
+        for pair in args.metadata:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise CommandError(f"--metadata: {pair!r} is not KEY=VALUE")
+            metadata.append((key.strip().lower(), value))
+        try:
+            target = grpc_target(args.server.split(",") if "," in args.server and ":///" not in args.server
+                                 else args.server)
+        except ValueError as error:
+            raise CommandError(f"--server: {error}") from error
+        client = TTSClient(target, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token,
+                           client_cert=args.cert_file, client_key=args.key_file, metadata=metadata)
     except OSError as error:
         raise CommandError(describe_os_error(error, "read the CA file")) from error
     if args.wait_ready:

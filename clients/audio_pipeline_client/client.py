@@ -16,39 +16,46 @@ from audio_pipeline_client.transport import (
     PEMOption,
     Deadline,
     ReadinessProbe,
+    TargetOption,
     TLSOption,
     call_metadata,
     channel_credentials,
     channel_options,
-    retry_delay,
+    grpc_target,
 )
 from audio_pipeline_client.types import AudioStreamChunk, SynthesisResult, TTSError, Voice
 
 
 class TTSClient:
-    """A connection to one audio-pipeline server.
+    """A connection to one audio-pipeline server or a set of replicas.
 
-    ``timeout`` is the deadline in seconds of each call, retries included (None: no deadline).
-    A call failing with UNAVAILABLE before any audio arrived is retried up to ``retries`` times with
-    exponential backoff (0.2 s, 0.4 s, 0.8 s, ...). ``tls`` is False (plaintext), True (system roots),
-    or the root certificates as bytes or a file path; ``client_cert`` and ``client_key`` (PEM bytes or
-    paths) add a client certificate for servers that require one (mutual TLS). ``token`` is sent as
-    ``authorization: Bearer``.
+    ``target`` is ``host:port``, a ``dns:///name:port`` that resolves to every replica (a headless
+    Kubernetes service), or a list of ``ip:port`` replicas; calls are spread over the replicas by
+    ``load_balancing`` (``round_robin``, or ``pick_first``: one connection). ``timeout`` is the
+    deadline in seconds of each call, retries included (None: no deadline). A Synthesize or
+    ListVoices call refused with UNAVAILABLE (a replica warming up, draining, gone) is retried up
+    to ``retries`` times (at most 4) on the next replica, with exponential backoff from 0.2 s:
+    gRPC's own retry policy, which stops retrying once the stream's first message has arrived.
+    ``tls`` is False (plaintext), True (system roots), or the root certificates as bytes or a file
+    path; ``client_cert`` and ``client_key`` (PEM bytes or paths) add a client certificate for
+    servers that require one (mutual TLS). ``token`` is sent as ``authorization: Bearer``;
+    ``metadata`` pairs go with every call (``[("application", "tts")]`` for a Ray Serve proxy).
     ``options`` are extra grpc channel arguments. Every failed call raises TTSError.
     """
 
-    def __init__(self, target: str = "localhost:50051", *, timeout: float | None = None, retries: int = 3,
-                 tls: TLSOption = False, token: str | None = None,
+    def __init__(self, target: TargetOption = "localhost:50051", *, timeout: float | None = None,
+                 retries: int = 3, tls: TLSOption = False, token: str | None = None,
                  options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None,
-                 client_cert: PEMOption | None = None, client_key: PEMOption | None = None):
-        self.target = target
+                 client_cert: PEMOption | None = None, client_key: PEMOption | None = None,
+                 load_balancing: str = "round_robin", metadata: Sequence[tuple[str, str]] | None = None):
+        self.target = grpc_target(target)
         self.timeout = timeout
         self.retries = retries
         credentials = channel_credentials(tls, client_cert, client_key)
-        arguments = channel_options(options)
-        self._channel = (grpc.secure_channel(target, credentials, arguments) if credentials is not None
-                         else grpc.insecure_channel(target, arguments))
-        self._metadata = call_metadata(token)
+        arguments = channel_options(options, retries=retries, load_balancing=load_balancing)
+        self._channel = (grpc.secure_channel(self.target, credentials, arguments) if credentials is not None
+                         else grpc.insecure_channel(self.target, arguments))
+        self._metadata = call_metadata(token, metadata)
         self._stub = tts_pb2_grpc.TextToSpeechStub(self._channel)
         self._health_check = self._channel.unary_unary(HEALTH_CHECK_METHOD)
 
@@ -104,19 +111,12 @@ class TTSClient:
 
     def list_voices(self) -> list[Voice]:
         """The voices of the server, default first."""
-        deadline = Deadline(self.timeout)
-        attempt = 0
-        while True:
-            try:
-                response = self._stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=deadline.remaining(),
-                                                 metadata=self._metadata)
-                return [voice_from_proto(voice) for voice in response.voices]
-            except grpc.RpcError as error:
-                delay = retry_delay(error.code(), attempt, self.retries, deadline)
-                if delay is None:
-                    raise TTSError.from_rpc_error(error) from error
-            time.sleep(delay)
-            attempt += 1
+        try:
+            response = self._stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=self.timeout,
+                                             metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+        return [voice_from_proto(voice) for voice in response.voices]
 
     def register_voice(self, name: str, audio: ReferenceAudio, transcript: str, *,
                        description: str = "") -> Voice:
@@ -172,23 +172,15 @@ class TTSClient:
             call.cancel()
 
     def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> Iterator[AudioStreamChunk]:
-        deadline = Deadline(self.timeout)
-        attempt = 0
-        while True:
-            reader = StreamReader()
-            call = self._stub.Synthesize(request, timeout=deadline.remaining(), metadata=self._metadata)
-            try:
-                for message in call:
-                    chunk = reader.read(message)
-                    if chunk is not None:
-                        yield chunk
-                reader.end()
-                return
-            except grpc.RpcError as error:
-                delay = None if reader.started else retry_delay(error.code(), attempt, self.retries, deadline)
-                if delay is None:
-                    raise TTSError.from_rpc_error(error) from error
-            finally:
-                call.cancel()
-            time.sleep(delay)
-            attempt += 1
+        reader = StreamReader()
+        call = self._stub.Synthesize(request, timeout=self.timeout, metadata=self._metadata)
+        try:
+            for message in call:
+                chunk = reader.read(message)
+                if chunk is not None:
+                    yield chunk
+            reader.end()
+        except grpc.RpcError as error:
+            raise TTSError.from_rpc_error(error) from error
+        finally:
+            call.cancel()

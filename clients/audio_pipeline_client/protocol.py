@@ -227,11 +227,6 @@ class StreamReader:
                                     request_id=self.request_id)
         raise TTSError.protocol_violation("a message with no content arrived")
 
-    @property
-    def started(self) -> bool:
-        """Whether audio or the completion has been read: from then on a failed call must not be retried."""
-        return self.audio_chunks > 0 or self.complete
-
     def end(self) -> None:
         """The server closed the stream with OK status: it must have sent the completion message."""
         if not self.complete:

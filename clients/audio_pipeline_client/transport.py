@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -48,16 +50,89 @@ def channel_credentials(tls: TLSOption, client_cert: PEMOption | None = None,
                                         certificate_chain=_pem(client_cert))
 
 
-def channel_options(options: Mapping[str, object] | Sequence[tuple[str, object]] | None) -> list[tuple[str, object]]:
-    """grpc channel arguments from a mapping or pairs, with this library's user agent unless one is given."""
+#: Load-balancing policies a client may pick (gRPC's own).
+LOAD_BALANCING_POLICIES = ("round_robin", "pick_first")
+#: The calls that retry UNAVAILABLE on another replica: those that change nothing on the server.
+#: gRPC commits a call (stops retrying it) once the first response message arrives; for
+#: Synthesize that is the stream's format message, sent when the server has accepted the request.
+RETRIED_METHODS = ("Synthesize", "ListVoices")
+#: gRPC allows at most 5 attempts of a call.
+MAX_ATTEMPTS = 5
+
+TargetOption = str | Sequence[str]
+
+
+def grpc_target(target: TargetOption) -> str:
+    """One gRPC target for one server or a set of replicas.
+
+    A string is used as it is: ``host:port``, or a name gRPC resolves to every replica
+    (``dns:///tts.example.svc:50051``, a headless Kubernetes service). A list of ``ip:port``
+    addresses becomes gRPC's static address list (``ipv4:a:p,b:p``); gRPC resolves a list of names
+    only through DNS, so a list must hold addresses (give one ``dns:///`` name for names)."""
+    if isinstance(target, str):
+        if not target:
+            raise ValueError("target: give host:port, a dns:/// name or a list of ip:port addresses")
+        return target
+    targets = list(target)
+    if not targets:
+        raise ValueError("target: the list of replicas is empty")
+    if len(targets) == 1:
+        return targets[0]
+    families, addresses = set(), []
+    for item in targets:
+        host, _, port = item.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"target: {item!r} in a list of replicas must be ip:port (gRPC resolves names "
+                             "only through DNS: give one dns:///name:port target instead)") from None
+        if not port.isdigit():
+            raise ValueError(f"target: {item!r} has no port")
+        families.add(address.version)
+        addresses.append(f"[{host}]:{port}" if address.version == 6 else f"{host}:{port}")
+    if len(families) > 1:
+        raise ValueError("target: a list of replicas is all IPv4 or all IPv6 (gRPC's address lists)")
+    return f"ipv{families.pop()}:" + ",".join(addresses)
+
+
+def service_config(retries: int, load_balancing: str = "round_robin") -> str:
+    """The channel's gRPC service config: the load-balancing policy, and a retry policy that sends
+    a call refused with UNAVAILABLE (a replica warming up, draining, stopped or unreachable) to the
+    next replica with exponential backoff (0.2 s, 0.4 s, 0.8 s, ... with gRPC's jitter). Every
+    other code is an answer a retry would repeat. The call's deadline covers all its attempts."""
+    if load_balancing not in LOAD_BALANCING_POLICIES:
+        raise ValueError(f"load_balancing: {load_balancing!r} is not one of {', '.join(LOAD_BALANCING_POLICIES)}")
+    if retries < 0:
+        raise ValueError("retries: must be 0 or more")
+    config: dict = {"loadBalancingConfig": [{load_balancing: {}}]}
+    if retries:
+        config["methodConfig"] = [{
+            "name": [{"service": TTS_SERVICE_NAME, "method": method} for method in RETRIED_METHODS],
+            "retryPolicy": {"maxAttempts": min(retries + 1, MAX_ATTEMPTS), "initialBackoff": f"{INITIAL_BACKOFF_SECONDS}s",
+                            "maxBackoff": "5s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+        }]
+    return json.dumps(config)
+
+
+def channel_options(options: Mapping[str, object] | Sequence[tuple[str, object]] | None, *, retries: int = 3,
+                    load_balancing: str = "round_robin") -> list[tuple[str, object]]:
+    """grpc channel arguments from a mapping or pairs, with this library's user agent and service
+    config (load balancing, retries) unless the caller gives their own."""
     pairs = list(options.items()) if isinstance(options, Mapping) else list(options or ())
     if not any(key == "grpc.primary_user_agent" for key, _ in pairs):
         pairs.append(("grpc.primary_user_agent", USER_AGENT))
+    if not any(key == "grpc.service_config" for key, _ in pairs):
+        pairs.append(("grpc.service_config", service_config(retries, load_balancing)))
+    pairs.append(("grpc.enable_retries", 1 if retries else 0))
     return pairs
 
 
-def call_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
-    return (("authorization", f"Bearer {token}"),) if token else None
+def call_metadata(token: str | None, extra: Sequence[tuple[str, str]] | None = None) -> tuple[tuple[str, str], ...] | None:
+    """Metadata sent with every call: the bearer token and the caller's own pairs (for example
+    ``("application", "tts")``, which a Ray Serve gRPC proxy routes on)."""
+    pairs = tuple(extra or ()) + ((("authorization", f"Bearer {token}"),) if token else ())
+    return pairs or None
 
 
 class Deadline:
@@ -68,21 +143,6 @@ class Deadline:
 
     def remaining(self) -> float | None:
         return None if self.expires is None else max(0.0, self.expires - time.monotonic())
-
-
-def retry_delay(code: grpc.StatusCode, attempt: int, retries: int, deadline: Deadline) -> float | None:
-    """Seconds to wait before retry ``attempt + 1`` of a call that failed with ``code``, or None to give up.
-
-    Only UNAVAILABLE is retried (server warming up, restarting, or not reachable yet): every other code
-    is an answer that a retry would repeat. Callers also give up once any audio has arrived.
-    """
-    if code != grpc.StatusCode.UNAVAILABLE or attempt >= retries:
-        return None
-    delay = INITIAL_BACKOFF_SECONDS * 2**attempt
-    remaining = deadline.remaining()
-    if remaining is not None and remaining <= delay:
-        return None
-    return delay
 
 
 def encode_health_request(service: str) -> bytes:
