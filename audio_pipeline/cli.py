@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_security_flags(serve)
     _add_config_flags(serve)
 
+    from audio_pipeline.server import ray_cli
+
+    ray_serve = commands.add_parser("serve-ray", help="run replicas of the server on Ray Serve (the ray extra)")
+    ray_cli.add_arguments(ray_serve)
+    _add_config_flags(ray_serve)
+
     synth = commands.add_parser("synthesize", help="synthesize text to a WAV file in-process (no server)")
     source = synth.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text to speak")
@@ -169,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(config.to_display_dict(), indent=2, default=str))
         elif args.command == "serve":
             run_serve(args, config)
+        elif args.command == "serve-ray":
+            from audio_pipeline.server import ray_cli
+
+            config.log_basic_config()
+            ray_cli.run(args)
         else:
             run_synthesize(args, config)
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PROTO_FILES = ["audio_pipeline/v1/tts.proto"]
 DEFAULT_OUT = ROOT / "clients" / "audio_pipeline_client" / "_proto"
+CLIENT_PACKAGE = "audio_pipeline_client._proto"
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -40,6 +41,9 @@ def generate(out_dir: Path) -> list[Path]:
                 # Generated modules live in one flat package: make their imports relative.
                 package = ".".join(stem.parent.parts)
                 text = re.sub(rf"^from {re.escape(package)} import ", "from . import ", text, flags=re.M)
+                # The messages' __module__ is the module they are imported from, so they pickle (Ray
+                # Serve passes requests and chunks between its proxy and the replicas as pickles).
+                text = text.replace(f"'{package}.{stem.name}_pb2'", f"'{CLIENT_PACKAGE}.{stem.name}_pb2'")
                 target = out_dir / source.name
                 target.write_text(text)
                 written.append(target)

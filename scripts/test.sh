@@ -2,7 +2,7 @@
 # Set-up (if needed), then the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test,ray
 set +e
 .venv/bin/python -m pytest "$@"
 status=$?

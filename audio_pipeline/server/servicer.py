@@ -234,9 +234,12 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         logger.info("request %s (%s): %d segment(s), voice %s", log_label, request_id, len(synthesis.segments),
                     echo(synthesis.voice or ""))
         finished = False
+        # The format message goes out with the first audio, not before: until a call's first message
+        # a client's gRPC retry policy may still send it to another replica (UNAVAILABLE from a
+        # replica draining, or gone before it spoke), so nothing is committed before audio exists.
+        head = [tts_pb2.AudioChunk(request_id=label, format=tts_pb2.AudioFormat(
+            sample_rate=output.sample_rate, encoding=output.encoding, channels=1))]
         try:
-            yield tts_pb2.AudioChunk(request_id=label, format=tts_pb2.AudioFormat(
-                sample_rate=output.sample_rate, encoding=output.encoding, channels=1))
             chunk_index = 0
             sent_samples = 0
             words: list = []  # timings waiting for the next message out
@@ -259,6 +262,8 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                         self.metrics.requests.labels("failed").inc()
                         await context.abort(grpc.StatusCode.INTERNAL, event.error or "generation failed")
                     # The last timings (and an encoder's last bytes) go out even with no samples left.
+                    if head and (samples.size or data or event.kind == "complete"):
+                        yield head.pop()
                     if samples.size or data or (words and event.kind == "complete"):
                         yield tts_pb2.AudioChunk(request_id=label, audio=tts_pb2.AudioFrames(
                             data=data, chunk_index=chunk_index, num_samples=samples.size, words=words))

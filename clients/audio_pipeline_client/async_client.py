@@ -15,6 +15,7 @@ from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
     PEMOption,
     Deadline,
+    RETRY_CODES,
     ReadinessProbe,
     TargetOption,
     TLSOption,
@@ -36,12 +37,13 @@ class AsyncTTSClient:
                  retries: int = 3, tls: TLSOption = False, token: str | None = None,
                  options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None,
                  client_cert: PEMOption | None = None, client_key: PEMOption | None = None,
-                 load_balancing: str = "round_robin", metadata: Sequence[tuple[str, str]] | None = None):
+                 load_balancing: str = "round_robin", metadata: Sequence[tuple[str, str]] | None = None,
+                 retry_codes: Sequence[str] = RETRY_CODES):
         self.target = grpc_target(target)
         self.timeout = timeout
         self.retries = retries
         credentials = channel_credentials(tls, client_cert, client_key)
-        arguments = channel_options(options, retries=retries, load_balancing=load_balancing)
+        arguments = channel_options(options, retries=retries, load_balancing=load_balancing, retry_codes=retry_codes)
         self._channel = (grpc.aio.secure_channel(self.target, credentials, arguments) if credentials is not None
                          else grpc.aio.insecure_channel(self.target, arguments))
         self._metadata = call_metadata(token, metadata)

@@ -67,6 +67,9 @@ def connection_arguments() -> argparse.ArgumentParser:
                         metavar="HOST:PORT",
                         help=f"server address (default: ${SERVER_ENVIRONMENT} or %(default)s); several replicas as "
                              "a comma-separated list of ip:port, or one dns:///NAME:PORT resolving to them all")
+    parser.add_argument("--retry-on", action="append", default=[], metavar="CODE",
+                        help="also retry this gRPC status before the first audio, repeatable (UNAVAILABLE always; "
+                             "INTERNAL behind Ray Serve, whose proxy reports a replica that died as INTERNAL)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                         help="metadata sent with every call, repeatable (application=tts for a Ray Serve proxy)")
     parser.add_argument("--timeout", type=positive_float, metavar="S", help="deadline of the call in seconds")
@@ -203,8 +206,14 @@ def connect(args: argparse.Namespace) -> TTSClient:
                                  else args.server)
         except ValueError as error:
             raise CommandError(f"--server: {error}") from error
-        client = TTSClient(target, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token,
-                           client_cert=args.cert_file, client_key=args.key_file, metadata=metadata)
+        try:
+            client = TTSClient(target, timeout=args.timeout, tls=args.ca_file or args.tls, token=args.token,
+                               client_cert=args.cert_file, client_key=args.key_file, metadata=metadata,
+                               retry_codes=["UNAVAILABLE", *args.retry_on])
+        except ValueError as error:
+            if "retry_codes" not in str(error):
+                raise
+            raise CommandError(str(error).replace("retry_codes", "--retry-on", 1)) from error
     except OSError as error:
         raise CommandError(describe_os_error(error, "read the CA file")) from error
     if args.wait_ready:

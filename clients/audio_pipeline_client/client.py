@@ -15,6 +15,7 @@ from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
     PEMOption,
     Deadline,
+    RETRY_CODES,
     ReadinessProbe,
     TargetOption,
     TLSOption,
@@ -35,7 +36,9 @@ class TTSClient:
     deadline in seconds of each call, retries included (None: no deadline). A Synthesize or
     ListVoices call refused with UNAVAILABLE (a replica warming up, draining, gone) is retried up
     to ``retries`` times (at most 4) on the next replica, with exponential backoff from 0.2 s:
-    gRPC's own retry policy, which stops retrying once the stream's first message has arrived.
+    gRPC's own retry policy; the server sends nothing before a stream's first audio, so a call is
+    never retried once audio has arrived. ``retry_codes`` widens what is retried (behind Ray
+    Serve, ``("UNAVAILABLE", "INTERNAL")``: its proxy reports a replica that died as INTERNAL).
     ``tls`` is False (plaintext), True (system roots), or the root certificates as bytes or a file
     path; ``client_cert`` and ``client_key`` (PEM bytes or paths) add a client certificate for
     servers that require one (mutual TLS). ``token`` is sent as ``authorization: Bearer``;
@@ -47,12 +50,13 @@ class TTSClient:
                  retries: int = 3, tls: TLSOption = False, token: str | None = None,
                  options: Mapping[str, object] | Sequence[tuple[str, object]] | None = None,
                  client_cert: PEMOption | None = None, client_key: PEMOption | None = None,
-                 load_balancing: str = "round_robin", metadata: Sequence[tuple[str, str]] | None = None):
+                 load_balancing: str = "round_robin", metadata: Sequence[tuple[str, str]] | None = None,
+                 retry_codes: Sequence[str] = RETRY_CODES):
         self.target = grpc_target(target)
         self.timeout = timeout
         self.retries = retries
         credentials = channel_credentials(tls, client_cert, client_key)
-        arguments = channel_options(options, retries=retries, load_balancing=load_balancing)
+        arguments = channel_options(options, retries=retries, load_balancing=load_balancing, retry_codes=retry_codes)
         self._channel = (grpc.secure_channel(self.target, credentials, arguments) if credentials is not None
                          else grpc.insecure_channel(self.target, arguments))
         self._metadata = call_metadata(token, metadata)

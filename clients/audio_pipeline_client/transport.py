@@ -96,34 +96,46 @@ def grpc_target(target: TargetOption) -> str:
     return f"ipv{families.pop()}:" + ",".join(addresses)
 
 
-def service_config(retries: int, load_balancing: str = "round_robin") -> str:
+#: What a client retries by default: a replica warming up, draining, stopped or unreachable.
+RETRY_CODES = ("UNAVAILABLE",)
+
+
+def service_config(retries: int, load_balancing: str = "round_robin", retry_codes: Sequence[str] = RETRY_CODES) -> str:
     """The channel's gRPC service config: the load-balancing policy, and a retry policy that sends
     a call refused with UNAVAILABLE (a replica warming up, draining, stopped or unreachable) to the
     next replica with exponential backoff (0.2 s, 0.4 s, 0.8 s, ... with gRPC's jitter). Every
-    other code is an answer a retry would repeat. The call's deadline covers all its attempts."""
+    other code is an answer a retry would repeat, unless ``retry_codes`` names it (behind Ray
+    Serve's proxy add INTERNAL: it reports a replica that died as INTERNAL). The server sends
+    nothing before a stream's first audio, so no call is retried once audio has arrived. The
+    call's deadline covers all its attempts."""
     if load_balancing not in LOAD_BALANCING_POLICIES:
         raise ValueError(f"load_balancing: {load_balancing!r} is not one of {', '.join(LOAD_BALANCING_POLICIES)}")
     if retries < 0:
         raise ValueError("retries: must be 0 or more")
+    codes = [str(code).upper() for code in retry_codes]
+    unknown = [code for code in codes if code not in grpc.StatusCode.__members__ or code == "OK"]
+    if unknown:
+        raise ValueError(f"retry_codes: {', '.join(unknown)} is not a gRPC status code name")
     config: dict = {"loadBalancingConfig": [{load_balancing: {}}]}
     if retries:
         config["methodConfig"] = [{
             "name": [{"service": TTS_SERVICE_NAME, "method": method} for method in RETRIED_METHODS],
             "retryPolicy": {"maxAttempts": min(retries + 1, MAX_ATTEMPTS), "initialBackoff": f"{INITIAL_BACKOFF_SECONDS}s",
-                            "maxBackoff": "5s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+                            "maxBackoff": "5s", "backoffMultiplier": 2, "retryableStatusCodes": codes},
         }]
     return json.dumps(config)
 
 
 def channel_options(options: Mapping[str, object] | Sequence[tuple[str, object]] | None, *, retries: int = 3,
-                    load_balancing: str = "round_robin") -> list[tuple[str, object]]:
+                    load_balancing: str = "round_robin",
+                    retry_codes: Sequence[str] = RETRY_CODES) -> list[tuple[str, object]]:
     """grpc channel arguments from a mapping or pairs, with this library's user agent and service
     config (load balancing, retries) unless the caller gives their own."""
     pairs = list(options.items()) if isinstance(options, Mapping) else list(options or ())
     if not any(key == "grpc.primary_user_agent" for key, _ in pairs):
         pairs.append(("grpc.primary_user_agent", USER_AGENT))
     if not any(key == "grpc.service_config" for key, _ in pairs):
-        pairs.append(("grpc.service_config", service_config(retries, load_balancing)))
+        pairs.append(("grpc.service_config", service_config(retries, load_balancing, retry_codes)))
     pairs.append(("grpc.enable_retries", 1 if retries else 0))
     return pairs
 

@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61udio_pipel
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'audio_pipeline.v1.tts_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'audio_pipeline_client._proto.tts_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AUDIOENCODING']._serialized_start=2579

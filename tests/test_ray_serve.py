@@ -1,0 +1,152 @@
+"""The engine on Ray Serve (server/ray_app.py): a real local Ray instance, two replicas of the tiny
+model, gRPC through Serve's gRPC proxy and HTTP through its HTTP proxy."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+
+from ray import serve  # noqa: E402
+from ray.serve.config import HTTPOptions, gRPCOptions  # noqa: E402
+
+from audio_pipeline.server.ray_app import (APP_NAME, GRPC_SERVICER_FUNCTION, SERVED_BY, ReplicaOptions,  # noqa: E402
+                                          app_builder, build_app, config_sources, max_ongoing_requests)
+from audio_pipeline_client import TTSClient, TTSError  # noqa: E402
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc  # noqa: E402
+from tests.conftest import make_config  # noqa: E402
+
+ROUTE = [("application", APP_NAME)]
+TEXT = "Two replicas share the streams."
+#: Serve's proxy reports a replica that died as INTERNAL: the client retries it before first audio.
+RETRY_CODES = ("UNAVAILABLE", "INTERNAL")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    grpc_port, http_port = free_port(), free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        serve.start(http_options=HTTPOptions(host="127.0.0.1", port=http_port),
+                    grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=[GRPC_SERVICER_FUNCTION]))
+        sources = config_sources(audio_flags=["chunk_size=28,56", "sampling.max_tokens=560", "grace_period_s=5"],
+                                 env={}, model={"model_path": str(tiny_model_dir), "device": "cpu"})
+        serve.run(build_app(sources, ReplicaOptions(replicas=2, num_cpus=1)), name=APP_NAME, route_prefix="/")
+        yield {"grpc": f"127.0.0.1:{grpc_port}", "http": f"http://127.0.0.1:{http_port}"}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def synthesize_raw(target: str, seed: int) -> tuple[list, str]:
+    """One Synthesize call through the proxy: its messages and the replica that served it."""
+    with grpc.insecure_channel(target) as channel:
+        call = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(
+            tts_pb2.SynthesizeRequest(text=TEXT, sampling=tts_pb2.SamplingParams(seed=seed, max_tokens=84)),
+            metadata=ROUTE, timeout=120)
+        messages = list(call)
+        return messages, dict(call.trailing_metadata())[SERVED_BY]
+
+
+def test_concurrent_streams_are_spread_over_both_replicas_with_full_audio(cluster):
+    results: dict[int, tuple] = {}
+
+    def run(i):
+        results[i] = synthesize_raw(cluster["grpc"], seed=1)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 8
+    assert len({replica for _, replica in results.values()}) == 2
+    sizes = set()
+    for messages, _ in results.values():
+        kinds = [m.WhichOneof("content") for m in messages]
+        assert kinds[0] == "format" and kinds[-1] == "complete" and set(kinds[1:-1]) == {"audio"}
+        sizes.add(sum(m.audio.num_samples for m in messages if m.HasField("audio")))
+    assert len(sizes) == 1 and sizes.pop() > 0  # same text and seed: the same audio on either replica
+
+
+def test_voices_errors_live_text_and_http_go_through_serve(cluster):
+    import httpx
+    import io
+
+    import soundfile
+
+    with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=120) as client:
+        voices = [v.name for v in client.list_voices()]
+        assert "tara" in voices
+        with pytest.raises(TTSError) as caught:
+            client.synthesize("", seed=1)
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and caught.value.details.startswith("text:")
+        live = list(client.stream_text(["Live text ", "through the proxy. ", "Second one."], seed=1, max_tokens=84))
+        assert live[-1].final and sum(c.samples.size for c in live) > 0
+    response = httpx.post(f"{cluster['http']}/v1/audio/speech", timeout=120,
+                          json={"model": "tts-1", "input": TEXT, "voice": "tara", "response_format": "wav"})
+    assert response.status_code == 200
+    audio, rate = soundfile.read(io.BytesIO(response.content))
+    assert rate == 24000 and audio.size > 0
+    assert httpx.get(f"{cluster['http']}/health", timeout=30).json() == {"status": "serving"}
+
+
+def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_streaming(cluster):
+    _, victim = synthesize_raw(cluster["grpc"], seed=1)
+    outcomes: dict[int, tuple[str, bool]] = {}
+
+    def run(i):
+        heard = False
+        try:
+            with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=180, retries=4,
+                           retry_codes=RETRY_CODES) as client:
+                for chunk in client.stream(TEXT * 3, seed=i, max_tokens=560):
+                    heard = heard or chunk.samples.size > 0
+            outcomes[i] = ("ok", heard)
+        except TTSError as error:
+            outcomes[i] = (error.code.name, heard)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(victim)]
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    for thread in threads:
+        thread.join()
+    lost = {i: outcome for i, outcome in outcomes.items() if outcome[0] != "ok"}
+    assert all(heard for _, heard in lost.values()), outcomes  # only streams already playing were cut
+    assert len(outcomes) - len(lost) >= 4, outcomes
+    # The survivor (and the replica Serve starts in the killed one's place) keep serving.
+    with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=120, retry_codes=RETRY_CODES) as client:
+        for _ in range(3):
+            assert client.synthesize(TEXT, seed=1, max_tokens=84).samples.size > 0
+
+
+def test_deployment_options_follow_the_engine_configuration(tiny_model_dir):
+    config = make_config(tiny_model_dir, "max_batch_size=4", "max_queue_size=12")
+    assert max_ongoing_requests(config) == 16
+    sources = config_sources(audio_flags=["max_batch_size=4", "max_queue_size=12", "grace_period_s=7"], env={},
+                             model={"model_path": str(tiny_model_dir), "device": "cpu"})
+    app = build_app(sources, ReplicaOptions(replicas=1, max_replicas=3, capacity=6))
+    deployment = app._bound_deployment
+    assert deployment._deployment_config.max_ongoing_requests == 16
+    assert deployment._deployment_config.graceful_shutdown_timeout_s == 7
+    autoscaling = deployment._deployment_config.autoscaling_config
+    assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.target_ongoing_requests) == (1, 3, 6)
+    with pytest.raises(ValueError, match="--max-replicas"):
+        build_app(sources, ReplicaOptions(replicas=3, max_replicas=2))
+    with pytest.raises(ValueError, match="unknown application argument"):
+        app_builder({"model": str(tiny_model_dir), "replica": 2})
