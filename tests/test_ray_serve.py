@@ -150,3 +150,20 @@ def test_deployment_options_follow_the_engine_configuration(tiny_model_dir):
         build_app(sources, ReplicaOptions(replicas=3, max_replicas=2))
     with pytest.raises(ValueError, match="unknown application argument"):
         app_builder({"model": str(tiny_model_dir), "replica": 2})
+
+
+def test_the_shipped_serve_config_is_valid_and_builds_the_application():
+    from pathlib import Path
+
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    document = yaml.safe_load((Path(__file__).parent.parent / "deploy" / "ray" / "serve.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(document)
+    assert schema.grpc_options.grpc_servicer_functions == [GRPC_SERVICER_FUNCTION]
+    (application,) = schema.applications
+    assert application.name == APP_NAME
+    module, _, function = application.import_path.partition(":")
+    assert (module, function) == ("audio_pipeline.server.ray_app", "app_builder")
+    config = app_builder(application.args)._bound_deployment._deployment_config
+    assert config.autoscaling_config.max_replicas == application.args["max_replicas"]
