@@ -102,6 +102,28 @@ def test_voices_errors_live_text_and_http_go_through_serve(cluster):
     assert httpx.get(f"{cluster['http']}/health", timeout=30).json() == {"status": "serving"}
 
 
+def test_the_websocket_speaks_through_serves_http_proxy(cluster):
+    import json
+
+    from websockets.sync.client import connect
+
+    url = cluster["http"].replace("http://", "ws://") + "/v1/audio/stream"
+    events, audio = [], b""
+    with connect(url, open_timeout=60) as socket:
+        for message in ({"type": "start", "context_id": "a", "seed": 1},
+                        {"type": "text", "context_id": "a", "text": "Live text over the socket."},
+                        {"type": "end", "context_id": "a"}):
+            socket.send(json.dumps(message))
+        while not events or events[-1]["type"] not in ("done", "interrupted", "error"):
+            frame = socket.recv(timeout=120)
+            if isinstance(frame, bytes):
+                audio += frame
+            else:
+                events.append(json.loads(frame))
+    assert [e["type"] for e in events if e["type"] != "words"] == ["started", "done"]
+    assert len(audio) > 0
+
+
 def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_streaming(cluster):
     _, victim = synthesize_raw(cluster["grpc"], seed=1)
     outcomes: dict[int, tuple[str, bool]] = {}
