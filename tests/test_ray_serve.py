@@ -40,10 +40,10 @@ def cluster(tiny_model_dir):
     try:
         serve.start(http_options=HTTPOptions(host="127.0.0.1", port=http_port),
                     grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=[GRPC_SERVICER_FUNCTION]))
-        sources = config_sources(audio_flags=["chunk_size=28,56", "sampling.max_tokens=560", "grace_period_s=5"],
+        sources = config_sources(audio_flags=["chunk_size=28,56", "sampling.max_tokens=560", "grace_period_s=60"],
                                  env={}, model={"model_path": str(tiny_model_dir), "device": "cpu"})
         serve.run(build_app(sources, ReplicaOptions(replicas=2, num_cpus=1)), name=APP_NAME, route_prefix="/")
-        yield {"grpc": f"127.0.0.1:{grpc_port}", "http": f"http://127.0.0.1:{http_port}"}
+        yield {"grpc": f"127.0.0.1:{grpc_port}", "http": f"http://127.0.0.1:{http_port}", "sources": sources}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -60,23 +60,29 @@ def synthesize_raw(target: str, seed: int) -> tuple[list, str]:
 
 
 def test_concurrent_streams_are_spread_over_both_replicas_with_full_audio(cluster):
-    results: dict[int, tuple] = {}
+    """Rounds of 8 concurrent streams until both replicas have served (Serve's router picks the
+    less loaded of two replicas per request; one round nearly always reaches both)."""
+    replicas, sizes = set(), set()
+    for _ in range(3):
+        results: dict[int, tuple] = {}
 
-    def run(i):
-        results[i] = synthesize_raw(cluster["grpc"], seed=1)
+        def run(i):
+            results[i] = synthesize_raw(cluster["grpc"], seed=1)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(results) == 8
-    assert len({replica for _, replica in results.values()}) == 2
-    sizes = set()
-    for messages, _ in results.values():
-        kinds = [m.WhichOneof("content") for m in messages]
-        assert kinds[0] == "format" and kinds[-1] == "complete" and set(kinds[1:-1]) == {"audio"}
-        sizes.add(sum(m.audio.num_samples for m in messages if m.HasField("audio")))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(results) == 8
+        for messages, replica in results.values():
+            kinds = [m.WhichOneof("content") for m in messages]
+            assert kinds[0] == "format" and kinds[-1] == "complete" and set(kinds[1:-1]) == {"audio"}
+            sizes.add(sum(m.audio.num_samples for m in messages if m.HasField("audio")))
+            replicas.add(replica)
+        if len(replicas) == 2:
+            break
+    assert len(replicas) == 2
     assert len(sizes) == 1 and sizes.pop() > 0  # same text and seed: the same audio on either replica
 
 
@@ -155,6 +161,35 @@ def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_stream
     with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=120, retry_codes=RETRY_CODES) as client:
         for _ in range(3):
             assert client.synthesize(TEXT, seed=1, max_tokens=84).samples.size > 0
+
+
+def test_scaling_down_drains_the_stopped_replica_streams_to_the_end(cluster, tiny_model_dir):
+    """A downscale (2 -> 1) while streams run: Serve stops routing to the replica it removes and
+    lets its streams finish (graceful_shutdown_timeout_s = grace_period_s); no stream fails, even
+    with retries off."""
+    outcomes: dict[int, str] = {}
+
+    def run(i):
+        try:
+            with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=180, retries=0) as client:
+                result = client.synthesize(TEXT * 2, seed=i, max_tokens=420)
+            outcomes[i] = "ok" if result.samples.size else "empty"
+        except TTSError as error:
+            outcomes[i] = str(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    serve.run(build_app(cluster["sources"], ReplicaOptions(replicas=1, num_cpus=1)), name=APP_NAME,
+              route_prefix="/")
+    for thread in threads:
+        thread.join()
+    assert outcomes == {i: "ok" for i in range(6)}
+    deadline = time.monotonic() + 60  # the drained replica stops once its streams are done
+    while sum("SERVE_REPLICA" in a["name"] for a in ray.util.list_named_actors(all_namespaces=True)) > 1:
+        assert time.monotonic() < deadline, "the removed replica did not stop"
+        time.sleep(0.5)
 
 
 def test_deployment_options_follow_the_engine_configuration(tiny_model_dir):
