@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(args: argparse.Namespace):
     from audio_pipeline.config import AudioGenerationConfig
 
+    return AudioGenerationConfig.load(config_file=args.config_file, section_name=args.section_name,
+                                      audio_flags=args.task_arg, **config_overrides(args))
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration the command-line flags set (over the file and the environment)."""
     overrides: dict[str, Any] = {}
     model: dict[str, Any] = {}
     if args.model:
@@ -107,8 +113,7 @@ def load_config(args: argparse.Namespace):
         overrides["audio_decoder"] = args.audio_decoder
     if args.audio_decoder_weights:
         overrides["audio_decoder_weights"] = args.audio_decoder_weights
-    return AudioGenerationConfig.load(config_file=args.config_file, section_name=args.section_name,
-                                      audio_flags=args.task_arg, **overrides)
+    return overrides
 
 
 def read_text(args: argparse.Namespace) -> str:

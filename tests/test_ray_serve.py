@@ -224,3 +224,11 @@ def test_the_shipped_serve_config_is_valid_and_builds_the_application():
     assert (module, function) == ("audio_pipeline.server.ray_app", "app_builder")
     config = app_builder(application.args)._bound_deployment._deployment_config
     assert config.autoscaling_config.max_replicas == application.args["max_replicas"]
+
+
+def test_serve_ray_refuses_bad_replica_bounds_before_starting_ray(tiny_model_dir, capsys):
+    from audio_pipeline.cli import main
+
+    assert main(["serve-ray", "--model", str(tiny_model_dir), "--replicas", "3", "--max-replicas", "2"]) == 1
+    assert "--max-replicas (2) is below --replicas (3)" in capsys.readouterr().err
+    assert not ray.is_initialized()

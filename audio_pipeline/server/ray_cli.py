@@ -37,16 +37,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> None:
     from audio_pipeline.server.ray_app import (APP_NAME, GRPC_SERVICER_FUNCTION, ReplicaOptions, build_app,
                                               config_sources)
 
-    overrides: dict = {}
-    model = {key: value for key, value in (("model_path", args.model), ("device", args.device),
-                                           ("dtype", args.dtype)) if value}
-    if model:
-        overrides["model"] = model
-    if args.audio_decoder:
-        overrides["audio_decoder"] = args.audio_decoder
-    if args.audio_decoder_weights:
-        overrides["audio_decoder_weights"] = args.audio_decoder_weights
-    sources = config_sources(args.config_file, args.section_name, args.task_arg, **overrides)
+    from audio_pipeline.cli import config_overrides
+
+    sources = config_sources(args.config_file, args.section_name, args.task_arg, **config_overrides(args))
     options = ReplicaOptions(replicas=args.replicas, max_replicas=args.max_replicas, capacity=args.capacity,
                              num_cpus=args.num_cpus, num_gpus=args.num_gpus)
     application = build_app(sources, options)  # checks the configuration before Ray starts

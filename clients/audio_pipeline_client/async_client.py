@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 
 import grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, async_text_inputs, build_request,
-                                             build_stream_settings, text_inputs, result_from_chunks,
+                                             build_stream_settings, result_from_chunks,
                                             voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
@@ -146,23 +147,22 @@ class AsyncTTSClient:
     async def stream_text(self, pieces, **options) -> AsyncIterator[AudioStreamChunk]:
         """Live text (see TTSClient.stream_text); ``pieces`` may be an async or a plain iterable."""
         settings = build_stream_settings(**options)
-        reader = StreamReader()
-        call = self._stub.SynthesizeStream(async_text_inputs(settings, pieces),
-                                           timeout=Deadline(self.timeout).remaining(), metadata=self._metadata)
-        try:
-            async for message in call:
-                chunk = reader.read(message)
-                if chunk is not None:
-                    yield chunk
-            reader.end()
-        except grpc.RpcError as error:
-            raise TTSError.from_rpc_error(error) from error
-        finally:
-            call.cancel()
+        call = self._stub.SynthesizeStream(async_text_inputs(settings, pieces), timeout=self.timeout,
+                                           metadata=self._metadata)
+        async with aclosing(self._read(call)) as chunks:  # leaving early cancels the call now
+            async for chunk in chunks:
+                yield chunk
 
     async def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> AsyncIterator[AudioStreamChunk]:
-        reader = StreamReader()
         call = self._stub.Synthesize(request, timeout=self.timeout, metadata=self._metadata)
+        async with aclosing(self._read(call)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    @staticmethod
+    async def _read(call) -> AsyncIterator[AudioStreamChunk]:
+        """A streaming call's chunks, checked in order; leaving early cancels the call."""
+        reader = StreamReader()
         try:
             async for message in call:
                 chunk = reader.read(message)

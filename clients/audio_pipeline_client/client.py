@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, async_text_inputs, build_request,
+from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, build_request,
                                              build_stream_settings, text_inputs, result_from_chunks,
                                             voice_from_proto, voice_reference)
 from audio_pipeline_client.transport import (
@@ -161,23 +161,16 @@ class TTSClient:
         stream, then a final chunk with the usage. ``options`` are those of :meth:`stream` except
         the reference recording. Leaving the loop early cancels the call (barge-in)."""
         settings = build_stream_settings(**options)
-        reader = StreamReader()
-        call = self._stub.SynthesizeStream(text_inputs(settings, pieces), timeout=Deadline(self.timeout).remaining(),
-                                           metadata=self._metadata)
-        try:
-            for message in call:
-                chunk = reader.read(message)
-                if chunk is not None:
-                    yield chunk
-            reader.end()
-        except grpc.RpcError as error:
-            raise TTSError.from_rpc_error(error) from error
-        finally:
-            call.cancel()
+        yield from self._read(self._stub.SynthesizeStream(text_inputs(settings, pieces), timeout=self.timeout,
+                                                          metadata=self._metadata))
 
     def _stream_request(self, request: tts_pb2.SynthesizeRequest) -> Iterator[AudioStreamChunk]:
+        yield from self._read(self._stub.Synthesize(request, timeout=self.timeout, metadata=self._metadata))
+
+    @staticmethod
+    def _read(call) -> Iterator[AudioStreamChunk]:
+        """A streaming call's chunks, checked in order; leaving early cancels the call."""
         reader = StreamReader()
-        call = self._stub.Synthesize(request, timeout=self.timeout, metadata=self._metadata)
         try:
             for message in call:
                 chunk = reader.read(message)
