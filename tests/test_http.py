@@ -374,3 +374,34 @@ def test_an_http_port_in_use_stops_the_server_with_one_clear_error(tiny_model_di
         with pytest.raises(RuntimeError, match="--http-port: cannot serve HTTP on 127.0.0.1"):
             server.start()
         server.stop()
+
+
+def test_while_warming_up_speech_answers_503_with_retry_after_and_health_is_not_serving(tiny_model_dir):
+    import threading
+    import time
+
+    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.server.background import BackgroundServer
+
+    engine = TTSEngine(make_config(tiny_model_dir))
+    gate = threading.Event()
+    real_warmup = engine.warmup
+    engine.warmup = lambda: (gate.wait(120), real_warmup())[1]
+    warming = BackgroundServer(engine.config, engine=engine, http_port=0).start(wait_ready=False)
+    try:
+        deadline = time.monotonic() + 60
+        while warming.http_port is None:  # HTTP listens before warm-up, right after gRPC
+            assert time.monotonic() < deadline, "HTTP did not start"
+            time.sleep(0.05)
+        health = httpx.get(f"{warming.http_url}/health", timeout=30)
+        assert (health.status_code, health.json()) == (503, {"status": "not_serving"})
+        speech = httpx.post(f"{warming.http_url}/v1/audio/speech", timeout=30,
+                            json={"model": "tts-1", "input": "Not yet.", "voice": "tara"})
+        assert speech.status_code == 503 and speech.headers["Retry-After"]
+        assert "warming up" in speech.json()["error"]["message"]
+        gate.set()
+        warming.wait_ready(120)
+        assert httpx.get(f"{warming.http_url}/health", timeout=30).status_code == 200
+    finally:
+        gate.set()
+        warming.stop()
