@@ -263,3 +263,26 @@ def test_cli_as_a_subprocess(target, tmp_path, free_port):
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1 and failed.stdout == ""
     one_error_line(failed.stderr)
+
+
+@pytest.mark.parametrize("output, message", [
+    ("folder", "cannot write {tmp}/folder: it is a directory"),
+    ("missing/hello.wav", "cannot write the output {tmp}/missing/hello.wav: No such file or directory"),
+    ("missing/hello.mp3", "cannot write the output {tmp}/missing/hello.mp3: No such file or directory"),
+])
+def test_an_output_that_cannot_be_written_fails_before_the_call(tmp_path, capsys, output, message):
+    from audio_pipeline_client.cli import main
+
+    (tmp_path / "folder").mkdir()
+    # No server listens on port 1: the failure must come from the output, before any call.
+    assert main(["--server", "127.0.0.1:1", "--text", TEXT, "--output", str(tmp_path / output)]) == 1
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.part"))
+
+
+def test_timings_that_cannot_be_written_fail_before_the_call(tmp_path, capsys):
+    from audio_pipeline_client.cli import main
+
+    assert main(["--server", "127.0.0.1:1", "--text", TEXT, "--output", str(tmp_path / "a.wav"),
+                 "--timings", str(tmp_path / "missing" / "a.vtt")]) == 1
+    assert f"cannot write the timings {tmp_path}/missing/a.vtt" in capsys.readouterr().err

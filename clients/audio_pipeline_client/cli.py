@@ -335,43 +335,68 @@ def synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
-class WavSink:
-    """Writes the stream into a hidden temporary file beside ``path``, renamed onto ``path`` on success."""
+class PendingFile:
+    """A hidden temporary file beside ``path``, renamed onto ``path`` once the output is complete.
+    It is created at once, so an output that cannot be written fails before the server does any work."""
 
-    def __init__(self, path: Path, encoding: int):
+    def __init__(self, path: Path, what: str):
         self.path = path
-        self.encoding = encoding
-        self.description = str(path)
+        self.what = what
         if path.is_dir():
             raise CommandError(f"cannot write {path}: it is a directory")
         self.temporary_path = path.with_name(f".{path.name}.{os.getpid()}.part")
         try:
-            with open(self.temporary_path, "xb"):  # fail before the server does any work
-                pass
+            self.temporary_path.touch(exist_ok=False)
         except OSError as error:
-            raise CommandError(f"cannot write the output {path}: {error.strerror or error}") from error
+            raise self.error(error) from error
+
+    def error(self, error: OSError) -> CommandError:
+        return CommandError(f"cannot write {self.what} {self.path}: {error.strerror or error}")
+
+    def publish(self) -> None:
+        try:
+            os.replace(self.temporary_path, self.path)
+        except OSError as error:
+            raise self.error(error) from error
+
+    def remove(self) -> None:
+        self.temporary_path.unlink(missing_ok=True)
+
+
+def close_file(pending: PendingFile, file) -> None:
+    """Closes ``file`` (flushing it), reporting a failure as the output's."""
+    try:
+        file.close()
+    except OSError as error:
+        raise pending.error(error) from error
+
+
+class WavSink:
+    """Writes the stream into a hidden temporary file beside ``path``, renamed onto ``path`` on success."""
+
+    def __init__(self, path: Path, encoding: int):
+        self.encoding = encoding
+        self.description = str(path)
+        self.pending = PendingFile(path, "the output")
         self.file: soundfile.SoundFile | None = None
 
     def write(self, chunk: AudioStreamChunk) -> None:
         if self.file is None:
             subtype = "FLOAT" if self.encoding == FLOAT32 else "PCM_16"
-            self.file = soundfile.SoundFile(self.temporary_path, "w", samplerate=chunk.sample_rate, channels=1,
-                                            subtype=subtype, format="WAV")
+            self.file = soundfile.SoundFile(self.pending.temporary_path, "w", samplerate=chunk.sample_rate,
+                                            channels=1, subtype=subtype, format="WAV")
         if chunk.samples.size:
             # int16 into a PCM_16 file keeps the server's samples bit for bit.
             self.file.write(chunk.samples if self.encoding == FLOAT32 else float_to_pcm16(chunk.samples))
 
     def commit(self) -> None:
-        try:
-            self.file.close()
-            os.replace(self.temporary_path, self.path)
-        except OSError as error:
-            raise CommandError(f"cannot write the output {self.path}: {error.strerror or error}") from error
+        close_file(self.pending, self.file)
+        self.pending.publish()
 
     def discard(self) -> None:
         if self.file is not None and not self.file.closed:
             self.file.close()
-        self.temporary_path.unlink(missing_ok=True)
+        self.pending.remove()
 
 
 class TimingsFile:
@@ -379,15 +404,7 @@ class TimingsFile:
     file beside it) once the audio is complete."""
 
     def __init__(self, path: Path):
-        self.path = path
-        if path.is_dir():
-            raise CommandError(f"cannot write {path}: it is a directory")
-        self.temporary_path = path.with_name(f".{path.name}.{os.getpid()}.part")
-        try:
-            with open(self.temporary_path, "x", encoding="utf-8"):  # fail before the server does any work
-                pass
-        except OSError as error:
-            raise CommandError(f"cannot write the timings {path}: {error.strerror or error}") from error
+        self.pending = PendingFile(path, "the timings")
         self.words: list = []
 
     def add(self, chunk: AudioStreamChunk) -> None:
@@ -395,13 +412,14 @@ class TimingsFile:
 
     def commit(self) -> None:
         try:
-            self.temporary_path.write_text(timings_document(self.words, str(self.path)), encoding="utf-8")
-            os.replace(self.temporary_path, self.path)
+            self.pending.temporary_path.write_text(timings_document(self.words, str(self.pending.path)),
+                                                   encoding="utf-8")
         except OSError as error:
-            raise CommandError(f"cannot write the timings {self.path}: {error.strerror or error}") from error
+            raise self.pending.error(error) from error
+        self.pending.publish()
 
     def discard(self) -> None:
-        self.temporary_path.unlink(missing_ok=True)
+        self.pending.remove()
 
 
 class EncodedSink:
@@ -409,18 +427,17 @@ class EncodedSink:
     (renamed onto it on success), or to stdout when ``path`` is None (--raw)."""
 
     def __init__(self, path: Path | None, name: str):
-        self.path = path
         self.bytes_written = 0
         self.file = None
+        self.pending = None
         self.description = f"{name} to standard output" if path is None else str(path)
         if path is not None:
-            if path.is_dir():
-                raise CommandError(f"cannot write {path}: it is a directory")
-            self.temporary_path = path.with_name(f".{path.name}.{os.getpid()}.part")
+            self.pending = PendingFile(path, "the output")
             try:
-                self.file = open(self.temporary_path, "xb")  # noqa: SIM115 - closed in commit/discard
+                self.file = open(self.pending.temporary_path, "wb")  # noqa: SIM115 - closed in commit/discard
             except OSError as error:
-                raise CommandError(f"cannot write the output {path}: {error.strerror or error}") from error
+                self.pending.remove()
+                raise self.pending.error(error) from error
 
     def write(self, chunk: AudioStreamChunk) -> None:
         if not chunk.data:
@@ -436,16 +453,13 @@ class EncodedSink:
         if self.file is None:
             self.description = f"{self.bytes_written} bytes of {self.description}"
             return
-        try:
-            self.file.close()
-            os.replace(self.temporary_path, self.path)
-        except OSError as error:
-            raise CommandError(f"cannot write the output {self.path}: {error.strerror or error}") from error
+        close_file(self.pending, self.file)
+        self.pending.publish()
 
     def discard(self) -> None:
         if self.file is not None:
             self.file.close()
-            self.temporary_path.unlink(missing_ok=True)
+            self.pending.remove()
 
 
 class RawSink:
