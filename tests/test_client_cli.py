@@ -286,3 +286,4 @@ def test_timings_that_cannot_be_written_fail_before_the_call(tmp_path, capsys):
     assert main(["--server", "127.0.0.1:1", "--text", TEXT, "--output", str(tmp_path / "a.wav"),
                  "--timings", str(tmp_path / "missing" / "a.vtt")]) == 1
     assert f"cannot write the timings {tmp_path}/missing/a.vtt" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.part"))

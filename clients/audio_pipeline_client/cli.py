@@ -300,7 +300,11 @@ def synthesize(args: argparse.Namespace) -> int:
         sink = EncodedSink(Path(args.output) if args.output else None, name)
     else:
         sink = RawSink(encoding) if args.raw else WavSink(Path(args.output), encoding)
-    timings = TimingsFile(Path(args.timings)) if args.timings else None
+    try:
+        timings = TimingsFile(Path(args.timings)) if args.timings else None
+    except CommandError:
+        sink.discard()  # the audio's temporary file goes too
+        raise
     progress = Progress(quiet=args.quiet)
     try:
         options = dict(voice=args.voice, seed=args.seed, max_tokens=args.max_tokens, min_tokens=args.min_tokens,
