@@ -15,7 +15,6 @@ from audio_pipeline_client.protocol import (ReferenceAudio, StreamReader, async_
 from audio_pipeline_client.transport import (
     HEALTH_CHECK_METHOD,
     PEMOption,
-    Deadline,
     RETRY_CODES,
     ReadinessProbe,
     TargetOption,
@@ -118,7 +117,7 @@ class AsyncTTSClient:
         request = tts_pb2.RegisterVoiceRequest(name=name, reference=voice_reference(audio, transcript),
                                                description=description)
         try:
-            return voice_from_proto(await self._stub.RegisterVoice(request, timeout=Deadline(self.timeout).remaining(),
+            return voice_from_proto(await self._stub.RegisterVoice(request, timeout=self.timeout,
                                                               metadata=self._metadata))
         except grpc.RpcError as error:
             raise TTSError.from_rpc_error(error) from error
@@ -126,7 +125,7 @@ class AsyncTTSClient:
     async def delete_voice(self, name: str) -> None:
         """Deletes a registered voice (TTSError NOT_FOUND when there is none of that name)."""
         try:
-            await self._stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name=name), timeout=Deadline(self.timeout).remaining(),
+            await self._stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name=name), timeout=self.timeout,
                                     metadata=self._metadata)
         except grpc.RpcError as error:
             raise TTSError.from_rpc_error(error) from error
