@@ -103,13 +103,15 @@ class TTSEngine:
             raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "
                              f"speech tokens of the {self.manifest.family} layout (needs {self.layout.min_vocab_size})")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        #: The decoder in use: audio_decoder as configured, else the one the model's manifest names.
+        self.decoder_name = config.resolved_audio_decoder
+        # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
+        decoder_weights = self._decoder_weights()
         self.model = LlamaPipelineModel(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
                                         kv_cache_config=config.model.kv_cache)
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
         kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
-        #: The decoder in use: audio_decoder as configured, else the one the model's manifest names.
-        self.decoder_name = config.resolved_audio_decoder
-        self.decoder = load_audio_decoder(self.decoder_name, self._decoder_weights(),
+        self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
                                           config.audio_decoder_config, device=device)
         self.decoder_device = device
         for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
@@ -153,14 +155,21 @@ class TTSEngine:
             return self.decoder.encode(torch.from_numpy(samples).to(self.decoder_device)).cpu().long()
 
     def _decoder_weights(self) -> str:
+        """The decoder's weights: audio_decoder_weights, else what the model directory ships;
+        ValueError naming the setting when there are none or they are missing."""
         if self.config.audio_decoder_weights:
-            return self.config.audio_decoder_weights
-        if self.manifest.audio_decoder_weights:
+            path = self.config.audio_decoder_weights
+        elif self.manifest.audio_decoder_weights:
             if self.manifest.audio_decoder not in (None, self.decoder_name):
                 raise ValueError(f"audio_decoder_weights: the model ships weights for {self.manifest.audio_decoder!r}, "
                                  f"not {self.decoder_name!r}; pass --audio-decoder-weights")
-            return str(self.model_dir / self.manifest.audio_decoder_weights)
-        raise ValueError("audio_decoder_weights: required, the model directory ships no audio decoder weights")
+            path = str(self.model_dir / self.manifest.audio_decoder_weights)
+        else:
+            raise ValueError(f"audio_decoder_weights: required, the model directory {self.model_dir} ships no "
+                             f"{self.decoder_name} decoder weights; pass --audio-decoder-weights PATH")
+        if not Path(path).exists():
+            raise ValueError(f"audio_decoder_weights: {path} does not exist")
+        return path
 
     # --- facts -----------------------------------------------------------------------------------
 

@@ -123,9 +123,10 @@ def test_nested_defaults():
     assert (model.model_path, model.dtype, model.device) == (DEFAULT_MODEL, "auto", "auto")
     assert DEFAULT_MODEL == "builtin:slt-en"
     assert model.served_model_name is None and model.weight_path == [] and model.trust_remote_code is False
-    assert model.kv_cache == KVCacheConfig(kv_cache_page_size=128, enable_prefix_caching=True,
+    assert model.kv_cache == KVCacheConfig(kv_cache_page_size=None, enable_prefix_caching=True,
                                            device_memory_utilization=0.9)
-    assert model.kv_cache.kv_cache_memory_bytes is None and model.kv_cache.cache_dtype is None
+    assert model.kv_cache.page_size_for("cpu") == 128 and model.kv_cache.page_size_for("cuda") == 16
+    assert model.kv_cache.kv_cache_memory_bytes is None and model.kv_cache.cache_dtype == "auto"
     sampling = config.sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (0.6, 0.95, -1, 0.0)
     assert (sampling.repetition_penalty, sampling.max_tokens, sampling.max_tokens_limit) == (1.1, 1200, 4096)
@@ -521,7 +522,7 @@ def test_to_display_dict_is_json():
     config = make(chunk_size=[28], chat_template=None, audio_decoder_config={"hop": 1}, defer_resolve=True)
     shown = json.loads(json.dumps(config.to_display_dict()))
     assert shown["chunk_size"] == [28] and shown["prepend_prompt_speech_tokens"] == "never"
-    assert shown["model"]["kv_cache"]["kv_cache_page_size"] == 128 and shown["audio_decoder_config"] == {"hop": 1}
+    assert shown["model"]["kv_cache"]["kv_cache_page_size"] is None and shown["audio_decoder_config"] == {"hop": 1}
 
 
 def test_log_basic_config(caplog):
@@ -531,7 +532,7 @@ def test_log_basic_config(caplog):
     text = caplog.text
     for expected in ["/models/m", "dtype=bfloat16", "device=auto", D7, "weights from the model",
                      "chunk_size=[28, 56]", "buffer=14", "block_causal=False", "prepend_prompt_speech_tokens=never",
-                     "max_batch_size=8", "max_queue_size_tg", "page_size=128", "temperature=0.6",
+                     "max_batch_size=8", "max_queue_size_tg", "page_size=device default", "temperature=0.6",
                      "max_tokens=1200", "instrument_only"]:
         assert expected in text, expected
     assert all(record.levelno == logging.INFO for record in caplog.records)

@@ -270,3 +270,34 @@ def test_candidate_logits_equal_the_same_columns_of_the_full_logits(tiny_model_d
     for row, (start, end) in enumerate(ranges):
         want = torch.cat([full[row, start:end], full[row, extra[row]]])
         torch.testing.assert_close(got[row], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("weights", [None, "missing"])
+def test_missing_decoder_weights_are_refused_before_the_language_model_loads(tmp_path, weights):
+    """A plain Orpheus directory (no decoder shipped) or a decoder path that is not there is refused
+    naming the setting, before the weights load: here they are not even readable."""
+    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+
+    model_dir = write_tiny_orpheus_model(tmp_path / "plain", with_decoder=False)
+    (model_dir / "model.safetensors").write_bytes(b"not a checkpoint")
+    overrides = {} if weights is None else {"audio_decoder_weights": str(tmp_path / weights)}
+    with pytest.raises(ValueError, match="audio_decoder_weights: .*(ships no snac decoder|does not exist)"):
+        TTSEngine(make_config(model_dir, **overrides))
+
+
+@pytest.mark.parametrize("cache_dtype,expected", [("bfloat16", torch.bfloat16), ("fp8_e4m3", torch.float8_e4m3fn)])
+def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dtype, expected):
+    """model.kv_cache.cache_dtype takes effect: the cache holds that dtype (the CPU kernel reads
+    float32 only, so the torch form serves) and requests run to the end."""
+    engine = build(tiny_model_dir, model={"kv_cache": {"cache_dtype": cache_dtype}})
+    try:
+        manager = engine.model.kv_manager
+        assert {t.dtype for t in manager.cache.keys + manager.cache.values} == {expected}
+        assert manager.backend.name == "torch"
+        [context] = run(engine, ["Hello there."], **GREEDY)
+        assert context.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) and context.generated
+    finally:
+        engine.stop()
+    with pytest.raises(ValueError, match="attention_kernel=native"):
+        TTSEngine(make_config(tiny_model_dir, model={"kv_cache": {"cache_dtype": cache_dtype,
+                                                                  "attention_kernel": "native"}}))

@@ -37,6 +37,11 @@ class LlamaInputs(ModelInputs):
     candidate_extra_ids: torch.Tensor | None = None
 
 
+#: model.kv_cache.cache_dtype values other than "auto".
+CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "fp8_e4m3": torch.float8_e4m3fn}
+
+
 class LlamaPipelineModel(PipelineModel["TTSContext"]):
     """Llama-family causal LM over the paged KV cache."""
 
@@ -45,6 +50,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         super().__init__(pipeline_config, huggingface_config, devices=devices, dtype=dtype,
                          kv_cache_config=kv_cache_config)
         self.model_dir = model_dir
+        #: The KV cache's dtype: model.kv_cache.cache_dtype, the model's own when "auto".
+        self.cache_dtype = CACHE_DTYPES.get(kv_cache_config.cache_dtype, dtype)
         self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
         with torch.device("meta"):
             self.model = LlamaForCausalLM(huggingface_config)
@@ -83,13 +90,19 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
 
     @classmethod
     def get_kv_params(cls, huggingface_config: Any, n_devices: int, kv_cache_config: "KVCacheConfig",
-                      cache_dtype: torch.dtype) -> KVCacheParams:
+                      cache_dtype: torch.dtype, *, device_type: str = "cpu") -> KVCacheParams:
         heads = huggingface_config.num_attention_heads
         return KVCacheParams(
             num_layers=cls.get_num_layers(huggingface_config),
             n_kv_heads=getattr(huggingface_config, "num_key_value_heads", None) or heads,
             head_dim=getattr(huggingface_config, "head_dim", None) or huggingface_config.hidden_size // heads,
-            dtype=cache_dtype, page_size=kv_cache_config.kv_cache_page_size, n_devices=n_devices)
+            dtype=cache_dtype, page_size=kv_cache_config.page_size_for(device_type), n_devices=n_devices)
+
+    @property
+    def kv_params(self) -> KVCacheParams:
+        """This model's cache: its shape, the cache dtype in force and the device's page size."""
+        return self.get_kv_params(self.huggingface_config, len(self.devices), self.kv_cache_config, self.cache_dtype,
+                                  device_type=self.devices[0].type)
 
     @classmethod
     def estimate_kv_cache_size(cls, pipeline_config: "PipelineConfig", available_cache_memory: int,
@@ -99,7 +112,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         available (an explicit kv_cache_memory_bytes is taken as is)."""
         if kv_cache_config.kv_cache_memory_bytes is not None:
             return kv_cache_config.kv_cache_memory_bytes
-        params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype)
+        params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype,
+                                   device_type=devices[0].type)
         batch = pipeline_config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
         wanted = batch * cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
         return min(wanted, available_cache_memory)
@@ -107,22 +121,25 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
     @classmethod
     def infer_optimal_batch_size(cls, pipeline_config, available_cache_memory, huggingface_config, devices,
                                  kv_cache_config, cache_dtype) -> int:
-        params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype)
+        params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype,
+                                   device_type=devices[0].type)
         per_sequence = cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
         return max(1, available_cache_memory // per_sequence)
 
     def load_kv_manager(self, available_cache_memory: int | None = None) -> PagedKVCacheManager:
         """Builds the paged cache: sized from ``available_cache_memory`` bytes, or from the memory
         measured free now (after the weights are loaded) times device_memory_utilization."""
-        params = self.get_kv_params(self.huggingface_config, len(self.devices), self.kv_cache_config, self.dtype)
+        params = self.kv_params
         if available_cache_memory is None:
             available_cache_memory = available_memory(self.devices[0], self.kv_cache_config.device_memory_utilization)
         size = self.estimate_kv_cache_size(self.pipeline_config, available_cache_memory, self.devices,
-                                           self.huggingface_config, self.kv_cache_config, self.dtype)
+                                           self.huggingface_config, self.kv_cache_config, self.cache_dtype)
         blocks = size // PagedKVCache.bytes_per_block(params)
         self.kv_manager = PagedKVCacheManager(params, self.devices[0], blocks,
                                               enable_prefix_caching=self.kv_cache_config.enable_prefix_caching,
-                                              attention_kernel=self.kv_cache_config.attention_kernel)
+                                              attention_kernel=self.kv_cache_config.attention_kernel,
+                                              num_heads=self.huggingface_config.num_attention_heads,
+                                              model_dtype=self.dtype)
         return self.kv_manager
 
     # --- execution -------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 The torch form (``ragged_paged_attention``) gathers every sequence's keys and values into a padded
 batch each layer before one ``scaled_dot_product_attention``; on CPU that gather and the padding are
-most of a decode step's attention time. This kernel walks each sequence's block table and reads the
-cache rows where they are, with an online softmax per (sequence, head), so nothing is copied and
+most of a decode step's attention time. This kernel walks each sequence's page list (the step
+metadata of ``paged_layout``, the same one FlashInfer reads) and reads the cache rows where they are, with an online softmax per (sequence, head), so nothing is copied and
 short sequences do not pay for long ones.
 
 It is compiled with torch's C++ extension builder (needs a C++ compiler and the ``ninja`` package)
@@ -28,21 +28,24 @@ _SOURCE = r"""
 #include <cmath>
 #include <vector>
 
-// One (sequence, head): scores, softmax and the weighted value sum. DIM is the head size when it is
-// one of the common ones (known at compile time, the dot products and row updates unroll into a
-// few vector operations and the value accumulators stay in registers); 0 for any other size.
+// One (sequence, query head): scores, softmax and the weighted value sum. The cache is
+// [pages, page_size, kv_heads, dim]: ``kbase``/``vbase`` point at this kv head's first row, and
+// consecutive tokens of a page are ``row`` floats apart. DIM is the head size when it is one of the
+// common ones (known at compile time, the dot products and row updates unroll into a few vector
+// operations and the value accumulators stay in registers); 0 for any other size.
 template <int DIM>
-static void attend_one(const float* q, const float* kbase, const float* vbase, const int64_t* table,
-                       int64_t block_size, int64_t len, int64_t nq, int64_t q_stride, int64_t dim_rt,
+static void attend_one(const float* q, const float* kbase, const float* vbase, const int32_t* pages,
+                       int64_t page_size, int64_t row, int64_t len, int64_t nq, int64_t q_stride, int64_t dim_rt,
                        float scale, float* out, std::vector<float>& scores, std::vector<float>& acc) {
   const int64_t dim = DIM ? DIM : dim_rt;
   const int64_t first = len - nq;
+  const int64_t page_stride = page_size * row;
   scores.resize(nq * len);
   acc.assign(nq * dim, 0.f);
-  // Pass 1: scores, one page of keys at a time (it stays in L1 across the queries that see it).
-  for (int64_t start = 0; start < len; start += block_size) {
-    const int64_t n = std::min(block_size, len - start);
-    const float* kb = kbase + table[start / block_size] * block_size * dim;
+  // Pass 1: scores, one page of keys at a time (it stays in cache across the queries that see it).
+  for (int64_t start = 0; start < len; start += page_size) {
+    const int64_t n = std::min(page_size, len - start);
+    const float* kb = kbase + static_cast<int64_t>(pages[start / page_size]) * page_stride;
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t visible = std::min(n, first + i + 1 - start);
       float qi[DIM ? DIM : 1];
@@ -50,7 +53,7 @@ static void attend_one(const float* q, const float* kbase, const float* vbase, c
       if (DIM) for (int64_t d = 0; d < DIM; ++d) qi[d] = qsrc[d];
       float* si = scores.data() + i * len + start;
       for (int64_t t = 0; t < visible; ++t) {
-        const float* k = kb + t * dim;
+        const float* k = kb + t * row;
         float s = 0.f;
         if (DIM) { for (int64_t d = 0; d < DIM; ++d) s += qi[d] * k[d]; }
         else { for (int64_t d = 0; d < dim; ++d) s += qsrc[d] * k[d]; }
@@ -76,69 +79,74 @@ static void attend_one(const float* q, const float* kbase, const float* vbase, c
     const int64_t visible_all = first + i + 1;
     if (DIM) {
       float a0[DIM ? DIM : 1] = {}, a1[DIM ? DIM : 1] = {};
-      for (int64_t start = 0; start < visible_all; start += block_size) {
-        const int64_t n = std::min(block_size, visible_all - start);
-        const float* vb = vbase + table[start / block_size] * block_size * dim;
+      for (int64_t start = 0; start < visible_all; start += page_size) {
+        const int64_t n = std::min(page_size, visible_all - start);
+        const float* vb = vbase + static_cast<int64_t>(pages[start / page_size]) * page_stride;
         int64_t t = 0;
         for (; t + 1 < n; t += 2) {
           const float p0 = si[start + t], p1 = si[start + t + 1];
-          const float* v0 = vb + t * DIM; const float* v1 = v0 + DIM;
+          const float* v0 = vb + t * row; const float* v1 = v0 + row;
           for (int64_t d = 0; d < DIM; ++d) { a0[d] += p0 * v0[d]; a1[d] += p1 * v1[d]; }
         }
         if (t < n) {
           const float p0 = si[start + t];
-          const float* v0 = vb + t * DIM;
+          const float* v0 = vb + t * row;
           for (int64_t d = 0; d < DIM; ++d) a0[d] += p0 * v0[d];
         }
       }
       for (int64_t d = 0; d < DIM; ++d) out[i * q_stride + d] = a0[d] + a1[d];
     } else {
       float* a = acc.data() + i * dim;
-      for (int64_t start = 0; start < visible_all; start += block_size) {
-        const int64_t n = std::min(block_size, visible_all - start);
-        const float* vb = vbase + table[start / block_size] * block_size * dim;
+      for (int64_t start = 0; start < visible_all; start += page_size) {
+        const int64_t n = std::min(page_size, visible_all - start);
+        const float* vb = vbase + static_cast<int64_t>(pages[start / page_size]) * page_stride;
         for (int64_t t = 0; t < n; ++t)
-          for (int64_t d = 0; d < dim; ++d) a[d] += si[start + t] * vb[t * dim + d];
+          for (int64_t d = 0; d < dim; ++d) a[d] += si[start + t] * vb[t * row + d];
       }
       for (int64_t d = 0; d < dim; ++d) out[i * q_stride + d] = a[d];
     }
   }
 }
 
-// query [T, H, D]; caches [Hkv, S, D]; tables [B, W] (int64); seq_lens, query_starts, query_lens [B].
+// query [T, H, D]; caches [pages, page_size, Hkv, D]; qo_indptr, kv_indptr [B + 1], kv_indices, seq_lens
+// [B] (int32: the step metadata's page lists, see paged_layout.py).
 torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                              torch::Tensor tables, torch::Tensor seq_lens, torch::Tensor query_starts,
-                              torch::Tensor query_lens, int64_t block_size, double scale) {
+                              torch::Tensor qo_indptr, torch::Tensor kv_indptr, torch::Tensor kv_indices,
+                              torch::Tensor seq_lens, double scale) {
   TORCH_CHECK(query.scalar_type() == torch::kFloat && key_cache.scalar_type() == torch::kFloat,
               "float32 only");
+  TORCH_CHECK(kv_indices.scalar_type() == torch::kInt && kv_indptr.scalar_type() == torch::kInt &&
+              qo_indptr.scalar_type() == torch::kInt && seq_lens.scalar_type() == torch::kInt, "int32 metadata");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "contiguous caches");
   query = query.contiguous();
   auto out = torch::empty_like(query);
   const int64_t heads = query.size(1), dim = query.size(2);
-  const int64_t kv_heads = key_cache.size(0), slots = key_cache.size(1), width = tables.size(1);
-  const int64_t group = heads / kv_heads, batch = seq_lens.size(0);
+  const int64_t page_size = key_cache.size(1), kv_heads = key_cache.size(2);
+  const int64_t group = heads / kv_heads, batch = seq_lens.size(0), row = kv_heads * dim;
   const float* q = query.data_ptr<float>();
   const float* kc = key_cache.data_ptr<float>();
   const float* vc = value_cache.data_ptr<float>();
-  const int64_t* tab = tables.data_ptr<int64_t>();
-  const int64_t* lens = seq_lens.data_ptr<int64_t>();
-  const int64_t* qs = query_starts.data_ptr<int64_t>();
-  const int64_t* ql = query_lens.data_ptr<int64_t>();
+  const int32_t* qo = qo_indptr.data_ptr<int32_t>();
+  const int32_t* kvp = kv_indptr.data_ptr<int32_t>();
+  const int32_t* idx = kv_indices.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* o = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc;
     for (int64_t work = begin; work < end; ++work) {
       const int64_t b = work / heads, h = work % heads, kvh = h / group;
-      const float* qb = q + (qs[b] * heads + h) * dim;
-      float* ob = o + (qs[b] * heads + h) * dim;
-      const float* kb = kc + kvh * slots * dim;
-      const float* vb = vc + kvh * slots * dim;
-      const int64_t* table = tab + b * width;
+      const int64_t nq = qo[b + 1] - qo[b];
+      const float* qb = q + (static_cast<int64_t>(qo[b]) * heads + h) * dim;
+      float* ob = o + (static_cast<int64_t>(qo[b]) * heads + h) * dim;
+      const float* kb = kc + kvh * dim;
+      const float* vb = vc + kvh * dim;
+      const int32_t* pages = idx + kvp[b];
       switch (dim) {
-#define CASE(D) case D: attend_one<D>(qb, kb, vb, table, block_size, lens[b], ql[b], heads * dim, dim, fscale, ob, scores, acc); break;
+#define CASE(D) case D: attend_one<D>(qb, kb, vb, pages, page_size, row, lens[b], nq, heads * dim, dim, fscale, ob, scores, acc); break;
         CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128)
 #undef CASE
-        default: attend_one<0>(qb, kb, vb, table, block_size, lens[b], ql[b], heads * dim, dim, fscale, ob, scores, acc);
+        default: attend_one<0>(qb, kb, vb, pages, page_size, row, lens[b], nq, heads * dim, dim, fscale, ob, scores, acc);
       }
     }
   });
@@ -190,7 +198,7 @@ def native_attention():
                 _put_ninja_on_path()
                 # Built for this CPU's instruction set (AVX2 / AVX-512 where present); the name carries
                 # the CPU's identity, so a cache folder shared with another kind of CPU never serves it.
-                _module = load_inline(f"audio_pipeline_paged_attention_{_cpu_tag()}", cpp_sources=_SOURCE,
+                _module = load_inline(f"audio_pipeline_paged_attention_nhd_{_cpu_tag()}", cpp_sources=_SOURCE,
                                       functions=["paged_attention"],
                                       extra_cflags=["-O3", "-ffast-math", "-march=native"], verbose=False)
             except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, ...: the torch form serves

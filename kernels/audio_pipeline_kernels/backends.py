@@ -1,0 +1,115 @@
+"""Attention backends behind one interface: a backend plans a step once (from its host metadata)
+and the plan attends every layer.
+
+- ``native``: the C++ CPU kernel (float32), reading the cache in place; the CPU default.
+- ``flashinfer``: FlashInfer's paged kernels on CUDA (see flashinfer_attention.py); the CUDA default
+  where the package is installed.
+- ``torch``: gather + ``scaled_dot_product_attention``; runs on any device and dtype.
+
+Every backend equals ``paged_attention_reference`` (tests/test_kernels.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import torch
+
+from audio_pipeline_kernels.native_paged_attention import native_attention
+from audio_pipeline_kernels.paged_attention import RaggedStep, ragged_paged_attention
+from audio_pipeline_kernels.paged_layout import StepMetadata
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "native", "flashinfer", "torch")
+
+
+class AttentionPlan(Protocol):
+    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> torch.Tensor:
+        """Causal attention of the step's new tokens ([T, heads, head_dim]) over one layer's cache,
+        which already holds their keys and values."""
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def plan(self, metadata: StepMetadata) -> AttentionPlan:
+        """What every layer of the step described by ``metadata`` attends with."""
+
+
+class TorchPlan:
+    def __init__(self, step: RaggedStep, scale: float):
+        self.step, self.scale = step, scale
+
+    def attend(self, query, key_cache, value_cache):
+        return ragged_paged_attention(query, key_cache, value_cache, self.step, self.scale)
+
+
+class TorchBackend:
+    """The padded gather + SDPA form: any device, any dtype."""
+
+    name = "torch"
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, scale: float):
+        self.device, self.dtype, self.scale = device, dtype, scale
+
+    def plan(self, metadata: StepMetadata) -> TorchPlan:
+        return TorchPlan(RaggedStep.build(metadata, self.device, self.dtype), self.scale)
+
+
+class NativePlan:
+    def __init__(self, kernel, metadata: StepMetadata, scale: float):
+        self.kernel, self.scale = kernel, scale
+        self.args = tuple(torch.from_numpy(a) for a in (metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices,
+                                                         metadata.seq_lens))
+
+    def attend(self, query, key_cache, value_cache):
+        return self.kernel(query, key_cache, value_cache, *self.args, self.scale)
+
+
+class NativeBackend:
+    """The C++ CPU kernel (float32 caches)."""
+
+    name = "native"
+
+    def __init__(self, kernel, scale: float):
+        self.kernel, self.scale = kernel, scale
+
+    def plan(self, metadata: StepMetadata) -> NativePlan:
+        return NativePlan(self.kernel, metadata, self.scale)
+
+
+def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype, *, num_heads: int,
+                             num_kv_heads: int, head_dim: int, page_size: int,
+                             cache_dtype: torch.dtype | None = None) -> AttentionBackend:
+    """The backend ``name`` (one of BACKENDS) for a model's attention on ``device``; ``auto`` takes the
+    fastest that runs there. ValueError naming the setting when the one asked for cannot run."""
+    if name not in BACKENDS:
+        raise ValueError(f"model.kv_cache.attention_kernel: {name!r} is not one of {', '.join(BACKENDS)}")
+    scale = head_dim ** -0.5
+    cache_dtype = cache_dtype or dtype
+    if device.type == "cuda" and name in ("auto", "flashinfer"):
+        from audio_pipeline_kernels.flashinfer_attention import FlashInferBackend, flashinfer_unavailable
+
+        reason = flashinfer_unavailable(head_dim, page_size)
+        if reason is None:
+            return FlashInferBackend(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                     page_size=page_size, dtype=dtype, cache_dtype=cache_dtype, scale=scale)
+        if name == "flashinfer":
+            raise ValueError(f"model.kv_cache.attention_kernel=flashinfer: {reason}")
+        logger.warning("attention on CUDA uses the torch form (slow): %s", reason)
+    if name == "flashinfer":
+        raise ValueError("model.kv_cache.attention_kernel=flashinfer runs on CUDA only; use auto, native or torch")
+    if device.type == "cpu" and name in ("auto", "native") and dtype == torch.float32 and cache_dtype == dtype:
+        kernel = native_attention()
+        if kernel is not None:
+            return NativeBackend(kernel, scale)
+    if name == "native":
+        raise ValueError("model.kv_cache.attention_kernel=native: the native kernel runs on CPU with float32 "
+                         "and needs a C++ compiler (see the log); use auto or torch")
+    return TorchBackend(device, dtype, scale)
+
+
+__all__ = ["BACKENDS", "AttentionBackend", "AttentionPlan", "NativeBackend", "TorchBackend",
+           "select_attention_backend"]
