@@ -142,6 +142,13 @@ class ModelConfig(BaseModel):
         "faster, but through the server (ragged steps of changing shapes) the model phase went 4.6 -> 4.3 ms "
         "per forward at 1 stream and 17 -> 29 ms at 16 streams.")
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig, description="The paged KV cache.")
+    decode_buckets: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="Batch sizes decode steps are padded to (static shapes: on CUDA each is captured once as "
+        "a CUDA graph); a step larger than the largest runs unpadded. None: with CUDA graphs 1, 2, 4, 8, 16, 24, 32 "
+        "and then every 16 up to max_batch_size; otherwise none (exact shapes run faster without graphs).")
+    cuda_graphs: bool = Field(
+        True, description="On CUDA with the flashinfer attention kernel, replay each decode bucket's forward pass "
+        "from a captured CUDA graph instead of launching its kernels from Python.")
 
     @field_validator("device")
     @classmethod

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from audio_pipeline.layouts.orpheus import OrpheusLayout
@@ -47,8 +46,6 @@ class TTSContext:
     #: Audio chunks decoded so far.
     chunks_decoded: int = 0
     stop_reason: StopReason | None = None
-    #: Tokens (from ``processed`` on) the current step computes; set by the pipeline per step.
-    active_length: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     first_audio_time: float | None = None
@@ -57,9 +54,6 @@ class TTSContext:
     def __post_init__(self) -> None:
         self.generator = self.sampling.make_generator()
         frame = self.layout.tokens_per_frame
-        # Count of each code so far, per frame slot: what repetition penalties look at. A numpy
-        # array: every appended token bumps one cell, and a torch op per token costs microseconds.
-        self._slot_counts = np.zeros((frame, self.layout.codebook_size), dtype=np.float32)
         # The largest whole-frame count within max_tokens: generation never stops mid-frame.
         self.token_budget = self.sampling.max_tokens - self.sampling.max_tokens % frame
         # Layouts with an explicit alignment (phoneme-lpc) fix some tokens from the prompt alone;
@@ -87,11 +81,6 @@ class TTSContext:
 
     def unprocessed_tokens(self) -> list[int]:
         return self.all_tokens[self.processed:]
-
-    def active_tokens(self) -> list[int]:
-        """The tokens this step computes: ``active_length`` from ``processed`` (all unprocessed if 0)."""
-        end = self.processed + self.active_length if self.active_length else self.total_length
-        return self.all_tokens[self.processed:end]
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -124,12 +113,6 @@ class TTSContext:
             position % self.layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens)
         return mask
 
-    def candidate_counts(self, width: int | None = None) -> torch.Tensor:
-        """How often each candidate was generated before (what repetition penalties look at)."""
-        counts = torch.from_numpy(self._slot_counts[len(self.generated) % self.layout.tokens_per_frame])
-        width = width or self.layout.codebook_size + len(self.stop_ids)
-        return torch.cat([counts, torch.zeros(width - self.layout.codebook_size)])
-
     def append_token(self, token_id: int) -> None:
         """Records a sampled token and stops the request on a stop id or when out of budget."""
         position = len(self.generated)
@@ -138,8 +121,7 @@ class TTSContext:
         if token_id == self.layout.end_of_speech or (may_stop and token_id in self.stop_ids):
             self.stop_reason = StopReason.END_OF_SPEECH
             return
-        code = self.layout.token_to_code(token_id, position)
-        self._slot_counts[position % self.layout.tokens_per_frame, code] += 1
+        self.layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
         self.generated.append(token_id)
         if len(self.generated) >= self.token_budget:
             self.stop_reason = StopReason.MAX_TOKENS

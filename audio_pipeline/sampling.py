@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import torch
 
 from audio_pipeline.errors import InvalidArgument
@@ -101,88 +102,204 @@ class CandidateBatch:
 
     @classmethod
     def build(cls, contexts: Sequence["TTSContext"]) -> "CandidateBatch":
-        layout = contexts[0].layout
-        codebook, frame, eos = layout.codebook_size, layout.tokens_per_frame, layout.end_of_speech
-        stops = [c.stop_ids for c in contexts]
-        width = max(len(s) for s in stops)
-        starts, forced, stop_ok = [], [], []
-        for context in contexts:
-            position = len(context.generated)
-            starts.append(layout.token_range(position)[0])
-            fixed = context.alignment.forced(position) if context.alignment is not None else None
-            forced.append(-1 if fixed is None else fixed)
-            stop_ok.append(position % frame == 0 and position > 0 and position >= context.sampling.min_tokens)
-        extra = torch.tensor([list(s) + [eos] * (width - len(s)) for s in stops], dtype=torch.long)
-        start_t = torch.tensor(starts, dtype=torch.long)
+        rows = SamplingRows.build(contexts, draw=False)
+        codebook = rows.codebook_size
+        extra = torch.from_numpy(rows.extra_ids)
+        start_t = torch.from_numpy(rows.starts)
         ids = torch.cat([start_t[:, None] + torch.arange(codebook)[None, :], extra], dim=1)
-        columns = torch.arange(width)[None, :]
-        stop_allowed = torch.tensor(stop_ok)[:, None] & (columns < torch.tensor([len(s) for s in stops])[:, None])
-        allowed = torch.cat([torch.ones(len(contexts), codebook, dtype=torch.bool), stop_allowed], dim=1)
-        forced_t = torch.tensor(forced, dtype=torch.long)
+        allowed = torch.cat([torch.ones(len(contexts), codebook, dtype=torch.bool),
+                             torch.from_numpy(rows.extra_allowed)], dim=1)
+        forced_t = torch.from_numpy(rows.forced)
         allowed = torch.where((forced_t >= 0)[:, None], ids == forced_t[:, None], allowed)
-        return cls(starts, codebook, extra, ids, allowed)
+        return cls(rows.starts.tolist(), codebook, extra, ids, allowed)
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
         return [(start, start + self.codebook_size) for start in self.starts]
 
 
-def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *,
-                       candidate_logits: bool = False, candidates: CandidateBatch | None = None) -> list[int]:
-    """One speech token per context from ``logits`` ([batch, vocab]), all rows at once.
+#: The per-row floats of a step's sampling, in the order SamplingRows.floats stacks them.
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                "uniform")
 
-    Each row only considers the ids its next frame slot allows (plus end-of-speech on a frame
-    boundary once min_tokens are out), so a stream can never hold a broken frame. Every row draws
-    one uniform number from its own request's generator, so a request's tokens do not depend on
-    what else is in the batch.
 
-    ``logits`` is [batch, vocab], or with ``candidate_logits`` already [batch, candidates] in the
-    order of each context's ``candidate_ids(candidate_width(contexts))`` (the model computes
-    only those columns then, which is much cheaper than the whole vocabulary). ``candidates`` is
-    the batch's CandidateBatch when the caller has built it already.
+@dataclass
+class SamplingRows:
+    """What the sampler needs of each row of a step, built on the host (numpy) from the requests
+    alone, so that sampling on the device reads no device value back.
+
+    The random draw is made here, from each sampling request's own generator (one uniform number
+    per sampling step, as the sampler always has), so a seed gives the same tokens whatever the
+    device and whatever else is in the batch.
     """
-    if not contexts:
-        return []
-    candidates = candidates or CandidateBatch.build(contexts)
-    candidate_ids = candidates.ids.to(logits.device)  # [B, C]
-    allowed = candidates.allowed.to(logits.device)
-    scores = logits.float() if candidate_logits else logits.float().gather(1, candidate_ids)
-    counts = torch.stack([c.candidate_counts(candidate_ids.shape[1]) for c in contexts]).to(logits.device)
-    params = [c.sampling for c in contexts]
 
-    def column(name: str) -> torch.Tensor:
-        return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=logits.device)[:, None]
+    codebook_size: int
+    #: [B] first id of each row's candidate range (its next frame slot's codebook).
+    starts: np.ndarray
+    #: [B, E] stop ids (padded with end-of-speech) and [B, E] whether each may be chosen now.
+    extra_ids: np.ndarray
+    extra_allowed: np.ndarray
+    #: [B] the id a layout's alignment forces (-1: the model chooses).
+    forced: np.ndarray
+    #: [len(FLOAT_FIELDS), B] float32: the settings, then the uniform draw (0 for greedy rows).
+    floats: np.ndarray
+    #: [B] top_k, the whole width where unlimited.
+    top_k: np.ndarray
+    #: [B] frame slot (position % tokens_per_frame) of the token each row samples.
+    frame_slots: np.ndarray
 
+    @classmethod
+    def build(cls, contexts: Sequence["TTSContext"], *, draw: bool = True) -> "SamplingRows":
+        layout = contexts[0].layout
+        codebook, frame, eos = layout.codebook_size, layout.tokens_per_frame, layout.end_of_speech
+        stops = [c.stop_ids for c in contexts]
+        width = max(len(s) for s in stops)
+        batch = len(contexts)
+        starts = np.empty(batch, dtype=np.int64)
+        forced = np.full(batch, -1, dtype=np.int64)
+        extra_ids = np.full((batch, width), eos, dtype=np.int64)
+        extra_allowed = np.zeros((batch, width), dtype=bool)
+        floats = np.zeros((len(FLOAT_FIELDS), batch), dtype=np.float32)
+        uniform = torch.from_numpy(floats[FLOAT_FIELDS.index("uniform")])
+        top_k = np.empty(batch, dtype=np.int64)
+        slots = np.empty(batch, dtype=np.int64)
+        for row, context in enumerate(contexts):
+            position = len(context.generated)
+            params = context.sampling
+            starts[row] = layout.token_range(position)[0]
+            slots[row] = position % frame
+            fixed = context.alignment.forced(position) if context.alignment is not None else None
+            if fixed is not None:
+                forced[row] = fixed
+            extra_ids[row, :len(stops[row])] = stops[row]
+            extra_allowed[row, :len(stops[row])] = position % frame == 0 and position > 0 and \
+                position >= params.min_tokens
+            floats[:6, row] = (params.temperature, params.top_p, params.min_p, params.repetition_penalty,
+                               params.frequency_penalty, params.presence_penalty)
+            top_k[row] = params.top_k if 0 < params.top_k < codebook + width else codebook + width
+            if draw and params.temperature > 0:  # drawn straight into the row: no value is read back
+                torch.rand(1, generator=context.generator, out=uniform[row:row + 1])
+        return cls(codebook, starts, extra_ids, extra_allowed, forced, floats, top_k, slots)
+
+    @property
+    def width(self) -> int:
+        return self.codebook_size + self.extra_ids.shape[1]
+
+    @property
+    def any_sampling(self) -> bool:
+        """Some row samples (temperature > 0); else every row is greedy and no draw is needed."""
+        return bool((self.floats[0] > 0).any())
+
+    @property
+    def prefix_suffices(self) -> bool:
+        """Every sampling row keeps at most NUCLEUS_PREFIX candidates (top_k), so the prefix rule is
+        exact without looking at the scores."""
+        return bool((self.top_k[self.floats[0] > 0] <= NUCLEUS_PREFIX).all())
+
+    @property
+    def prefix_may_suffice(self) -> bool:
+        """Every sampling row's top_k fits the prefix or is unlimited: the prefix rule is exact where
+        the scores show the top_p mass inside it (_sample_nucleus's check)."""
+        top_k = self.top_k[self.floats[0] > 0]
+        return bool(((top_k <= NUCLEUS_PREFIX) | (top_k == self.width)).all())
+
+
+@dataclass
+class DeviceSamplingRows:
+    """SamplingRows on the device (views of a step's staged inputs, or copies)."""
+
+    starts: torch.Tensor
+    extra_ids: torch.Tensor
+    extra_allowed: torch.Tensor
+    forced: torch.Tensor
+    floats: torch.Tensor
+    top_k: torch.Tensor
+
+    @classmethod
+    def copy_of(cls, rows: SamplingRows, device: torch.device) -> "DeviceSamplingRows":
+        return cls(*(torch.from_numpy(getattr(rows, name)).to(device)
+                     for name in ("starts", "extra_ids", "extra_allowed", "forced", "floats", "top_k")))
+
+    def column(self, name: str) -> torch.Tensor:
+        return self.floats[FLOAT_FIELDS.index(name)][:, None]
+
+
+def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSamplingRows, counts: torch.Tensor, *,
+                sync_free: bool = True) -> torch.Tensor:
+    """One speech token id per row ([B] int64, on the scores' device) from candidate logits
+    ``scores`` ([B, codebook + E], each row's candidates in SamplingRows order) and each row's
+    earlier codes in its frame slot ``counts`` ([B, codebook]).
+
+    Each row only considers the ids its next frame slot allows (plus its stop ids on a frame boundary
+    once min_tokens are out), so a stream can never hold a broken frame. Nothing here reads a device
+    value on the host when ``sync_free``: which rule runs is decided from the requests' settings
+    (host data). Without it (the CPU, where a device value costs nothing to read) a flat row's
+    nucleus may first be tried over the best NUCLEUS_PREFIX candidates; the result is the same.
+    """
+    codebook = rows.codebook_size
+    scores = scores.float()
+    counts = torch.cat([counts, counts.new_zeros(counts.shape[0], scores.shape[1] - codebook)], dim=1)
     seen = counts > 0
-    penalty = column("repetition_penalty")
+    penalty = device_rows.column("repetition_penalty")
     scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
-    scores = scores - column("frequency_penalty") * counts - column("presence_penalty") * seen.float()
+    scores = scores - device_rows.column("frequency_penalty") * counts - device_rows.column("presence_penalty") * seen
+    offsets = torch.arange(scores.shape[1], device=scores.device)
+    ids = torch.cat([device_rows.starts[:, None] + offsets[None, :codebook], device_rows.extra_ids], dim=1)
+    allowed = torch.cat([torch.ones_like(device_rows.extra_allowed[:, :1]).expand(-1, codebook),
+                         device_rows.extra_allowed], dim=1)
+    allowed = torch.where((device_rows.forced >= 0)[:, None], ids == device_rows.forced[:, None], allowed)
     scores = scores.masked_fill(~allowed, float("-inf"))
     # Never a token the layout forbids, whatever the numbers: a row whose scores overflowed or went
     # NaN (extreme logits, a misbehaving model) falls back to its allowed candidates, uniformly.
-    # Checked on each row's best score (NaN and infinities show there), so sound rows pay one max.
-    extreme = not bool(torch.isfinite(scores.amax(dim=1)).all())
-    if extreme:
-        scores = _finite_or_excluded(scores)
-        broken = ~torch.isfinite(scores).any(dim=1, keepdim=True)
-        scores = torch.where(broken & allowed, torch.zeros_like(scores), scores)
-
-    greedy = column("temperature")[:, 0] == 0
+    scores = _finite_or_excluded(scores)
+    broken = ~torch.isfinite(scores).any(dim=1, keepdim=True)
+    scores = torch.where(broken & allowed, torch.zeros_like(scores), scores)
     chosen = scores.argmax(dim=1)
-    if not bool(greedy.all()):
-        scores = scores / column("temperature").clamp_min(1e-6)
-        if extreme:  # the largest scores may overflow once divided by the temperature
-            scores = _finite_or_excluded(scores)
-        uniform = torch.cat([torch.rand(1, generator=c.generator) for c in contexts]).to(logits.device)
-        top_k = [p.top_k if 0 < p.top_k < scores.shape[1] else scores.shape[1] for p in params]
-        min_p, top_p = column("min_p"), column("top_p")
+    if rows.any_sampling:
+        temperature = device_rows.column("temperature")
+        scaled = _finite_or_excluded(scores / temperature.clamp_min(1e-6))  # large scores may overflow
+        top_k, min_p, top_p = device_rows.top_k, device_rows.column("min_p"), device_rows.column("top_p")
+        uniform = device_rows.column("uniform")[:, 0]
+        width = scores.shape[1]
         sampled = None
-        if scores.shape[1] > NUCLEUS_PREFIX and all(k == scores.shape[1] or k <= NUCLEUS_PREFIX for k in top_k):
-            sampled = _sample_nucleus(scores, top_k, min_p, top_p, uniform, NUCLEUS_PREFIX)
+        if width > NUCLEUS_PREFIX and (rows.prefix_suffices or (not sync_free and rows.prefix_may_suffice)):
+            sampled = _sample_nucleus(scores=scaled, top_k=top_k, min_p=min_p, top_p=top_p, uniform=uniform,
+                                      prefix=NUCLEUS_PREFIX, check=not rows.prefix_suffices)
         if sampled is None:
-            sampled = _sample_nucleus(scores, top_k, min_p, top_p, uniform, scores.shape[1])
-        chosen = torch.where(greedy, chosen, sampled)
-    return candidate_ids.gather(1, chosen[:, None])[:, 0].tolist()
+            sampled = _sample_nucleus(scaled, top_k, min_p, top_p, uniform, width)
+        chosen = torch.where(temperature[:, 0] == 0, chosen, sampled)
+    return ids.gather(1, chosen[:, None])[:, 0]
+
+
+def slot_counts(context: "TTSContext") -> np.ndarray:
+    """How often each code came before in the frame slot ``context`` samples next ([codebook]): what
+    the repetition penalties look at (the engine keeps these on the device; this is their reference)."""
+    layout = context.layout
+    frame, position = layout.tokens_per_frame, len(context.generated)
+    slot = position % frame
+    codes = [layout.token_to_code(token, p) for p, token in enumerate(context.generated) if p % frame == slot]
+    return np.bincount(np.asarray(codes, dtype=np.int64), minlength=layout.codebook_size).astype(np.float32)
+
+
+def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *,
+                       candidate_logits: bool = False, sync_free: bool = False) -> list[int]:
+    """One speech token per context from ``logits`` ([batch, vocab], or with ``candidate_logits``
+    already [batch, candidates] in SamplingRows order), all rows at once; for use without an engine
+    (the engine's model runner keeps the counts on the device and reads its ids back later).
+
+    Every sampling row draws one uniform number from its own request's generator, so a request's
+    tokens do not depend on what else is in the batch.
+    """
+    if not contexts:
+        return []
+    rows = SamplingRows.build(contexts)
+    device_rows = DeviceSamplingRows.copy_of(rows, logits.device)
+    if not candidate_logits:
+        offsets = torch.arange(rows.codebook_size, device=logits.device)
+        ids = torch.cat([device_rows.starts[:, None] + offsets[None, :], device_rows.extra_ids], dim=1)
+        logits = logits.gather(1, ids)
+    counts = torch.from_numpy(np.stack([slot_counts(c) for c in contexts])).to(logits.device)
+    return sample_rows(logits, rows, device_rows, counts, sync_free=sync_free).tolist()
 
 
 def _finite_or_excluded(scores: torch.Tensor) -> torch.Tensor:
@@ -195,11 +312,12 @@ def _finite_or_excluded(scores: torch.Tensor) -> torch.Tensor:
 NUCLEUS_PREFIX = 64
 
 
-def _sample_nucleus(scores: torch.Tensor, top_k: list[int], min_p: torch.Tensor, top_p: torch.Tensor,
-                    uniform: torch.Tensor, prefix: int) -> torch.Tensor | None:
+def _sample_nucleus(scores: torch.Tensor, top_k, min_p: torch.Tensor, top_p: torch.Tensor,
+                    uniform: torch.Tensor, prefix: int, check: bool = True) -> torch.Tensor | None:
     """Top-k, min-p and top-p filtering, then one draw per row, over each row's ``prefix`` best
-    candidates; None when a row's kept set might reach past them (then call again with the whole
-    row: ``prefix = scores.shape[1]``).
+    candidates; with ``check``, None when a row's kept set might reach past them (then call again
+    with the whole row: ``prefix = scores.shape[1]``). ``check`` reads the scores on the host;
+    without it the caller knows every row's top_k fits the prefix.
 
     With the whole row this is the plain rule. With a prefix it picks exactly the same: the
     probabilities are normalized over the whole row (or over its top_k, all inside the prefix), and
@@ -212,7 +330,7 @@ def _sample_nucleus(scores: torch.Tensor, top_k: list[int], min_p: torch.Tensor,
     else:
         ordered, order = scores.topk(prefix, dim=1)
     ranks = torch.arange(ordered.shape[1], device=scores.device)[None, :]
-    k = torch.tensor(top_k, device=scores.device)
+    k = top_k if isinstance(top_k, torch.Tensor) else torch.tensor(top_k, device=scores.device)
     best = ordered[:, :1]
     weights = torch.exp(ordered - best).masked_fill(ranks >= k[:, None], 0.0)
     whole_row = (k == width)[:, None]
@@ -221,7 +339,7 @@ def _sample_nucleus(scores: torch.Tensor, top_k: list[int], min_p: torch.Tensor,
     probs = weights / denominator
     probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
     before = probs.cumsum(dim=1) - probs  # probability mass ranked above each candidate
-    if prefix < width and not bool(((before[:, -1:] + probs[:, -1:] > top_p) | ~whole_row).all()):
+    if check and prefix < width and not bool(((before[:, -1:] + probs[:, -1:] > top_p) | ~whole_row).all()):
         return None
     probs = probs.masked_fill(before > top_p, 0.0)
     probs[:, 0] = torch.where(probs[:, 0] > 0, probs[:, 0], torch.ones_like(probs[:, 0]))

@@ -114,8 +114,6 @@ def apply_sample(request: Any, start: int, num_tokens: int, tokens: list[int]) -
     in the KV cache, then each sampled token is appended with the forced run that follows it (the
     same rule the scheduler plans with, ``tokens_per_sample``). A request finished meanwhile
     (cancelled while its step ran) is left as it is."""
-    if hasattr(request, "active_length"):
-        request.active_length = 0
     if request.is_done:
         return
     request.processed = start + num_tokens

@@ -7,11 +7,13 @@ import asyncio
 import queue
 import threading
 
+import numpy as np
 import pytest
 import torch
 
 from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
+from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
 from conftest import make_config, wait_idle
 
@@ -265,7 +267,9 @@ def test_candidate_logits_equal_the_same_columns_of_the_full_logits(tiny_model_d
     layout = engine.layout
     ranges = [layout.token_range(p) for p in (0, 1, 2, 0, 6)]
     extra = torch.tensor([[layout.end_of_speech, 128009]] * 5)
-    got = engine.model.compute_candidate_logits(hidden, ranges, extra)
+    order, groups = candidate_groups(np.array([start for start, _ in ranges]))
+    assert [(a, b) for a, b, _ in groups] == [(0, 2), (2, 3), (3, 4), (4, 5)]  # slot 0's two rows share one product
+    got = engine.model.compute_candidate_logits(hidden, groups, torch.from_numpy(order), extra, layout.codebook_size)
     full = engine.model.model.compute_logits(hidden)
     for row, (start, end) in enumerate(ranges):
         want = torch.cat([full[row, start:end], full[row, extra[row]]])

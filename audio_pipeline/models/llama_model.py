@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
 
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
@@ -31,10 +32,6 @@ class LlamaInputs(ModelInputs):
     logit_indices: torch.Tensor
     batch: PagedBatch
     request_ids: list[str] | None = None
-    #: When set, logits are computed only for each logit row's candidates: the half-open id range
-    #: ``candidate_ranges[i]`` followed by the ids ``candidate_extra_ids[i]`` (see sampling).
-    candidate_ranges: list[tuple[int, int]] | None = None
-    candidate_extra_ids: torch.Tensor | None = None
 
 
 #: model.kv_cache.cache_dtype values other than "auto".
@@ -147,9 +144,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
     def prepare_initial_token_inputs(self, context_batch: Sequence["TTSContext"], kv_cache_inputs: Any = None,
                                      return_n_logits: int = 1, *, sample_rows: Sequence[bool] | None = None,
                                      ) -> LlamaInputs:
-        """Each context's active tokens (``active_length`` from ``processed``; all unprocessed when
-        0) in one flat batch. Logits are computed for the last token of the contexts in
-        ``sample_rows`` (default: all)."""
+        """Each context's tokens not yet in its cache, in one flat batch. Logits are computed for the
+        last token of the contexts in ``sample_rows`` (default: all)."""
         if self.kv_manager is None:
             raise RuntimeError("load_kv_manager() must run before execution")
         tokens: list[int] = []
@@ -157,7 +153,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         starts, lengths, rows = [], [], []
         sample_rows = sample_rows if sample_rows is not None else [True] * len(context_batch)
         for context, sample in zip(context_batch, sample_rows):
-            new = context.active_tokens()
+            new = context.unprocessed_tokens()
             if not new:
                 raise ValueError(f"request {context.request_id}: no tokens to compute")
             starts.append(context.processed)
@@ -180,7 +176,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         count = next_tokens.shape[0]
         if count != prev.logit_indices.shape[0]:
             raise ValueError("next_tokens must hold one token per sampled row of the previous step")
-        lengths = prev.batch.seq_lens.tolist()
+        lengths = prev.batch.metadata.seq_lens.tolist()
         ends = list(itertools.accumulate(prev.batch.query_lengths, initial=-1))[1:]
         sampled = [ends.index(row) for row in prev.logit_indices.tolist()]
         request_ids = [prev.request_ids[i] for i in sampled]
@@ -193,41 +189,39 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
 
     @torch.inference_mode()
     def execute(self, model_inputs: LlamaInputs) -> ModelOutputs:
-        """Runs the step. Logits are over the whole vocabulary, or over the candidates only when
-        ``candidate_ranges`` is set (same values, far fewer columns)."""
+        """Runs the step; logits over the whole vocabulary of each logit row."""
         hidden = self.forward(model_inputs.tokens, model_inputs.positions, model_inputs.batch)
-        rows = hidden[model_inputs.logit_indices]
-        if model_inputs.candidate_ranges is not None:
-            logits = self.compute_candidate_logits(rows, model_inputs.candidate_ranges,
-                                                   model_inputs.candidate_extra_ids)
-        else:
-            logits = self.model.compute_logits(rows)
+        logits = self.model.compute_logits(hidden[model_inputs.logit_indices])
         offsets = torch.arange(logits.shape[0] + 1, device=logits.device)
         return ModelOutputs(logits=logits, next_token_logits=logits, logit_offsets=offsets)
 
-
-    def compute_candidate_logits(self, hidden: torch.Tensor, ranges: Sequence[tuple[int, int]],
-                                 extra_ids: torch.Tensor | None) -> torch.Tensor:
-        """Logits of each row's id range (all of one length) then its extra ids: [rows, range + extra].
+    def compute_candidate_logits(self, hidden: torch.Tensor, groups: Sequence[tuple[int, int, int]],
+                                 order: torch.Tensor, extra_ids: torch.Tensor, width: int) -> torch.Tensor:
+        """Logits of each row's candidates: ``width`` ids from its range start, then its ``extra_ids``
+        ([rows, E]); [rows, width + E] float32.
 
         Rows that share a range (the same frame slot) go through one matrix product over a
-        contiguous slice of the output projection.
+        contiguous slice of the output projection: ``order`` ([rows], on the device) sorts the rows
+        by range start, ``groups`` ((first, end, start id) in that order, host data; see
+        :func:`candidate_groups`) says where each range's rows are. Nothing is read back.
         """
         weight = self.model.lm_head.weight
-        width = ranges[0][1] - ranges[0][0]
-        extra = 0 if extra_ids is None else extra_ids.shape[1]
-        out = torch.empty(hidden.shape[0], width + extra, dtype=torch.float32, device=hidden.device)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for row, span in enumerate(ranges):
-            if span[1] - span[0] != width:
-                raise ValueError("every candidate range of a batch must have the same length")
-            groups.setdefault(tuple(span), []).append(row)
-        for (start, end), rows in groups.items():
-            index = torch.tensor(rows, device=hidden.device)
-            out[index, :width] = (hidden[index] @ weight[start:end].T).float()
-        if extra:
-            out[:, width:] = torch.einsum("bh,beh->be", hidden, weight[extra_ids]).float()
-        return out
+        ordered = hidden.index_select(0, order)
+        by_range = torch.empty(hidden.shape[0], width, dtype=torch.float32, device=hidden.device)
+        for first, end, start in groups:
+            by_range[first:end] = (ordered[first:end] @ weight[start:start + width].T).float()
+        logits = torch.empty(hidden.shape[0], width + extra_ids.shape[1], dtype=torch.float32, device=hidden.device)
+        logits[:, :width].index_copy_(0, order, by_range)
+        logits[:, width:] = torch.einsum("bh,beh->be", hidden, weight[extra_ids]).float()
+        return logits
+
+
+def candidate_groups(starts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """Rows sorted by candidate range start, and each range's (first, end, start id) in that order."""
+    order = np.argsort(starts, kind="stable")
+    ordered = starts[order]
+    edges = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(starts)]
+    return order, [(a, b, int(ordered[a])) for a, b in zip(edges[:-1], edges[1:])]
 
 
 def available_memory(device: torch.device, utilization: float) -> int:

@@ -484,6 +484,7 @@ class AudioGenerationEngine:
         request.stream.close()
         self._requests.pop(context.request_id, None)
         self.scheduler.remove(context.request_id)
+        self.pipeline.forget(context.request_id)
         context.finish_time = time.monotonic()
         self.stop_reasons[context.stop_reason] += 1
         self.metrics.requests.labels(context.stop_reason.value if context.stop_reason else "unknown").inc()

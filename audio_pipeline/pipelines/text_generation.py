@@ -23,11 +23,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
 
 from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
+from audio_pipeline.pipelines.model_runner import ModelRunner
 from audio_pipeline.pipelines.step_timing import StepTimer
-from audio_pipeline.sampling import CandidateBatch, sample_next_tokens
 from audio_pipeline.scheduler import StepResult, apply_step
 
 if TYPE_CHECKING:
@@ -79,6 +79,20 @@ class TextGenerationPipeline:
         self._done: StepResult | None = None
         #: Seconds per step phase; the engine flushes it into its metrics.
         self.timer = StepTimer()
+        self._runner: ModelRunner | None = None
+
+    def runner(self, layout: Any) -> ModelRunner:
+        """The model runner (built on first use, for the requests' layout)."""
+        if self._runner is None:
+            model_config = self._pipeline_config.model
+            device = self.pipeline_model.devices[0]
+            buckets = model_config.decode_buckets
+            if buckets is None:
+                buckets = default_decode_buckets(device, self._pipeline_config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+                                                 cuda_graphs=model_config.cuda_graphs)
+            self._runner = ModelRunner(self.pipeline_model, layout, decode_buckets=buckets,
+                                       cuda_graphs=model_config.cuda_graphs, timer=self.timer)
+        return self._runner
 
     # --- properties of the seed interface ---------------------------------------------------------
 
@@ -147,30 +161,18 @@ class TextGenerationPipeline:
         return StepResult(items, self._forward(items) if items else [])
 
     def _forward(self, items: Sequence[Any]) -> list[list[int]]:
-        model = self.pipeline_model
-        timer = self.timer
-        with timer.phase("inputs"):
-            contexts = [item.request for item in items]
-            for item in items:
-                item.request.active_length = item.num_tokens
-            model_inputs = model.prepare_initial_token_inputs(contexts, sample_rows=[item.sample for item in items])
-            sampling = [item.request for item in items if item.sample]
-            candidates = None
-            if sampling:  # only the ids each request may produce next get logits
-                candidates = CandidateBatch.build(sampling)
-                model_inputs.candidate_ranges = candidates.ranges
-                model_inputs.candidate_extra_ids = candidates.extra_ids.to(model_inputs.tokens.device)
-        with timer.phase("model"):
-            outputs = model.execute(model_inputs)
-        timer.forwards += 1
-        with timer.phase("sample"):
-            sampled = iter(sample_next_tokens(outputs.next_token_logits, sampling, candidate_logits=True,
-                                              candidates=candidates))
-        return [[next(sampled)] if item.sample else [] for item in items]
+        return self.runner(items[0].request.layout).launch(items).result().tokens
 
     def release(self, request_id: str) -> None:
-        """Frees what the request holds in the KV cache (the scheduler normally does this)."""
+        """Frees what the request holds: its KV cache (the scheduler normally does this) and the
+        model runner's state of it."""
         self.kv_manager.release(request_id)
+        self.forget(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Frees the model runner's state of a finished request (its repetition counts)."""
+        if self._runner is not None:
+            self._runner.release(request_id)
 
     # --- GenerateMixin ----------------------------------------------------------------------------
 
@@ -204,6 +206,15 @@ class TextGenerationPipeline:
         """``generate`` on a worker thread, for use from an event loop."""
         return await asyncio.to_thread(self.generate, prompts)
 
+
+
+def default_decode_buckets(device: Any, max_batch_size: int, *, cuda_graphs: bool) -> list[int]:
+    """model.decode_buckets when unset: with CUDA graphs 1, 2, 4, 8, 16, 24, 32, then every 16 up to
+    max_batch_size (each one graph); none otherwise, where exact shapes are cheaper than padding."""
+    if device.type != "cuda" or not cuda_graphs:
+        return []
+    sizes = [1, 2, 4, 8, 16, 24, 32, *range(48, max_batch_size + 16, 16)]
+    return sorted({min(size, max_batch_size) for size in sizes})
 
 
 class OverlapTextGenerationPipeline(TextGenerationPipeline):

@@ -1,0 +1,116 @@
+"""Decode forward passes captured as CUDA graphs, one per batch bucket (CUDA with FlashInfer only).
+
+An eager decode step of a 3B model launches about 1,500 kernels from Python; replaying a captured
+graph launches them in one call. Each bucket owns fixed input buffers (token ids, positions, cache
+slots), a FlashInfer decode wrapper in CUDA-graph mode (fixed page-list buffers that its ``plan``
+refills outside the graph) and the graph's output. A step copies its staged inputs into the
+bucket's buffers (device to device), plans, and replays.
+
+The graphs share one memory pool and are captured largest first, after a warm-up on a side stream
+(what torch asks before a capture); during capture the rows compute a dummy token in the cache's
+scratch page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from audio_pipeline_kernels import StepMetadata, write_paged_kv
+
+if TYPE_CHECKING:
+    from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+
+class _GraphAttention:
+    """The attention view a captured forward reads: a fixed slot buffer and a graph-mode wrapper."""
+
+    def __init__(self, cache, slots: torch.Tensor, wrapper):
+        self.cache, self.slots, self.wrapper = cache, slots, wrapper
+
+    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        key_cache, value_cache = self.cache.keys[layer], self.cache.values[layer]
+        write_paged_kv(key_cache, value_cache, keys, values, self.slots)
+        return self.wrapper.run(query, (key_cache, value_cache))
+
+
+@dataclass
+class _Bucket:
+    graph: Any
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    wrapper: Any
+    hidden: torch.Tensor
+    #: Recorded after the last plan's copies: the wrapper's pinned buffers are free again once it passed.
+    planned: Any = None
+
+
+class DecodeGraphs:
+    """Captured decode forwards of ``model`` for each size in ``buckets``."""
+
+    def __init__(self, model: "LlamaPipelineModel", buckets: Sequence[int]):
+        import flashinfer
+
+        kv = model.kv_manager
+        backend = kv.backend
+        if backend.name != "flashinfer":
+            raise ValueError("model.cuda_graphs needs model.kv_cache.attention_kernel flashinfer (the torch form's "
+                             "shapes change with every step); set model.cuda_graphs=false")
+        self.backend = backend
+        device = kv.device
+        scratch = kv.cache.scratch_block
+        max_pages = kv.total_num_blocks + 1
+        pool = torch.cuda.graph_pool_handle()
+        self._buckets: dict[int, _Bucket] = {}
+        for size in sorted(buckets, reverse=True):
+            tokens = torch.zeros(size, dtype=torch.long, device=device)
+            positions = torch.zeros(size, dtype=torch.long, device=device)
+            slots = torch.full((size,), scratch * kv.page_size, dtype=torch.long, device=device)
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                backend.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=backend.use_tensor_cores,
+                paged_kv_indptr_buffer=torch.zeros(size + 1, dtype=torch.int32, device=device),
+                paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=device),
+                paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=device))
+            self._plan(wrapper, StepMetadata.build([[scratch]] * size, [0] * size, [1] * size, kv.page_size))
+            attention = _GraphAttention(kv.cache, slots, wrapper)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.inference_mode():
+                for _ in range(2):
+                    model.forward(tokens, positions, attention)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
+                hidden = model.forward(tokens, positions, attention)
+            self._buckets[size] = _Bucket(graph, tokens, positions, slots, wrapper, hidden)
+        torch.cuda.synchronize(device)
+
+    def __contains__(self, size: int) -> bool:
+        return size in self._buckets
+
+    def _plan(self, wrapper, metadata: StepMetadata) -> None:
+        backend = self.backend
+        wrapper.plan(torch.from_numpy(metadata.kv_indptr), torch.from_numpy(np.ascontiguousarray(metadata.kv_indices)),
+                     torch.from_numpy(metadata.kv_last_page_len), backend.num_heads, backend.num_kv_heads,
+                     backend.head_dim, backend.page_size, q_data_type=backend.dtype, kv_data_type=backend.cache_dtype,
+                     sm_scale=backend.scale)
+
+    def run(self, size: int, device: dict[str, torch.Tensor], metadata: StepMetadata) -> torch.Tensor:
+        """Replays bucket ``size`` on the staged inputs ``device`` (tokens, positions, slots) with the
+        step's ``metadata``; returns the graph's hidden states ([size, hidden], valid until the next
+        replay of this bucket)."""
+        bucket = self._buckets[size]
+        bucket.tokens.copy_(device["tokens"])
+        bucket.positions.copy_(device["positions"])
+        bucket.slots.copy_(device["slots"])
+        if bucket.planned is not None:
+            bucket.planned.synchronize()
+        self._plan(bucket.wrapper, metadata)
+        bucket.planned = torch.cuda.Event()
+        bucket.planned.record()
+        bucket.graph.replay()
+        return bucket.hidden

@@ -1,0 +1,281 @@
+"""ModelRunner: one step of the speech-token LM on its device, launched without reading anything back.
+
+A step's items (request, first token, token count, sample or not) become host arrays in one staging
+arena (token ids, positions, cache slots, logit rows, each sampling row's settings and random draw)
+and reach the device in one copy. The forward pass, the candidate logits, the sampling and the
+update of each request's repetition counts all run on the device from there; the sampled ids come
+back in one asynchronous copy, read only when the caller asks for the step's result
+(:meth:`PendingStep.result`). So on CUDA the host can prepare step n + 1 while step n runs.
+
+Decode steps (one new token per row) can be padded to a fixed batch size (``decode_buckets``):
+the padding rows compute a dummy token in the cache's scratch page and sample nothing, so the
+requests' tokens are the same as unpadded; on CUDA each bucket's forward pass is captured once as a
+CUDA graph (cuda_graphs.py) and replayed.
+
+The runner owns, per request, its row of repetition counts on the device (codes generated so far,
+by frame slot); :meth:`release` frees it when the request ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from audio_pipeline.kv_cache.paged import PagedBatch
+from audio_pipeline.models.llama_model import candidate_groups
+from audio_pipeline.pipelines.step_arena import StepArena
+from audio_pipeline.pipelines.step_timing import StepTimer
+from audio_pipeline.sampling import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline.scheduler import StepResult
+from audio_pipeline_kernels import StepMetadata
+
+if TYPE_CHECKING:
+    from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+
+class RepetitionCounts:
+    """Per request, how often each code was generated in each frame slot: a device table of
+    [slots * tokens_per_frame, codebook] rows, one block of rows per live request."""
+
+    def __init__(self, tokens_per_frame: int, codebook_size: int, device: torch.device, capacity: int = 16):
+        self.frame, self.codebook, self.device = tokens_per_frame, codebook_size, device
+        self.table = torch.zeros(capacity * tokens_per_frame, codebook_size, device=device)
+        self._slots: dict[str, int] = {}
+        self._free = list(range(capacity - 1, -1, -1))
+        # Steps may run on a worker thread (the CPU overlap pipeline) while the engine releases.
+        self._lock = threading.Lock()
+
+    def slot(self, request_id: str) -> int:
+        """The request's slot, assigned (and zeroed) on first use."""
+        with self._lock:
+            slot = self._slots.get(request_id)
+            if slot is None:
+                if not self._free:
+                    self._grow()
+                slot = self._free.pop()
+                self._slots[request_id] = slot
+                self.table[slot * self.frame:(slot + 1) * self.frame].zero_()
+            return slot
+
+    def _grow(self) -> None:
+        capacity = self.table.shape[0] // self.frame
+        table = torch.zeros(2 * capacity * self.frame, self.codebook, device=self.device)
+        table[:self.table.shape[0]] = self.table
+        self.table = table
+        self._free.extend(range(2 * capacity - 1, capacity - 1, -1))
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            slot = self._slots.pop(request_id, None)
+            if slot is not None:
+                self._free.append(slot)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def of(self, request_id: str) -> torch.Tensor:
+        """[tokens_per_frame, codebook] counts of a live request (a view)."""
+        slot = self._slots[request_id]
+        return self.table[slot * self.frame:(slot + 1) * self.frame]
+
+
+@dataclass
+class PendingStep:
+    """A launched step; ``result`` waits for its sampled ids (the one point where the host reads
+    what the device computed) and returns them as plain data."""
+
+    items: list[Any]
+    #: Per item, its row among the sampled ids (-1: it did not sample).
+    sample_rows: list[int]
+    ids: torch.Tensor | None = None
+    event: Any = None
+
+    def result(self) -> StepResult:
+        if self.event is not None:
+            self.event.synchronize()
+        ids = self.ids.tolist() if self.ids is not None else []
+        return StepResult(self.items, [[ids[row]] if row >= 0 else [] for row in self.sample_rows])
+
+
+def tokens_of(request: Any, start: int, end: int) -> list[int]:
+    """Tokens [start, end) of prompt + generated, without joining the two lists."""
+    prompt, generated = request.prompt_ids, request.generated
+    split = len(prompt)
+    if start >= split:
+        return generated[start - split:end - split]
+    return prompt[start:min(end, split)] + generated[:max(end - split, 0)]
+
+
+class ModelRunner:
+    """Runs steps of ``model`` (whose KV manager must be loaded); see the module docstring."""
+
+    def __init__(self, model: "LlamaPipelineModel", layout: Any, *, decode_buckets: Sequence[int] = (),
+                 cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None):
+        self.model = model
+        #: Seconds of the inputs, model and sample phases (the engine's step metrics).
+        self.timer = timer or StepTimer()
+        self.kv = model.kv_manager
+        if self.kv is None:
+            raise RuntimeError("load_kv_manager() must run before the model runner is built")
+        self.device = model.devices[0]
+        self.layout = layout
+        self.arena = StepArena(self.device)
+        #: Sampling decides its rule from host data only (always on CUDA, where reading back stalls).
+        self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
+        self.decode_buckets = sorted(set(decode_buckets))
+        self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device)
+        self.graphs = None
+        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets:
+            from audio_pipeline.pipelines.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, self.decode_buckets)
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def release(self, request_id: str) -> None:
+        """Forgets a finished request's device state (its repetition counts)."""
+        self.counts.release(request_id)
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    def bucket_for(self, batch: int) -> int:
+        """The padded batch size of a decode step of ``batch`` rows (itself above the largest bucket)."""
+        index = bisect.bisect_left(self.decode_buckets, batch)
+        return self.decode_buckets[index] if index < len(self.decode_buckets) else batch
+
+    def launch(self, items: Sequence[Any]) -> PendingStep:
+        """Starts one step over ``items`` (each ``request``, ``start``, ``num_tokens``, ``sample``; a
+        request's tokens before ``start`` must be in the cache). Reads no device value."""
+        items = [item for item in items if not item.request.is_done and item.num_tokens > 0]
+        for item in items:
+            if item.start != item.request.processed:
+                raise RuntimeError(f"request {item.request.request_id}: step starts at {item.start} but "
+                                   f"{item.request.processed} tokens are computed")
+        if not items:
+            return PendingStep([], [])
+        timer = self.timer
+        with timer.phase("inputs"):
+            metadata, padded = self._metadata(items)
+            sampling = [item.request for item in items if item.sample]
+            staged = self._stage(items, metadata, sampling)
+            device = self.arena.send(staged).device
+        with timer.phase("model"):
+            hidden = self._forward(device, metadata, padded)
+        timer.forwards += 1
+        sample_rows, row = [], 0
+        for item in items:
+            sample_rows.append(row if item.sample else -1)
+            row += item.sample
+        if not sampling:
+            return PendingStep(items, sample_rows)
+        with timer.phase("sample"):
+            ids = self._sample(hidden, device, staged.rows, staged.groups)
+        if self.device.type == "cpu":
+            return PendingStep(items, sample_rows, ids)
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingStep(items, sample_rows, host, event)
+
+    def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
+        """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
+        token at position 0 of the cache's scratch page); and the padded batch size (0: unpadded)."""
+        tables = [self.kv.block_manager.block_table(item.request.request_id) for item in items]
+        starts = [item.start for item in items]
+        lengths = [item.num_tokens for item in items]
+        padded = 0
+        if self.decode_buckets and all(n == 1 for n in lengths):
+            padded = self.bucket_for(len(items))
+            extra = padded - len(items)
+            tables += [[self.kv.cache.scratch_block]] * extra
+            starts += [0] * extra
+            lengths += [1] * extra
+        try:
+            return StepMetadata.build(tables, starts, lengths, self.kv.page_size), padded
+        except RuntimeError as exc:
+            raise RuntimeError(f"requests {[item.request.request_id for item in items]}: {exc}") from None
+
+    def _stage(self, items: Sequence[Any], metadata: StepMetadata, sampling: list[Any]):
+        """Host arrays of the step, in the arena (one copy to the device)."""
+        total, batch = metadata.num_tokens, len(sampling)
+        rows = SamplingRows.build(sampling) if sampling else None
+        width = rows.extra_ids.shape[1] if rows is not None else 0
+        follow = self._forced_follow_ups(sampling) if sampling else []
+        staged = self.arena.stage({
+            "tokens": ((total,), np.int64), "positions": ((total,), np.int64), "slots": ((total,), np.int64),
+            "logit_rows": ((batch,), np.int64), "order": ((batch,), np.int64), "count_rows": ((batch,), np.int64),
+            "starts": ((batch,), np.int64), "extra_ids": ((batch, width), np.int64),
+            "extra_allowed": ((batch, width), np.bool_), "forced": ((batch,), np.int64),
+            "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
+            "follow_rows": ((len(follow),), np.int64), "follow_codes": ((len(follow),), np.int64),
+            "follow_owner": ((len(follow),), np.int64),
+        })
+        host = staged.host
+        flat, ends = host["tokens"], metadata.qo_indptr
+        for index, item in enumerate(items):
+            flat[ends[index]:ends[index + 1]] = tokens_of(item.request, item.start, item.start + item.num_tokens)
+        flat[ends[len(items)]:] = 0  # padding rows
+        host["positions"][:] = metadata.positions
+        host["slots"][:] = metadata.slot_mapping
+        staged.rows, staged.groups = rows, []
+        if rows is None:
+            return staged
+        host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
+        for name in ("starts", "extra_ids", "extra_allowed", "forced", "floats", "top_k"):
+            host[name][...] = getattr(rows, name)
+        frame = self.layout.tokens_per_frame
+        host["count_rows"][:] = [self.counts.slot(r.request_id) * frame + slot
+                                 for r, slot in zip(sampling, rows.frame_slots.tolist())]
+        order, staged.groups = candidate_groups(rows.starts)
+        host["order"][:] = order
+        if follow:
+            host["follow_rows"][:], host["follow_codes"][:], host["follow_owner"][:] = zip(*follow)
+        return staged
+
+    def _forced_follow_ups(self, sampling: list[Any]) -> list[tuple[int, int, int]]:
+        """(count row, code, sampling row) of each forced token a layout appends right after a
+        sample (phoneme-lpc's alignment): counted with the sample, unless the sample ends the speech."""
+        follow = []
+        frame = self.layout.tokens_per_frame
+        for row, request in enumerate(sampling):
+            run, _ = request.forced_run(len(request.generated) + 1)
+            if not run:
+                continue
+            slot = self.counts.slot(request.request_id)
+            for offset, token in enumerate(run, start=len(request.generated) + 1):
+                follow.append((slot * frame + offset % frame, self.layout.token_to_code(token, offset), row))
+        return follow
+
+    def _forward(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int) -> torch.Tensor:
+        if self.graphs is not None and padded in self.graphs:
+            return self.graphs.run(padded, device, metadata)
+        batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata))
+        with torch.inference_mode():
+            return self.model.forward(device["tokens"], device["positions"], batch)
+
+    @torch.inference_mode()
+    def _sample(self, hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: SamplingRows,
+                groups: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Candidate logits of each sampling row, the draw, and the counts update: [B] ids on the device."""
+        states = hidden.index_select(0, device["logit_rows"])
+        logits = self.model.compute_candidate_logits(states, groups, device["order"], device["extra_ids"],
+                                                     rows.codebook_size)
+        codebook = rows.codebook_size
+        table = self.counts.table
+        counts = table.index_select(0, device["count_rows"])
+        device_rows = DeviceSamplingRows(device["starts"], device["extra_ids"], device["extra_allowed"],
+                                         device["forced"], device["floats"], device["top_k"])
+        ids = sample_rows(logits, rows, device_rows, counts, sync_free=self.sync_free)
+        codes = ids - device["starts"]
+        counted = ((codes >= 0) & (codes < codebook)).float()
+        table.index_put_((device["count_rows"], codes.clamp(0, codebook - 1)), counted, accumulate=True)
+        if device["follow_rows"].numel():
+            table.index_put_((device["follow_rows"], device["follow_codes"]),
+                             counted.index_select(0, device["follow_owner"]), accumulate=True)
+        return ids

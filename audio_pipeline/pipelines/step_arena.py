@@ -1,0 +1,110 @@
+"""One step's inputs, staged on the host and sent to the device in one copy.
+
+Every array a step needs (token ids, positions, cache slots, sampling settings, ...) is written with
+numpy into one page-locked host buffer; a single non-blocking copy moves the used part to the
+device, where each array is a view at the same offset. The offsets depend only on the order and
+shapes of the arrays, so a step of a given shape always finds its inputs at the same device
+addresses (what a captured CUDA graph reads).
+
+Two host buffers alternate: while the device may still be copying step n's, step n + 1 is written
+into the other one; step n + 2 waits for step n's copy first (an event, long passed when steps are
+read back in order). On the CPU there is nothing to copy: the views are the host arrays themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+#: Every array starts on a multiple of this many bytes (the widest element type is 8 bytes; 64
+#: keeps device reads aligned).
+ALIGN = 64
+
+
+@dataclass
+class _Slot:
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass
+class StagedStep:
+    """The arrays of one step: ``host[name]`` (numpy, writable until ``send``) and, after ``send``,
+    ``device[name]`` (torch views on the device)."""
+
+    host: dict[str, np.ndarray] = field(default_factory=dict)
+    device: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class StepArena:
+    """Pinned host staging and its device mirror, for one step at a time (see the module docstring)."""
+
+    def __init__(self, device: torch.device, capacity: int = 1 << 20):
+        self.device = device
+        self._capacity = 0
+        self._turn = 0
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        self._capacity = capacity
+        pin = self.device.type == "cuda"
+        self._host = [torch.empty(capacity, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+        self._host_arrays = [buffer.numpy() for buffer in self._host]  # taken once: filling reads nothing back
+        self._sent = [None, None]
+        self._device_buffer = (torch.empty(capacity, dtype=torch.uint8, device=self.device)
+                               if self.device.type != "cpu" else None)
+
+    def stage(self, arrays: dict[str, tuple[tuple[int, ...], np.dtype]]) -> StagedStep:
+        """Room for ``arrays`` (name -> (shape, dtype)), in this order; returns the host views to fill."""
+        slots, offset = {}, 0
+        for name, (shape, dtype) in arrays.items():
+            dtype = np.dtype(dtype)
+            slots[name] = _Slot(offset, tuple(shape), dtype)
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            offset += -(-size // ALIGN) * ALIGN
+        if offset > self._capacity:
+            self._wait_all()
+            self._grow(max(offset, 2 * self._capacity))
+        self._turn ^= 1
+        if self._sent[self._turn] is not None:
+            self._sent[self._turn].synchronize()  # the copy out of this buffer two steps ago
+            self._sent[self._turn] = None
+        buffer = self._host_arrays[self._turn]
+        step = StagedStep()
+        for name, slot in slots.items():
+            count = int(np.prod(slot.shape, dtype=np.int64))
+            step.host[name] = buffer[slot.offset:slot.offset + count * slot.dtype.itemsize].view(slot.dtype).reshape(
+                slot.shape)
+        step._slots, step._used = slots, offset  # type: ignore[attr-defined]
+        return step
+
+    def send(self, step: StagedStep) -> StagedStep:
+        """One copy of the staged arrays to the device (non-blocking from pinned memory); fills
+        ``step.device``."""
+        slots, used = step._slots, step._used  # type: ignore[attr-defined]
+        host = self._host[self._turn]
+        if self._device_buffer is None:
+            source = host
+        else:
+            self._device_buffer[:used].copy_(host[:used], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._sent[self._turn] = event
+            source = self._device_buffer
+        for name, slot in slots.items():
+            count = int(np.prod(slot.shape, dtype=np.int64))
+            raw = source[slot.offset:slot.offset + count * slot.dtype.itemsize]
+            step.device[name] = raw.view(_TORCH_DTYPES[slot.dtype]).view(slot.shape)
+        return step
+
+    def _wait_all(self) -> None:
+        for event in self._sent:
+            if event is not None:
+                event.synchronize()
+
+
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
+                 np.dtype(np.float32): torch.float32, np.dtype(np.bool_): torch.bool}

@@ -1,0 +1,147 @@
+"""The model runner: a step is launched without reading anything back from the device, sampling
+decides its rule from host data only, padded decode batches give the tokens unpadded ones give, and
+the repetition counts kept on the device are each request's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from audio_pipeline.engine import TTSEngine
+from audio_pipeline.pipelines.model_runner import ModelRunner
+from audio_pipeline.sampling import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
+from audio_pipeline.scheduler import ScheduledItem, apply_step
+from conftest import make_config
+from sync_guard import HostSync, no_host_sync
+from test_engine_core import build, run
+
+#: Every sampling rule the runner has: greedy, the full nucleus, a top_k prefix, penalties, stop ids.
+SETTINGS = [dict(temperature=0.0), dict(temperature=0.9, top_p=0.9, seed=1), dict(temperature=0.7, top_k=20, seed=2),
+            dict(temperature=1.0, top_k=200, min_p=0.05, seed=3),
+            dict(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.5),
+            dict(temperature=0.8, stop_token_ids=[5], min_tokens=14, seed=4)]
+
+
+@pytest.fixture(scope="module", params=["tiny-orpheus", "builtin:slt-en"])
+def engine(request, tiny_model_dir):
+    """An engine whose parts the tests drive directly (not started): the tiny random Orpheus-layout
+    model, and the built-in voice (phoneme-lpc: forced tokens follow samples)."""
+    return TTSEngine(make_config(tiny_model_dir if request.param == "tiny-orpheus" else request.param))
+
+
+def contexts_for(engine, prefix="r"):
+    texts = ["Hello there.", "A somewhat longer sentence for a longer prompt.", "Hi!"]
+    return [engine.create_context(texts[i % len(texts)], request_id=f"{prefix}{i}", max_tokens=70, **settings)
+            for i, settings in enumerate(SETTINGS)]
+
+
+def drive(engine, runner, contexts, steps, guard=True):
+    """Runs ``steps`` steps of every unfinished context (its unprocessed tokens, then a sample),
+    each launched inside the host-sync guard; applies each result as the scheduler does."""
+    manager = engine.scheduler.block_manager
+    for context in contexts:
+        context.processed = manager.claim(context.request_id, context.all_tokens)
+    try:
+        for _ in range(steps):
+            active = [c for c in contexts if not c.is_done]
+            if not active:
+                break
+            for context in active:
+                manager.alloc(context.request_id, context.total_length)
+            items = [ScheduledItem(c, c.processed, c.total_length - c.processed, True) for c in active]
+            if guard:
+                with no_host_sync():
+                    pending = runner.launch(items)
+            else:
+                pending = runner.launch(items)
+            apply_step(pending.result())
+            for context in active:
+                manager.step(context.request_id, context.all_tokens[:context.processed])
+    finally:
+        for context in contexts:
+            manager.release(context.request_id)
+
+
+@pytest.mark.parametrize("buckets", [(), (4, 8)], ids=["exact", "padded"])
+def test_a_step_reads_nothing_back_from_the_device(engine, buckets):
+    """Input building (staging, the attention metadata, the random draws), the forward pass, the
+    candidate logits, sampling and the counts update run inside a guard that fails on any
+    operation that would wait for the device: prompts, decode steps (padded or not), every rule."""
+    runner = ModelRunner(engine.model, engine.layout, decode_buckets=buckets, sync_free=True)
+    contexts = contexts_for(engine)
+    drive(engine, runner, contexts, steps=20)
+    assert all(len(c.generated) >= 14 or c.is_done for c in contexts)
+
+
+def test_the_guard_catches_a_step_that_reads_back(engine):
+    """Where reading back is allowed (the CPU's own rule, sync_free off), a flat row's nucleus is
+    first tried over a prefix and checked on the host: the guard sees that."""
+    runner = ModelRunner(engine.model, engine.layout, sync_free=False)
+    contexts = [engine.create_context("Hello there.", request_id="flat", temperature=5.0, top_p=0.99, seed=7)]
+    with pytest.raises(HostSync):
+        drive(engine, runner, contexts, steps=2)
+
+
+@pytest.mark.parametrize("spread", [10.0, 1.0, 0.1])
+def test_sampling_without_reading_back_picks_what_the_checked_rule_picks(spread):
+    """The sync-free sampler (the rule chosen from the settings alone) and the CPU's checked rule
+    (a prefix first, checked on the host) draw the same ids, for sharp and flat rows alike."""
+    from audio_pipeline.context import TTSContext
+    from audio_pipeline.layouts.orpheus import OrpheusLayout
+    from audio_pipeline.sampling import SamplingParams
+
+    layout = OrpheusLayout()
+    contexts = [TTSContext(request_id=f"s{i}", prompt_ids=[1, 2], layout=layout,
+                           sampling=SamplingParams(**{"seed": 100 + i, **SETTINGS[i % len(SETTINGS)]}))
+                for i in range(24)]
+    generator = torch.Generator().manual_seed(int(spread * 10))
+    width = SamplingRows.build(contexts, draw=False).width
+    scores = torch.randn(len(contexts), width, generator=generator) * spread
+    counts = torch.poisson(torch.full((len(contexts), layout.codebook_size), 0.01), generator=generator)
+    picks = []
+    for sync_free in (True, False):
+        for context in contexts:
+            context.generator.manual_seed(context.sampling.seed)
+        rows = SamplingRows.build(contexts)
+        device_rows = DeviceSamplingRows.copy_of(rows, torch.device("cpu"))
+        picks.append(sample_rows(scores.clone(), rows, device_rows, counts, sync_free=sync_free).tolist())
+    assert picks[0] == picks[1]
+    assert len(set(picks[0])) > 3
+
+
+def test_device_counts_are_each_requests_codes_by_frame_slot(engine):
+    """After a run, the device table holds exactly the codes each request generated in each frame
+    slot (samples and the forced tokens that follow them), the reference the penalties read."""
+    runner = ModelRunner(engine.model, engine.layout, sync_free=True)
+    contexts = contexts_for(engine, prefix="c")
+    drive(engine, runner, contexts, steps=12, guard=False)
+    frame = engine.layout.tokens_per_frame
+    layout = engine.layout
+    for context in contexts:
+        expected = np.zeros((frame, layout.codebook_size), dtype=np.float32)
+        for position, token in enumerate(context.generated):
+            expected[position % frame, layout.token_to_code(token, position)] += 1
+        torch.testing.assert_close(runner.counts.of(context.request_id), torch.from_numpy(expected))
+        probe = type(context)(request_id="probe", prompt_ids=context.prompt_ids, sampling=context.sampling, layout=layout)
+        probe.generated = context.generated
+        assert np.array_equal(slot_counts(probe), expected[len(context.generated) % frame])
+        runner.release(context.request_id)
+    assert len(runner.counts) == 0
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.8, seed=11)], ids=["greedy", "seeded"])
+def test_padded_decode_batches_give_the_tokens_of_exact_ones(tiny_model_dir, settings):
+    """Decode steps padded to bucket sizes (the static shapes CUDA graphs replay) run eagerly on
+    the CPU: every request's tokens equal those of exact-size batches."""
+    texts = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
+             "Numbers: one two three four five.", "Short."]
+    tokens = []
+    for buckets in ("none", "2,3,8"):
+        engine = build(tiny_model_dir, f"model.decode_buckets={buckets}")
+        try:
+            assert engine.pipeline.runner(engine.layout).decode_buckets == ([] if buckets == "none" else [2, 3, 8])
+            tokens.append([c.generated for c in run(engine, texts, max_tokens=70, **settings)])
+        finally:
+            engine.stop()
+    assert tokens[0] == tokens[1]
