@@ -130,7 +130,7 @@ class TTSEngine:
         self.pipeline = pipeline
         scheduler_config = SchedulerConfig.from_config(
             config, max_batch_size=self.max_batch_size, max_queue_size=config.max_queue_size or DEFAULT_MAX_QUEUE_SIZE)
-        if config.enable_overlap_scheduler:  # the overlap pipeline runs one decode step per batch
+        if config.enable_overlap_scheduler:  # overlap already runs ahead: one pass per scheduling round
             scheduler_config = dataclasses.replace(scheduler_config, max_num_steps=1)
         self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
         self.voice_store = self._open_voice_store()

@@ -149,7 +149,11 @@ class SamplingRows:
     frame_slots: np.ndarray
 
     @classmethod
-    def build(cls, contexts: Sequence["TTSContext"], *, draw: bool = True) -> "SamplingRows":
+    def build(cls, contexts: Sequence["TTSContext"], *, positions: Sequence[int] | None = None,
+              draw: bool = True) -> "SamplingRows":
+        """Row i samples generated position ``positions[i]`` of ``contexts[i]`` (default: the
+        position after its generated tokens; a step launched before the one before it is applied
+        samples further on)."""
         layout = contexts[0].layout
         codebook, frame, eos = layout.codebook_size, layout.tokens_per_frame, layout.end_of_speech
         stops = [c.stop_ids for c in contexts]
@@ -164,7 +168,7 @@ class SamplingRows:
         top_k = np.empty(batch, dtype=np.int64)
         slots = np.empty(batch, dtype=np.int64)
         for row, context in enumerate(contexts):
-            position = len(context.generated)
+            position = len(context.generated) if positions is None else positions[row]
             params = context.sampling
             starts[row] = layout.token_range(position)[0]
             slots[row] = position % frame

@@ -190,6 +190,17 @@ def _after_samples(entry: "_Entry", steps: int) -> tuple[int, int]:
     return computed, known
 
 
+def _decode_plan(entry: "_Entry", steps: int) -> list["ScheduledItem"]:
+    """The items of ``steps`` consecutive decode steps of ``entry``: each computes what the one
+    before it sampled (the sample and the forced run that follows it) and samples again."""
+    known, computed, plan = entry.expected_len, entry.next_pos, []
+    for _ in range(steps):
+        plan.append(ScheduledItem(entry.request, computed, known - computed, True))
+        computed = known
+        known += _tokens_per_sample(entry.request, known)
+    return plan
+
+
 @dataclass(frozen=True)
 class ScheduledItem:
     """Compute tokens [start, start + num_tokens) of ``request``; sample after them if ``sample``."""
@@ -206,14 +217,25 @@ class SchedulerOutput:
 
     kind: str = "idle"
     items: list[ScheduledItem] = field(default_factory=list)
-    #: Decode steps to run (> 1 only for pure decode batches).
-    num_steps: int = 1
+    #: Further decode steps of the same requests, each computing what the one before sampled
+    #: (multi-step decoding, pure decode batches only): launched back to back, applied in order.
+    substeps: list[list[ScheduledItem]] = field(default_factory=list)
     #: Requests that went back to the queue this step (their KV was released).
     preempted: list[Any] = field(default_factory=list)
     #: Requests that can never run, with the reason; the caller fails them.
     failed: list[tuple[Any, str]] = field(default_factory=list)
     #: When idle with work waiting (ce_delay_ms), seconds until something can be scheduled.
     wait_s: float | None = None
+
+    @property
+    def num_steps(self) -> int:
+        """Forward passes this output runs."""
+        return 1 + len(self.substeps) if self.items else 0
+
+    @property
+    def steps(self) -> list[list[ScheduledItem]]:
+        """The items of each forward pass, in order."""
+        return [self.items, *self.substeps] if self.items else []
 
     @property
     def batch_size(self) -> int:
@@ -474,16 +496,19 @@ class AudioGenerationScheduler:
         if pure and chosen:
             steps = min(steps, min(e.request.max_length - e.next_pos for e in chosen))
             steps = max(steps, 1)
+        if pure and steps > 1 and chosen:
+            output.substeps = [[] for _ in range(steps - 1)]
         for entry in chosen:
             if pure and steps > 1:
-                start = entry.next_pos
+                first, *rest = _decode_plan(entry, steps)
                 entry.next_pos, entry.expected_len = _after_samples(entry, steps)
                 entry.in_flight += 1
-                output.items.append(ScheduledItem(entry.request, start, 1, True))
+                output.items.append(first)
+                for substep, item in zip(output.substeps, rest):
+                    substep.append(item)
             else:
                 self._take(entry, 1, output)
         if chosen:
-            output.num_steps = steps if pure else 1
             output.kind = "tg"
         return output
 

@@ -145,3 +145,35 @@ def test_padded_decode_batches_give_the_tokens_of_exact_ones(tiny_model_dir, set
         finally:
             engine.stop()
     assert tokens[0] == tokens[1]
+
+
+def test_the_overlap_step_reads_nothing_back_either(engine):
+    """Launching step n + 1 before step n is read (its first tokens copied from step n's samples on
+    the device, the forced tokens after them from the layout) passes the guard too."""
+    runner = ModelRunner(engine.model, engine.layout, sync_free=True)
+    contexts = contexts_for(engine, prefix="o")
+    manager = engine.scheduler.block_manager
+    expected, computed = {}, {}
+    for context in contexts:
+        context.processed = computed[context.request_id] = manager.claim(context.request_id, context.all_tokens)
+        expected[context.request_id] = context.total_length
+    pending = []
+    try:
+        for _ in range(8):
+            items = []
+            for context in contexts:
+                request_id = context.request_id
+                manager.alloc(request_id, expected[request_id])
+                items.append(ScheduledItem(context, computed[request_id], expected[request_id] - computed[request_id],
+                                           True))
+                computed[request_id] = expected[request_id]
+                expected[request_id] += context.tokens_per_sample(expected[request_id])
+            with no_host_sync():
+                pending.append(runner.launch(items))
+            if len(pending) > 1:
+                apply_step(pending.pop(0).result())
+        apply_step(pending.pop(0).result())
+        assert all(len(c.generated) >= 8 for c in contexts)
+    finally:
+        for context in contexts:
+            manager.release(context.request_id)

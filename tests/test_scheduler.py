@@ -53,22 +53,19 @@ def make(blocks=64, block_size=4, prefix=True, clock=None, **knobs):
 
 
 def run_step(scheduler, output):
-    """What the pipeline does with a step: KV written, tokens sampled; then the scheduler is told."""
-    for item in output.items:
-        request = item.request
-        assert item.start == request.processed, "a step must start where the KV cache ends"
-        if output.num_steps > 1:
-            for _ in range(output.num_steps):
-                if request.is_done:
-                    break
-                request.processed += 1
+    """What the engine does with a step: KV written, tokens sampled, for each of its forward passes
+    in order (a multi-step decode has several); then the scheduler is told."""
+    for items in output.steps:
+        for item in items:
+            request = item.request
+            if request.is_done:  # finished in an earlier pass of the same output
+                continue
+            assert item.start == request.processed, "a step must start where the KV cache ends"
+            request.processed = item.start + item.num_tokens
+            assert request.processed <= request.total_length
+            if item.sample:
+                assert request.processed == request.total_length, "samples only at the end of the known tokens"
                 request.generated.append(1000 + len(request.generated))
-            continue
-        request.processed = item.start + item.num_tokens
-        assert request.processed <= request.total_length
-        if item.sample:
-            assert request.processed == request.total_length, "samples only at the end of the known tokens"
-            request.generated.append(1000 + len(request.generated))
     scheduler.update(output)
 
 

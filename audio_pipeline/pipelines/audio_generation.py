@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +25,8 @@ from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.errors import AlreadyExists, InvalidArgument, ResourceExhausted, Unavailable, echo
 from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.runtime import configure_cpu_runtime
-from audio_pipeline.pipelines.text_generation import BatchItem, TextGenerationInputs, TextGenerationPipeline
+from audio_pipeline.pipelines.model_runner import PendingStep
+from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
 from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerOutput, StepResult
 
 logger = logging.getLogger(__name__)
@@ -110,8 +111,9 @@ class AudioGenerationEngine:
         self._accepting = False
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: Scheduled batches whose outputs the pipeline has not returned yet (overlap).
-        self._in_flight: deque[SchedulerOutput] = deque()
+        #: Launched forward passes whose results are not applied yet: (their output, the pass, whether it
+        #: is the output's last). With overlap, the last round's stay here while the next one runs.
+        self._pending: list[tuple[SchedulerOutput, PendingStep, bool]] = []
         self._prefix_seen = (0, 0)
         #: Finished requests by stop reason, since start (cancellations included).
         self.stop_reasons: Counter[StopReason] = Counter()
@@ -241,10 +243,10 @@ class AudioGenerationEngine:
     def _iterate(self) -> bool:
         """One round of the loop; False when the engine has stopped."""
         with self._lock:
-            while not (self._requests or self._stopping or self._in_flight):
+            while not (self._requests or self._stopping or self._pending):
                 self._lock.wait()
             self._last_step = time.monotonic()
-            if self._stopping and not self._requests and not self._in_flight:
+            if self._stopping and not self._requests and not self._pending:
                 return False
             self._apply_cancellations()
             started = time.perf_counter()
@@ -256,7 +258,7 @@ class AudioGenerationEngine:
             self._update_load()
         if output.preempted:
             self.metrics.preemptions.inc(len(output.preempted))
-        if not output.items and not self._in_flight and not self._decode_ready():
+        if not output.items and not self._pending and not self._decode_ready():
             with self._lock:
                 if not self._finish_ready() and not self._cancelled:
                     self._lock.wait(timeout=output.wait_s or 0.005)
@@ -308,7 +310,6 @@ class AudioGenerationEngine:
 
     def _step(self, output: SchedulerOutput) -> None:
         if output.items:
-            self._in_flight.append(output)
             self.metrics.batch_size.labels(output.kind).observe(output.batch_size)
         batch = [item.request for item in output.items]
         try:
@@ -342,49 +343,49 @@ class AudioGenerationEngine:
             self._update_load()
 
     def _run_model(self, output: SchedulerOutput) -> list[StepResult]:
-        """Runs ``output``'s forward passes and applies what they sample through the scheduler's
-        update, the one writer of requests. With the overlap pipeline, the pass before it is
-        collected and applied first (its tokens are this pass's inputs) and this one is left
-        running; the results applied here are returned."""
-        pipeline, scheduler, timer = self.pipeline, self.scheduler, self.pipeline.timer
-        applied: list[StepResult] = []
-
-        def apply(step: SchedulerOutput, result: StepResult | None, last: bool = True) -> None:
-            with timer.phase("update"):
-                scheduler.update(step, result, last=last)
-            if last and step is self._in_flight[0]:
-                self._in_flight.popleft()
-            if result is not None:
-                applied.append(result)
-
-        if pipeline.has_pending_outputs():
-            apply(self._in_flight[0], pipeline.collect())
-        if not output.items:
-            return applied
-        items = output.items
-        for _ in range(output.num_steps):  # several only for a pure decode batch, never overlapped
-            pipeline.submit(TextGenerationInputs(items))
-            if pipeline.overlap_active and output.num_steps == 1:
-                return applied  # collected at the next step
-            apply(output, pipeline.collect(), last=False)
-            # A further step computes what the last one appended (the sample and its forced run).
-            contexts = [item.request for item in items if not item.request.is_done]
-            items = [BatchItem(c, c.processed, c.total_length - c.processed, True) for c in contexts]
-            if not items:
-                break
-        apply(output, None)
+        """Launches ``output``'s forward passes (a multi-step decode's back to back: each takes what
+        the one before sampled from the device) and applies the results that are due through the
+        scheduler's update, the one writer of requests: these passes' own, or with overlap the
+        previous round's, while these run. Returns the results applied."""
+        # Everything launched stays in _pending until applied, so that a failure anywhere leaves
+        # nothing running unseen (_drop_pending waits for it).
+        due = len(self._pending)
+        if output.items:
+            runner = self.pipeline.runner(output.items[0].request.layout)
+            steps = output.steps
+            for index, items in enumerate(steps):
+                self._pending.append((output, runner.launch(items), index == len(steps) - 1))
+        if not self.pipeline.overlap_active:
+            due = len(self._pending)
+        applied = []
+        for _ in range(due):
+            step, pending, last = self._pending[0]
+            result = pending.result()
+            with self.pipeline.timer.phase("update"):
+                self.scheduler.update(step, result, last=last)
+            self._pending.pop(0)
+            applied.append(result)
         return applied
+
+    def _drop_pending(self) -> list[SchedulerOutput]:
+        """Waits for the launched passes (their results, or errors, go unused) and tells the
+        scheduler they are over; returns their outputs."""
+        pending, self._pending = self._pending, []
+        outputs = []
+        for step, launched, last in pending:
+            try:
+                launched.result()
+            except Exception:  # noqa: BLE001 - a failed pass's result is the failure being handled
+                pass
+            if last:
+                self.scheduler.update(step)
+                outputs.append(step)
+        return outputs
 
     def _fail_all(self, error: str) -> None:
         """Fails every request the engine holds (after an error no one request can be blamed for)."""
         with self._lock:
-            if self.pipeline.has_pending_outputs():
-                try:
-                    self.pipeline.collect()
-                except Exception:  # noqa: BLE001
-                    pass
-            while self._in_flight:
-                self.scheduler.update(self._in_flight.popleft())
+            self._drop_pending()
             for request in list(self._requests.values()):
                 request.context.stop_reason = StopReason.FAILED
                 self._finish(request, event_kind="error", error=error)
@@ -402,15 +403,8 @@ class AudioGenerationEngine:
 
     def _recover_from_failure(self, batch: list[TTSContext], exc: Exception) -> None:
         with self._lock:
-            if self.pipeline.has_pending_outputs():
-                try:
-                    self.pipeline.collect()
-                except Exception:  # noqa: BLE001 - the failed batch's result is the same error
-                    pass
-            while self._in_flight:
-                failed = self._in_flight.popleft()
+            for failed in self._drop_pending():
                 batch.extend(item.request for item in failed.items)
-                self.scheduler.update(failed)
             for context in batch:
                 request = self._requests.get(context.request_id)
                 if request is None:

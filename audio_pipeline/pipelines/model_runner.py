@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -42,8 +43,11 @@ class RepetitionCounts:
     """Per request, how often each code was generated in each frame slot: a device table of
     [slots * tokens_per_frame, codebook] rows, one block of rows per live request."""
 
-    def __init__(self, tokens_per_frame: int, codebook_size: int, device: torch.device, capacity: int = 16):
+    def __init__(self, tokens_per_frame: int, codebook_size: int, device: torch.device, capacity: int = 16,
+                 before_grow=None):
         self.frame, self.codebook, self.device = tokens_per_frame, codebook_size, device
+        #: Called before the table is replaced by a larger one (steps still running must finish first).
+        self.before_grow = before_grow
         self.table = torch.zeros(capacity * tokens_per_frame, codebook_size, device=device)
         self._slots: dict[str, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
@@ -63,6 +67,8 @@ class RepetitionCounts:
             return slot
 
     def _grow(self) -> None:
+        if self.before_grow is not None:
+            self.before_grow()
         capacity = self.table.shape[0] // self.frame
         table = torch.zeros(2 * capacity * self.frame, self.codebook, device=self.device)
         table[:self.table.shape[0]] = self.table
@@ -92,12 +98,16 @@ class PendingStep:
     items: list[Any]
     #: Per item, its row among the sampled ids (-1: it did not sample).
     sample_rows: list[int]
+    #: Where the sampled ids arrive: on the CPU the ids themselves, on CUDA a pinned host copy.
     ids: torch.Tensor | None = None
-    event: Any = None
+    #: What to wait for before reading ``ids``: a CUDA event, or the CPU worker's future.
+    done: Any = None
 
     def result(self) -> StepResult:
-        if self.event is not None:
-            self.event.synchronize()
+        if isinstance(self.done, Future):
+            self.done.result()
+        elif self.done is not None:
+            self.done.synchronize()
         ids = self.ids.tolist() if self.ids is not None else []
         return StepResult(self.items, [[ids[row]] if row >= 0 else [] for row in self.sample_rows])
 
@@ -112,10 +122,21 @@ def tokens_of(request: Any, start: int, end: int) -> list[int]:
 
 
 class ModelRunner:
-    """Runs steps of ``model`` (whose KV manager must be loaded); see the module docstring."""
+    """Runs steps of ``model`` (whose KV manager must be loaded); see the module docstring.
+
+    A step may be launched before the host knows what the step before it sampled: an item that
+    starts at the end of its request's known tokens takes its first token from the device, where
+    the request's latest launched sample is (the ids of a later step are copied into the inputs of
+    the next one on the device), and the forced tokens after it from the layout. So the engine can
+    launch step n + 1 (or the passes of a multi-step decode) before reading step n's result.
+
+    With ``worker`` (the CPU's overlap: its device work is synchronous) the forward pass and the
+    sampling of each step run on one worker thread, in launch order, while the caller goes on.
+    """
 
     def __init__(self, model: "LlamaPipelineModel", layout: Any, *, decode_buckets: Sequence[int] = (),
-                 cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None):
+                 cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None,
+                 worker: bool = False):
         self.model = model
         #: Seconds of the inputs, model and sample phases (the engine's step metrics).
         self.timer = timer or StepTimer()
@@ -128,7 +149,13 @@ class ModelRunner:
         #: Sampling decides its rule from host data only (always on CUDA, where reading back stalls).
         self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
         self.decode_buckets = sorted(set(decode_buckets))
-        self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device)
+        self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
+                                       before_grow=self.wait)
+        #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
+        #: sample's position in the request's tokens).
+        self._latest_sample: dict[str, tuple[torch.Tensor, int, int]] = {}
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="model-runner") if worker else None
+        self._last_launch: Future | None = None
         self.graphs = None
         if cuda_graphs and self.device.type == "cuda" and self.decode_buckets:
             from audio_pipeline.pipelines.cuda_graphs import DecodeGraphs
@@ -138,8 +165,20 @@ class ModelRunner:
     # --- requests --------------------------------------------------------------------------------
 
     def release(self, request_id: str) -> None:
-        """Forgets a finished request's device state (its repetition counts)."""
+        """Forgets a finished request's device state (its repetition counts, its latest sample)."""
         self.counts.release(request_id)
+        self._latest_sample.pop(request_id, None)
+
+    def wait(self) -> None:
+        """Waits until every launched step has run (the CPU worker's; on CUDA the caller syncs)."""
+        if self._last_launch is not None:
+            wait([self._last_launch])
+
+    def close(self) -> None:
+        """Waits for the launched steps and stops the worker thread."""
+        if self._worker is not None:
+            self.wait()
+            self._worker.shutdown(wait=True)
 
     # --- steps -----------------------------------------------------------------------------------
 
@@ -149,39 +188,52 @@ class ModelRunner:
         return self.decode_buckets[index] if index < len(self.decode_buckets) else batch
 
     def launch(self, items: Sequence[Any]) -> PendingStep:
-        """Starts one step over ``items`` (each ``request``, ``start``, ``num_tokens``, ``sample``; a
-        request's tokens before ``start`` must be in the cache). Reads no device value."""
+        """Starts one step over ``items`` (each ``request``, ``start``, ``num_tokens``, ``sample``).
+        A request's tokens before ``start`` must be in the cache or computed by a step launched
+        before this one. Reads no device value."""
         items = [item for item in items if not item.request.is_done and item.num_tokens > 0]
-        for item in items:
-            if item.start != item.request.processed:
-                raise RuntimeError(f"request {item.request.request_id}: step starts at {item.start} but "
-                                   f"{item.request.processed} tokens are computed")
         if not items:
             return PendingStep([], [])
         timer = self.timer
         with timer.phase("inputs"):
             metadata, padded = self._metadata(items)
-            sampling = [item.request for item in items if item.sample]
+            sampling = [item for item in items if item.sample]
             staged = self._stage(items, metadata, sampling)
             device = self.arena.send(staged).device
-        with timer.phase("model"):
-            hidden = self._forward(device, metadata, padded)
-        timer.forwards += 1
-        sample_rows, row = [], 0
-        for item in items:
-            sample_rows.append(row if item.sample else -1)
-            row += item.sample
-        if not sampling:
-            return PendingStep(items, sample_rows)
-        with timer.phase("sample"):
-            ids = self._sample(hidden, device, staged.rows, staged.groups)
-        if self.device.type == "cpu":
+            ids = torch.empty(len(sampling), dtype=torch.long, device=self.device) if sampling else None
+            sample_rows, row = [], 0
+            for item in items:
+                sample_rows.append(row if item.sample else -1)
+                if item.sample:
+                    self._latest_sample[item.request.request_id] = (ids, row, item.start + item.num_tokens)
+                    row += 1
+        run = (self._device_step, device, metadata, padded, staged, ids)
+        if self._worker is not None:
+            done = self._last_launch = self._worker.submit(*run)
+            return PendingStep(items, sample_rows, ids, done)
+        run[0](*run[1:])
+        if ids is None or self.device.type == "cpu":
             return PendingStep(items, sample_rows, ids)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         host.copy_(ids, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         return PendingStep(items, sample_rows, host, event)
+
+    def _device_step(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int, staged,
+                     ids: torch.Tensor | None) -> None:
+        """The device's part of a step: earlier samples into the inputs, the forward pass, and the
+        sampling (into ``ids``)."""
+        timer = self.timer
+        with timer.phase("model"):
+            for source, (first, end) in staged.chained:
+                device["tokens"].index_copy_(0, device["chain_rows"][first:end],
+                                             source.index_select(0, device["chain_from"][first:end]))
+            hidden = self._forward(device, metadata, padded)
+        timer.forwards += 1
+        if ids is not None:
+            with timer.phase("sample"):
+                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups))
 
     def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
         """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
@@ -201,14 +253,43 @@ class ModelRunner:
         except RuntimeError as exc:
             raise RuntimeError(f"requests {[item.request.request_id for item in items]}: {exc}") from None
 
+    def _item_tokens(self, item: Any) -> tuple[list[int], tuple[torch.Tensor, int] | None]:
+        """The item's tokens known on the host, and where its first token is on the device when the
+        host does not know it yet (the request's latest launched sample, not applied yet: then the
+        list holds a placeholder and the forced tokens that follow the sample)."""
+        request, start, end = item.request, item.start, item.start + item.num_tokens
+        known = request.total_length
+        if start < request.processed:
+            raise RuntimeError(f"request {request.request_id}: step starts at {start}, but {request.processed} "
+                               "tokens are in the cache already")
+        if end <= known:
+            return tokens_of(request, start, end), None
+        latest = self._latest_sample.get(request.request_id)
+        if latest is None or start != latest[2]:
+            raise RuntimeError(f"request {request.request_id}: tokens [{start}, {end}) are neither known "
+                               f"({known}) nor the sample of a launched step")
+        run, _ = request.forced_run(start - len(request.prompt_ids) + 1)
+        return [0, *run[:item.num_tokens - 1]], latest[:2]
+
     def _stage(self, items: Sequence[Any], metadata: StepMetadata, sampling: list[Any]):
         """Host arrays of the step, in the arena (one copy to the device)."""
         total, batch = metadata.num_tokens, len(sampling)
-        rows = SamplingRows.build(sampling) if sampling else None
+        positions = [item.start + item.num_tokens - len(item.request.prompt_ids) for item in sampling]
+        contexts = [item.request for item in sampling]
+        rows = SamplingRows.build(contexts, positions=positions) if sampling else None
         width = rows.extra_ids.shape[1] if rows is not None else 0
-        follow = self._forced_follow_ups(sampling) if sampling else []
+        follow = self._forced_follow_ups(contexts, positions) if sampling else []
+        tokens, chained = [], {}
+        ends = metadata.qo_indptr
+        for index, item in enumerate(items):
+            known, latest = self._item_tokens(item)
+            tokens.append(known)
+            if latest is not None:
+                chained.setdefault(id(latest[0]), (latest[0], []))[1].append((int(ends[index]), latest[1]))
+        links = [link for _, group in chained.values() for link in group]
         staged = self.arena.stage({
             "tokens": ((total,), np.int64), "positions": ((total,), np.int64), "slots": ((total,), np.int64),
+            "chain_rows": ((len(links),), np.int64), "chain_from": ((len(links),), np.int64),
             "logit_rows": ((batch,), np.int64), "order": ((batch,), np.int64), "count_rows": ((batch,), np.int64),
             "starts": ((batch,), np.int64), "extra_ids": ((batch, width), np.int64),
             "extra_allowed": ((batch, width), np.bool_), "forced": ((batch,), np.int64),
@@ -217,12 +298,18 @@ class ModelRunner:
             "follow_owner": ((len(follow),), np.int64),
         })
         host = staged.host
-        flat, ends = host["tokens"], metadata.qo_indptr
-        for index, item in enumerate(items):
-            flat[ends[index]:ends[index + 1]] = tokens_of(item.request, item.start, item.start + item.num_tokens)
+        flat = host["tokens"]
+        for index, known in enumerate(tokens):
+            flat[ends[index]:ends[index + 1]] = known
         flat[ends[len(items)]:] = 0  # padding rows
         host["positions"][:] = metadata.positions
         host["slots"][:] = metadata.slot_mapping
+        staged.chained, first = [], 0
+        for source, group in chained.values():
+            staged.chained.append((source, (first, first + len(group))))
+            first += len(group)
+        if links:
+            host["chain_rows"][:], host["chain_from"][:] = zip(*links)
         staged.rows, staged.groups = rows, []
         if rows is None:
             return staged
@@ -231,24 +318,24 @@ class ModelRunner:
             host[name][...] = getattr(rows, name)
         frame = self.layout.tokens_per_frame
         host["count_rows"][:] = [self.counts.slot(r.request_id) * frame + slot
-                                 for r, slot in zip(sampling, rows.frame_slots.tolist())]
+                                 for r, slot in zip(contexts, rows.frame_slots.tolist())]
         order, staged.groups = candidate_groups(rows.starts)
         host["order"][:] = order
         if follow:
             host["follow_rows"][:], host["follow_codes"][:], host["follow_owner"][:] = zip(*follow)
         return staged
 
-    def _forced_follow_ups(self, sampling: list[Any]) -> list[tuple[int, int, int]]:
+    def _forced_follow_ups(self, sampling: list[Any], positions: list[int]) -> list[tuple[int, int, int]]:
         """(count row, code, sampling row) of each forced token a layout appends right after a
         sample (phoneme-lpc's alignment): counted with the sample, unless the sample ends the speech."""
         follow = []
         frame = self.layout.tokens_per_frame
-        for row, request in enumerate(sampling):
-            run, _ = request.forced_run(len(request.generated) + 1)
+        for row, (request, position) in enumerate(zip(sampling, positions)):
+            run, _ = request.forced_run(position + 1)
             if not run:
                 continue
             slot = self.counts.slot(request.request_id)
-            for offset, token in enumerate(run, start=len(request.generated) + 1):
+            for offset, token in enumerate(run, start=position + 1):
                 follow.append((slot * frame + offset % frame, self.layout.token_to_code(token, offset), row))
         return follow
 
