@@ -68,6 +68,25 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+#: Where the configuration leaves them unset, CUDA serves with these: a GPU step costs about the same
+#: for one row as for hundreds (the weights are read once per step), so batches are large, prompts
+#: ride along in decode steps instead of stalling them, and the next step is launched before the
+#: last one is read. The CPU keeps the fields' own defaults.
+CUDA_DEFAULTS = {"max_batch_size": 256, "enable_in_flight_batching": True, "enable_overlap_scheduler": True}
+
+
+def device_defaults(config: AudioGenerationConfig, device: torch.device) -> AudioGenerationConfig:
+    """``config`` with CUDA_DEFAULTS for the fields it does not set, on CUDA."""
+    if device.type != "cuda":
+        return config
+    update = {name: value for name, value in CUDA_DEFAULTS.items() if name not in config.model_fields_set}
+    if config.max_num_steps > 1:  # multi-step decoding asked for: it and overlap exclude each other
+        update.pop("enable_overlap_scheduler", None)
+    if not config.enable_chunked_prefill:
+        update.pop("enable_in_flight_batching", None)
+    return config.model_copy(update=update) if update else config
+
+
 @dataclass
 class SynthesisResult:
     """In-process synthesis output (native sample rate)."""
@@ -90,11 +109,11 @@ class TTSEngine:
 
         from audio_pipeline.models.llama_model import LlamaPipelineModel
 
-        self.config = config
         self.model_dir = resolve_model_dir(config.model.model_path)
         self.manifest = ModelManifest.read(self.model_dir)
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
+        self.config = config = device_defaults(config, device)
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
         self.num_threads = config.model.num_threads or default_num_threads(device)
         hf_config = AutoConfig.from_pretrained(self.model_dir)
@@ -108,12 +127,14 @@ class TTSEngine:
         # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
         decoder_weights = self._decoder_weights()
         self.model = LlamaPipelineModel(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
-                                        kv_cache_config=config.model.kv_cache)
+                                        kv_cache_config=config.model.kv_cache,
+                                        random_weights=self.manifest.random_weights)
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-        kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes)
         self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
                                           config.audio_decoder_config, device=device)
         self.decoder_device = device
+        kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes,
+                                                reserve_bytes=self._activation_reserve())
         for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
             if getattr(config, name) and not self.decoder.supports_block_causal:
                 raise ValueError(f"{name}: the loaded {self.decoder_name!r} checkpoint does not support "
@@ -135,7 +156,25 @@ class TTSEngine:
         self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
         self.voice_store = self._open_voice_store()
         self.generation = AudioGenerationEngine(pipeline, self.decoder, StreamSettings.from_config(config),
-                                                self.scheduler, metrics=self.metrics, num_threads=self.num_threads)
+                                                self.scheduler, metrics=self.metrics, num_threads=self.num_threads,
+                                                decode_stream=torch.cuda.Stream(device) if device.type == "cuda" else None)
+
+    def _activation_reserve(self) -> int:
+        """Device memory the KV cache must leave for the largest step and decoder call, measured by
+        running them (CUDA; twice the peak: the second for the CUDA graphs' pool, captured after the
+        cache); 0 on the CPU or with an explicit kv_cache_memory_bytes."""
+        config = self.config
+        if self.decoder_device.type != "cuda" or config.model.kv_cache.kv_cache_memory_bytes is not None:
+            return 0
+        from audio_pipeline.pipelines.memory_profile import largest_step_peak_bytes
+
+        window = max(config.chunk_size) if config.chunk_size else config.sampling.max_tokens  # none: one chunk
+        peak = largest_step_peak_bytes(self.model, self.decoder, max_step_tokens=config.max_batch_input_tokens,
+                                       max_rows=self.max_batch_size, decode_window=window + config.buffer,
+                                       candidates=self.layout.codebook_size + 8)
+        logger.info("largest step and decoder call peak at %.1f MiB; the KV cache leaves twice that free",
+                    peak / 2**20)
+        return 2 * peak
 
     def _open_voice_store(self) -> VoiceStore | None:
         """The registered voices (None when the decoder cannot encode audio, so no cloning)."""

@@ -549,3 +549,25 @@ def test_pipeline_config_alone_needs_no_decoder():
     assert config.max_batch_size == 2 and "audio_decoder" not in config.to_display_dict()
     with pytest.raises(ValueError, match="buffer"):
         PipelineConfig(buffer=7)
+
+
+def test_cuda_gets_gpu_defaults_for_what_the_configuration_leaves_unset():
+    """On CUDA, unset batch size, mixed batching and overlap take GPU values; what a source set is
+    kept, and overlap stays off where multi-step decoding was asked for. The CPU keeps the fields'
+    defaults."""
+    import torch
+
+    from audio_pipeline.engine import CUDA_DEFAULTS, device_defaults
+    from audio_pipeline.pipelines.text_generation import default_decode_buckets
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    config = make()
+    assert device_defaults(config, cpu) is config
+    gpu = device_defaults(config, cuda)
+    assert (gpu.max_batch_size, gpu.enable_in_flight_batching, gpu.enable_overlap_scheduler) == (256, True, True)
+    assert CUDA_DEFAULTS["max_batch_size"] == 256
+    chosen = device_defaults(make(max_batch_size=64, enable_in_flight_batching=False, max_num_steps=4), cuda)
+    assert (chosen.max_batch_size, chosen.enable_in_flight_batching, chosen.enable_overlap_scheduler) == (64, False, False)
+    assert default_decode_buckets(cuda, 256, cuda_graphs=True) == [1, 2, 4, 8, 16, 24, 32, *range(48, 257, 16)]
+    assert default_decode_buckets(cuda, 20, cuda_graphs=True) == [1, 2, 4, 8, 16, 20]
+    assert default_decode_buckets(cuda, 256, cuda_graphs=False) == default_decode_buckets(cpu, 256, cuda_graphs=True) == []

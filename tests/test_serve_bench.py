@@ -36,3 +36,34 @@ def test_the_serving_benchmark_runs_against_a_real_server_and_reports_every_stre
                        r"of batch N within ([\d.]+) ms", out)
     assert budget and 60 < float(budget.group(1)) < 140
     assert float(budget.group(2)) == pytest.approx(1000 / float(budget.group(1)), rel=0.01)
+
+
+def test_the_random_model_benchmark_forces_fixed_length_streams_and_reports_the_bandwidth_floor(capsys):
+    """--random-model serves a model of a real shape drawn at load (here the tiny one, on the CPU):
+    every stream is exactly --utterance-tokens long, and each N's step time is set against the
+    memory-bandwidth floor measured in the same run."""
+    assert main(["--random-model", "orpheus-tiny", "--device", "cpu", "--streams", "1,2", "--no-search",
+                 "--utterance-tokens", "56"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"orpheus-tiny on cpu: a decode step reads [\d.]+ GB of weights .* copy bandwidth \d+ GB/s", out)
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\s+(\d+)\s+\d+\s+\d+\s+[\d.]+\s+(\d+/\d+)", out, re.M)}
+    assert set(rows) == {1, 2}
+    for count in (1, 2):
+        assert re.search(rf"N={count}: [\d.]+ ms per forward pass .* bandwidth floor [\d.]+ ms at mean context 58: "
+                         r"[\d.]+x the floor", out)
+
+
+def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
+    """The GPU benchmark's model: Orpheus-3B's config (Llama 3.2 3B) and a decoder, no checkpoint."""
+    import json
+
+    from audio_pipeline.bench.serve import StepFloor
+    from audio_pipeline.layouts.manifest import ModelManifest
+    from audio_pipeline.models.random_models import write_random_model
+
+    model_dir = write_random_model(tmp_path / "m", "orpheus-3b")
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (3072, 28, 8)
+    assert ModelManifest.read(model_dir).random_weights and not list(model_dir.glob("*.safetensors"))
+    weights = StepFloor.of("orpheus-3b", "cpu", 2).weight_bytes
+    assert 5.5e9 < weights < 6.6e9  # 3.2 B parameters in bf16, less most of the 156,940-row table

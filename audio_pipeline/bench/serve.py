@@ -2,6 +2,15 @@
 
     python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en]
                                          [--task-arg NAME=VALUE ...] [--rounds 1]
+    python -m audio_pipeline.bench.serve --device cuda --random-model orpheus-3b [--streams 1,64,128,256,512]
+
+With ``--random-model`` the server runs a randomly initialised model of a real shape (Orpheus-3B:
+Llama 3.2 3B with a random SNAC 24 kHz decoder, its weights drawn on the device at load: nothing to
+download) and every stream is exactly ``--utterance-tokens`` speech tokens long (min_tokens =
+max_tokens), since a random model's end of speech means nothing. In place of the plain forward it
+then prints each N's step time against a memory-bandwidth floor: the bytes a decode step must read
+(the weights, and every stream's keys and values at the round's mean context) over the device's
+copy bandwidth, measured in the same run.
 
 It starts `audio-pipeline serve` in a subprocess (default settings unless ``--task-arg`` or
 ``--model`` say otherwise), waits for it to report SERVING, then for each N starts N streams at once
@@ -32,6 +41,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -106,13 +116,15 @@ def free_port() -> int:
 class Server:
     """`audio-pipeline serve` in a subprocess, on free ports, with /metrics."""
 
-    def __init__(self, model: str | None, task_args: list[str], log_level: str = "WARNING"):
+    def __init__(self, model: str | None, task_args: list[str], log_level: str = "WARNING", device: str | None = None):
         self.metrics_port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
         command = [sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                    "--metrics-port", str(self.metrics_port), "--log-level", log_level]
         if model:
             command += ["--model", model]
+        if device:
+            command += ["--device", device]
         for arg in task_args:
             command += ["--task-arg", arg]
         self.command = command
@@ -161,11 +173,12 @@ async def wait_ready(target: str, timeout: float) -> None:
         await client.wait_ready(timeout=timeout)
 
 
-async def one_stream(client, text: str) -> StreamResult:
+async def one_stream(client, text: str, tokens: int | None = None) -> StreamResult:
+    """One streamed request; with ``tokens``, exactly that many speech tokens."""
     arrivals: list[tuple[float, float]] = []
     words: list = []
     sent = time.perf_counter()
-    async for chunk in client.stream(text):
+    async for chunk in client.stream(text, min_tokens=tokens, max_tokens=tokens):
         now = time.perf_counter()
         if chunk.final:
             audio = sum(seconds for _, seconds in arrivals)
@@ -178,13 +191,14 @@ async def one_stream(client, text: str) -> StreamResult:
     raise RuntimeError("the stream ended without its completion")
 
 
-async def run_round(target: str, count: int, offset: int) -> tuple[list[StreamResult], float]:
+async def run_round(target: str, count: int, offset: int, tokens: int | None = None
+                    ) -> tuple[list[StreamResult], float]:
     """``count`` streams at once; (their results, the round's wall seconds)."""
     from audio_pipeline_client import AsyncTTSClient
 
     async with AsyncTTSClient(target, retries=0) as client:
         started = time.perf_counter()
-        results = await asyncio.gather(*(one_stream(client, TEXTS[(offset + i) % len(TEXTS)])
+        results = await asyncio.gather(*(one_stream(client, TEXTS[(offset + i) % len(TEXTS)], tokens)
                                          for i in range(count)))
         return list(results), time.perf_counter() - started
 
@@ -250,12 +264,12 @@ HEADER = (f"{'N':>4} {'TTFA p50':>8} {'TTFA p99':>8} {'RTF med':>7} {'holding':>
           f"{'x real':>8} {'fwd/s':>7} " + " ".join(f"{p[:6]:>6}" for p in PHASES))
 
 
-def measure(server: Server, count: int, rounds: int, offset: int) -> RoundSummary:
+def measure(server: Server, count: int, rounds: int, offset: int, tokens: int | None = None) -> RoundSummary:
     before = server.metrics()
     results: list[StreamResult] = []
     wall = 0.0
     for r in range(rounds):
-        got, seconds = asyncio.run(run_round(server.target, count, offset + r * count))
+        got, seconds = asyncio.run(run_round(server.target, count, offset + r * count, tokens))
         results += got
         wall += seconds
     after = server.metrics()
@@ -263,7 +277,8 @@ def measure(server: Server, count: int, rounds: int, offset: int) -> RoundSummar
     return RoundSummary(count, results, wall, steps, split, decode_step_ms(before, after))
 
 
-def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, print_row) -> int:
+def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, print_row,
+           tokens: int | None = None) -> int:
     """Largest N that passes: doubling past the largest passing N measured, then bisection."""
     passing = [n for n, s in summaries.items() if s.passes]
     failing = [n for n, s in summaries.items() if not s.passes]
@@ -272,7 +287,7 @@ def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, prin
 
     def probe(n: int) -> bool:
         if n not in summaries:
-            summaries[n] = measure(server, n, rounds, offset=n)
+            summaries[n] = measure(server, n, rounds, offset=n, tokens=tokens)
             print_row(summaries[n])
         return summaries[n].passes
 
@@ -351,6 +366,54 @@ def plain_forward_ms(model: str | None, batch: int, context: int, repeats: int =
 PLAIN_BATCHES = (1, 16, 32)
 
 
+def copy_bandwidth(device: str, size: int | None = None, repeats: int = 10) -> float:
+    """Bytes per second one device-to-device copy moves (reads plus writes), measured here."""
+    import torch
+
+    size = size or (1 << 30 if device.startswith("cuda") else 1 << 28)
+    source = torch.empty(size, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+
+    sync()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        target.copy_(source)
+    sync()
+    return 2 * size * repeats / (time.perf_counter() - started)
+
+
+@dataclass
+class StepFloor:
+    """The bytes a decode step of a random model's shape must read from memory."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    bandwidth: float
+
+    @classmethod
+    def of(cls, shape: str, device: str, dtype_bytes: int) -> "StepFloor":
+        from audio_pipeline.layouts import orpheus
+        from audio_pipeline.models.random_models import RANDOM_SHAPES
+
+        c = RANDOM_SHAPES[shape]
+        hidden, layers = c["hidden_size"], c["num_hidden_layers"]
+        head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
+        heads, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+        per_layer = hidden * (heads + 2 * kv) + heads * hidden + 3 * hidden * c["intermediate_size"]
+        # The output projection is read only over the speech slots' codebooks (candidate logits);
+        # the embedding table only at the step's rows.
+        head = orpheus.TOKENS_PER_FRAME * orpheus.CODEBOOK_SIZE * hidden
+        return cls((layers * per_layer + head) * dtype_bytes, 2 * layers * kv * dtype_bytes, copy_bandwidth(device))
+
+    def floor_ms(self, batch: int, context: int) -> float:
+        return 1000 * (self.weight_bytes + batch * context * self.kv_bytes_per_token) / self.bandwidth
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -366,30 +429,58 @@ def main(argv: list[str] | None = None) -> int:
                              "KV length of the benchmark's streams with the built-in voice)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the plain padded forward in this process (default 1)")
+    parser.add_argument("--device", help="--device for the server (cpu, cuda, cuda:N; default: the server's)")
+    parser.add_argument("--random-model", metavar="SHAPE",
+                        help="serve a randomly initialised model of this shape instead of --model: orpheus-3b "
+                             "(Llama 3.2 3B + SNAC 24 kHz) or orpheus-tiny")
+    parser.add_argument("--utterance-tokens", type=int, default=490,
+                        help="with --random-model, speech tokens per stream (default 490: 70 frames, 6 s)")
     args = parser.parse_args(argv)
     counts = [int(s) for s in args.streams.split(",")]
 
     import torch
 
     torch.set_num_threads(args.threads)
-    plain = {b: plain_forward_ms(args.model, b, args.context) for b in PLAIN_BATCHES}
-    print(f"plain padded forward ({args.threads} thread(s), context {args.context}): "
-          + ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in plain.items()) + " per step", flush=True)
+    tokens = args.utterance_tokens if args.random_model else None
+    model_dir = None
+    if args.random_model:
+        from audio_pipeline.models.random_models import write_random_model
 
-    server = Server(args.model, args.task_arg)
+        model_dir = tempfile.mkdtemp(prefix=f"random-{args.random_model}-")
+        args.model = str(write_random_model(model_dir, args.random_model))
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        floor = StepFloor.of(args.random_model, device, 2 if device.startswith("cuda") else 4)
+        print(f"{args.random_model} on {device}: a decode step reads {floor.weight_bytes / 1e9:.2f} GB of weights and "
+              f"{floor.kv_bytes_per_token / 1e3:.0f} kB of KV per context token; copy bandwidth "
+              f"{floor.bandwidth / 1e9:.0f} GB/s", flush=True)
+    else:
+        plain = {b: plain_forward_ms(args.model, b, args.context) for b in PLAIN_BATCHES}
+        print(f"plain padded forward ({args.threads} thread(s), context {args.context}): "
+              + ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in plain.items()) + " per step", flush=True)
+
+    server = Server(args.model, args.task_arg, device=args.device)
     try:
         asyncio.run(wait_ready(server.target, timeout=600))
         print(f"server: {' '.join(server.command[3:])}", flush=True)
-        measure(server, 2, 1, offset=0)  # warm-up
+        measure(server, 2, 1, offset=0, tokens=tokens)  # warm-up
         print(HEADER + "   (engine phases: ms per forward pass)", flush=True)
         summaries: dict[int, RoundSummary] = {}
         for count in counts:
-            summaries[count] = measure(server, count, args.rounds, offset=count)
+            summaries[count] = measure(server, count, args.rounds, offset=count, tokens=tokens)
             print(summaries[count].row(), flush=True)
         if args.search:
-            best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True))
+            best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True), tokens)
             print(f"largest N with every stream holding real time (stall <= {1000 * STALL_LIMIT_S:.0f} ms) and "
                   f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
+        if args.random_model:
+            # Mean context over a stream's life: its prompt (about 30 tokens) and half its speech.
+            context = 30 + tokens // 2
+            for count in sorted(summaries):
+                step_ms = 1000 * summaries[count].wall / max(summaries[count].steps, 1)
+                print(f"N={count}: {step_ms:.2f} ms per forward pass (round wall time over passes); bandwidth floor "
+                      f"{floor.floor_ms(count, context):.2f} ms at mean context {context}: "
+                      f"{step_ms / floor.floor_ms(count, context):.2f}x the floor")
+            return 0
         first = summaries[min(summaries)]
         per_audio_second = first.passes_per_audio_second
         # Every stream needs this many passes per second of its audio, and one pass serves the whole
@@ -405,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
         os.unlink(server.log.name)
+        if model_dir is not None:
+            shutil.rmtree(model_dir, ignore_errors=True)
     return 0
 
 

@@ -43,6 +43,9 @@ class ModelManifest:
     #: The phoneme-lpc family's text front end: "espeak" (eSpeak NG's phonemes and durations) or
     #: "lexicon" (the model directory's lexicon.txt.gz and prosody.json).
     front_end: str = "espeak"
+    #: The directory holds no language model checkpoint: its weights are drawn at load (a random
+    #: model of a real shape, for benchmarks; models/random_models.py).
+    random_weights: bool = False
 
     @classmethod
     def read(cls, model_dir: Path) -> "ModelManifest":

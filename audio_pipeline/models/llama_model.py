@@ -43,7 +43,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
     """Llama-family causal LM over the paged KV cache."""
 
     def __init__(self, pipeline_config: "PipelineConfig", huggingface_config: Any, model_dir: Path, *,
-                 devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig"):
+                 devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig",
+                 random_weights: bool = False):
         super().__init__(pipeline_config, huggingface_config, devices=devices, dtype=dtype,
                          kv_cache_config=kv_cache_config)
         self.model_dir = model_dir
@@ -52,7 +53,13 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
         with torch.device("meta"):
             self.model = LlamaForCausalLM(huggingface_config)
-        load_safetensors_into(self.model, model_dir, dtype, self.devices[0])
+        if random_weights:
+            from audio_pipeline.models.random_models import init_random_weights
+
+            init_random_weights(self.model, dtype, self.devices[0])
+            self.model.tie_weights()
+        else:
+            load_safetensors_into(self.model, model_dir, dtype, self.devices[0])
         self.model.reset_rotary(self.devices[0])
         self.model.eval()
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
@@ -123,12 +130,16 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         per_sequence = cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
         return max(1, available_cache_memory // per_sequence)
 
-    def load_kv_manager(self, available_cache_memory: int | None = None) -> PagedKVCacheManager:
+    def load_kv_manager(self, available_cache_memory: int | None = None, *, reserve_bytes: int = 0
+                        ) -> PagedKVCacheManager:
         """Builds the paged cache: sized from ``available_cache_memory`` bytes, or from the memory
-        measured free now (after the weights are loaded) times device_memory_utilization."""
+        measured free now (after the weights and the decoder are loaded) times
+        device_memory_utilization, less ``reserve_bytes`` for the steps' activations."""
         params = self.kv_params
         if available_cache_memory is None:
-            available_cache_memory = available_memory(self.devices[0], self.kv_cache_config.device_memory_utilization)
+            available_cache_memory = max(0, available_memory(self.devices[0],
+                                                             self.kv_cache_config.device_memory_utilization)
+                                         - reserve_bytes)
         size = self.estimate_kv_cache_size(self.pipeline_config, available_cache_memory, self.devices,
                                            self.huggingface_config, self.kv_cache_config, self.cache_dtype)
         blocks = size // PagedKVCache.bytes_per_block(params)

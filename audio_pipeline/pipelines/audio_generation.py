@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -96,7 +97,8 @@ class AudioGenerationEngine:
 
     def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, streaming: StreamSettings,
                  scheduler: AudioGenerationScheduler, *, metrics: EngineMetrics | None = None,
-                 on_step: Callable[["AudioGenerationEngine"], None] | None = None, num_threads: int | None = None):
+                 on_step: Callable[["AudioGenerationEngine"], None] | None = None, num_threads: int | None = None,
+                 decode_stream: torch.cuda.Stream | None = None):
         self.pipeline = pipeline
         self.decoder = decoder
         self.streaming = streaming
@@ -105,6 +107,9 @@ class AudioGenerationEngine:
         self.on_step = on_step
         #: Intra-op threads set on the engine thread (None leaves torch's setting alone).
         self.num_threads = num_threads
+        #: CUDA: the decoder's own stream, so audio decoding neither waits behind the model's queued
+        #: steps nor holds them up (its output comes back to the host on this stream alone).
+        self.decode_stream = decode_stream
         self._requests: dict[str, _Request] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Condition()
@@ -429,7 +434,7 @@ class AudioGenerationEngine:
             return
         timer = self.pipeline.timer
         try:
-            with timer.phase("decode"):
+            with timer.phase("decode"), self._on_decode_stream():
                 waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end))
                                                       for r, w in jobs])
         except Exception as exc:  # noqa: BLE001 - one request's bad codes must not fail its batch mates
@@ -457,6 +462,9 @@ class AudioGenerationEngine:
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
         timer.add("deliver", time.perf_counter() - started)
+
+    def _on_decode_stream(self):
+        return torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else nullcontext()
 
     def _update_load(self) -> None:
         metrics, scheduler = self.metrics, self.scheduler

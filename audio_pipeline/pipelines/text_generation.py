@@ -24,7 +24,7 @@ from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
 from audio_pipeline.pipelines.model_runner import ModelRunner
 from audio_pipeline.pipelines.step_timing import StepTimer
-from audio_pipeline.scheduler import ScheduledItem, StepResult, apply_step
+from audio_pipeline.scheduler import ScheduledItem, apply_step
 
 if TYPE_CHECKING:
     from audio_pipeline.config import PipelineConfig

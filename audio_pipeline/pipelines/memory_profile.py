@@ -1,0 +1,64 @@
+"""How much device memory the KV cache may take: what is left once the weights, the decoder and the
+largest step the engine can run (with its activations) have had theirs.
+
+On CUDA the engine runs that largest step once before it sizes the cache: a prefill of
+``max_batch_input_tokens`` tokens spread over ``max_batch_size`` sequences, their candidate logits, and
+the decoder's largest batched call (``max_batch_size`` windows of the largest chunk), on a temporary
+cache just big enough for it. The peak of that pass above what was allocated before is the
+activation reserve. On the CPU the cache is sized from the free host memory as before (its
+activations are small next to the system's memory), so nothing is profiled there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from audio_pipeline.kv_cache.paged import PagedKVCacheManager
+
+if TYPE_CHECKING:
+    from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+
+def largest_step_peak_bytes(model: "LlamaPipelineModel", decoder: Any, *, max_step_tokens: int, max_rows: int,
+                            decode_window: int, candidates: int) -> int:
+    """Peak bytes of the largest step and decoder call above what is allocated now (CUDA); 0 elsewhere."""
+    device = model.devices[0]
+    if device.type != "cuda":
+        return 0
+    params = model.kv_params
+    rows = max(1, min(max_rows, max_step_tokens))
+    per_row = -(-max_step_tokens // rows)
+    blocks = rows * -(-per_row // params.page_size)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    manager = PagedKVCacheManager(params, device, blocks, enable_prefix_caching=False, attention_kernel="auto",
+                                  num_heads=model.huggingface_config.num_attention_heads, model_dtype=model.dtype)
+    cache_bytes = torch.cuda.memory_allocated(device) - before
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        ids = [f"profile-{i}" for i in range(rows)]
+        lengths = [min(per_row, max_step_tokens - i * per_row) for i in range(rows)]
+        ids, lengths = [i for i, n in zip(ids, lengths) if n > 0], [n for n in lengths if n > 0]
+        for request_id, length in zip(ids, lengths):
+            manager.claim(request_id)
+            manager.block_manager.alloc(request_id, length)
+        with torch.inference_mode():
+            batch = manager.batch(ids, [0] * len(ids), lengths)
+            total = sum(lengths)
+            tokens = torch.zeros(total, dtype=torch.long, device=device)
+            positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+            hidden = model.forward(tokens, positions, batch)
+            last = hidden[torch.cumsum(torch.tensor(lengths, device=device), 0) - 1]
+            weight = model.model.lm_head.weight
+            (last @ weight[:candidates].T).float()
+            del hidden, last
+            frame = decoder.tokens_per_frame
+            window = max(frame, decode_window - decode_window % frame)
+            decoder.decode_batch([torch.zeros(window, dtype=torch.long, device=device) for _ in range(max_rows)])
+        torch.cuda.synchronize(device)
+        return max(0, torch.cuda.max_memory_allocated(device) - before - cache_bytes)
+    finally:
+        del manager
+        torch.cuda.empty_cache()
