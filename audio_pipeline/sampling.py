@@ -107,11 +107,7 @@ class CandidateBatch:
         extra = torch.from_numpy(rows.extra_ids)
         start_t = torch.from_numpy(rows.starts)
         ids = torch.cat([start_t[:, None] + torch.arange(codebook)[None, :], extra], dim=1)
-        allowed = torch.cat([torch.ones(len(contexts), codebook, dtype=torch.bool),
-                             torch.from_numpy(rows.extra_allowed)], dim=1)
-        forced_t = torch.from_numpy(rows.forced)
-        allowed = torch.where((forced_t >= 0)[:, None], ids == forced_t[:, None], allowed)
-        return cls(rows.starts.tolist(), codebook, extra, ids, allowed)
+        return cls(rows.starts.tolist(), codebook, extra, ids, torch.from_numpy(~rows.blocked))
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -138,9 +134,9 @@ class SamplingRows:
     starts: np.ndarray
     #: [B, E] stop ids (padded with end-of-speech) and [B, E] whether each may be chosen now.
     extra_ids: np.ndarray
-    extra_allowed: np.ndarray
-    #: [B] the id a layout's alignment forces (-1: the model chooses).
-    forced: np.ndarray
+    #: [B, codebook + E] candidates that may not be chosen now: stop ids off a frame boundary or
+    #: before min_tokens, padding, and everything but the forced id where a layout forces one.
+    blocked: np.ndarray
     #: [len(FLOAT_FIELDS), B] float32: the settings, then the uniform draw (0 for greedy rows).
     floats: np.ndarray
     #: [B] top_k, the whole width where unlimited.
@@ -162,7 +158,7 @@ class SamplingRows:
         starts = np.empty(batch, dtype=np.int64)
         forced = np.full(batch, -1, dtype=np.int64)
         extra_ids = np.full((batch, width), eos, dtype=np.int64)
-        extra_allowed = np.zeros((batch, width), dtype=bool)
+        blocked = np.zeros((batch, codebook + width), dtype=bool)
         floats = np.zeros((len(FLOAT_FIELDS), batch), dtype=np.float32)
         uniform = torch.from_numpy(floats[FLOAT_FIELDS.index("uniform")])
         top_k = np.empty(batch, dtype=np.int64)
@@ -173,21 +169,30 @@ class SamplingRows:
             starts[row] = layout.token_range(position)[0]
             slots[row] = position % frame
             fixed = context.alignment.forced(position) if context.alignment is not None else None
+            extra_ids[row, :len(stops[row])] = stops[row]
+            may_stop = position % frame == 0 and position > 0 and position >= params.min_tokens
+            blocked[row, codebook + (len(stops[row]) if may_stop else 0):] = True
             if fixed is not None:
                 forced[row] = fixed
-            extra_ids[row, :len(stops[row])] = stops[row]
-            extra_allowed[row, :len(stops[row])] = position % frame == 0 and position > 0 and \
-                position >= params.min_tokens
             floats[:6, row] = (params.temperature, params.top_p, params.min_p, params.repetition_penalty,
                                params.frequency_penalty, params.presence_penalty)
             top_k[row] = params.top_k if 0 < params.top_k < codebook + width else codebook + width
             if draw and params.temperature > 0:  # drawn straight into the row: no value is read back
                 torch.rand(1, generator=context.generator, out=uniform[row:row + 1])
-        return cls(codebook, starts, extra_ids, extra_allowed, forced, floats, top_k, slots)
+        rows = np.flatnonzero(forced >= 0)
+        if rows.size:  # a forced row allows its forced id alone
+            ids = np.concatenate([starts[rows, None] + np.arange(codebook)[None, :], extra_ids[rows]], axis=1)
+            blocked[rows] = ids != forced[rows, None]
+        return cls(codebook, starts, extra_ids, blocked, floats, top_k, slots)
 
     @property
     def width(self) -> int:
         return self.codebook_size + self.extra_ids.shape[1]
+
+    @property
+    def penalized(self) -> bool:
+        """Some row has a repetition, frequency or presence penalty."""
+        return bool(((self.floats[3] != 1) | (self.floats[4] != 0) | (self.floats[5] != 0)).any())
 
     @property
     def any_sampling(self) -> bool:
@@ -214,15 +219,16 @@ class DeviceSamplingRows:
 
     starts: torch.Tensor
     extra_ids: torch.Tensor
-    extra_allowed: torch.Tensor
-    forced: torch.Tensor
+    blocked: torch.Tensor
     floats: torch.Tensor
     top_k: torch.Tensor
 
+    #: The SamplingRows arrays a device copy holds, in field order.
+    FIELDS = ("starts", "extra_ids", "blocked", "floats", "top_k")
+
     @classmethod
     def copy_of(cls, rows: SamplingRows, device: torch.device) -> "DeviceSamplingRows":
-        return cls(*(torch.from_numpy(getattr(rows, name)).to(device)
-                     for name in ("starts", "extra_ids", "extra_allowed", "forced", "floats", "top_k")))
+        return cls(*(torch.from_numpy(getattr(rows, name)).to(device) for name in cls.FIELDS))
 
     def column(self, name: str) -> torch.Tensor:
         return self.floats[FLOAT_FIELDS.index(name)][:, None]
@@ -242,26 +248,28 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
     """
     codebook = rows.codebook_size
     scores = scores.float()
-    counts = torch.cat([counts, counts.new_zeros(counts.shape[0], scores.shape[1] - codebook)], dim=1)
-    seen = counts > 0
-    penalty = device_rows.column("repetition_penalty")
-    scores = torch.where(seen, torch.where(scores > 0, scores / penalty, scores * penalty), scores)
-    scores = scores - device_rows.column("frequency_penalty") * counts - device_rows.column("presence_penalty") * seen
-    offsets = torch.arange(scores.shape[1], device=scores.device)
-    ids = torch.cat([device_rows.starts[:, None] + offsets[None, :codebook], device_rows.extra_ids], dim=1)
-    allowed = torch.cat([torch.ones_like(device_rows.extra_allowed[:, :1]).expand(-1, codebook),
-                         device_rows.extra_allowed], dim=1)
-    allowed = torch.where((device_rows.forced >= 0)[:, None], ids == device_rows.forced[:, None], allowed)
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    if rows.penalized:  # the penalties act on the codebook's columns; stop ids are never counted
+        codes = scores[:, :codebook]
+        seen = counts > 0
+        penalty = device_rows.column("repetition_penalty")
+        codes = torch.where(seen, torch.where(codes > 0, codes / penalty, codes * penalty), codes)
+        codes = codes - device_rows.column("frequency_penalty") * counts - device_rows.column("presence_penalty") * seen
+        scores = torch.cat([codes, scores[:, codebook:]], dim=1)
+    scores = scores.masked_fill(device_rows.blocked, float("-inf"))
     # Never a token the layout forbids, whatever the numbers: a row whose scores overflowed or went
     # NaN (extreme logits, a misbehaving model) falls back to its allowed candidates, uniformly.
-    scores = _finite_or_excluded(scores)
-    broken = ~torch.isfinite(scores).any(dim=1, keepdim=True)
-    scores = torch.where(broken & allowed, torch.zeros_like(scores), scores)
+    # Where reading back is free, sound batches (every row's best score finite) skip this.
+    extreme = sync_free or not bool(torch.isfinite(scores.amax(dim=1)).all())
+    if extreme:
+        scores = _finite_or_excluded(scores)
+        broken = ~torch.isfinite(scores).any(dim=1, keepdim=True)
+        scores = torch.where(broken & ~device_rows.blocked, torch.zeros_like(scores), scores)
     chosen = scores.argmax(dim=1)
     if rows.any_sampling:
         temperature = device_rows.column("temperature")
-        scaled = _finite_or_excluded(scores / temperature.clamp_min(1e-6))  # large scores may overflow
+        scaled = scores / temperature.clamp_min(1e-6)
+        if extreme:  # the largest scores may overflow once divided by the temperature
+            scaled = _finite_or_excluded(scaled)
         top_k, min_p, top_p = device_rows.top_k, device_rows.column("min_p"), device_rows.column("top_p")
         uniform = device_rows.column("uniform")[:, 0]
         width = scores.shape[1]
@@ -272,7 +280,8 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
         if sampled is None:
             sampled = _sample_nucleus(scaled, top_k, min_p, top_p, uniform, width)
         chosen = torch.where(temperature[:, 0] == 0, chosen, sampled)
-    return ids.gather(1, chosen[:, None])[:, 0]
+    stop = device_rows.extra_ids.gather(1, (chosen - codebook).clamp_min(0)[:, None])[:, 0]
+    return torch.where(chosen < codebook, device_rows.starts + chosen, stop)
 
 
 def slot_counts(context: "TTSContext") -> np.ndarray:

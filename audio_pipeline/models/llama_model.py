@@ -217,13 +217,17 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         :func:`candidate_groups`) says where each range's rows are. Nothing is read back.
         """
         weight = self.model.lm_head.weight
-        ordered = hidden.index_select(0, order)
-        by_range = torch.empty(hidden.shape[0], width, dtype=torch.float32, device=hidden.device)
-        for first, end, start in groups:
-            by_range[first:end] = (ordered[first:end] @ weight[start:start + width].T).float()
         logits = torch.empty(hidden.shape[0], width + extra_ids.shape[1], dtype=torch.float32, device=hidden.device)
-        logits[:, :width].index_copy_(0, order, by_range)
-        logits[:, width:] = torch.einsum("bh,beh->be", hidden, weight[extra_ids]).float()
+        if len(groups) == 1:  # one range: the rows are in order already
+            start = groups[0][2]
+            logits[:, :width] = hidden @ weight[start:start + width].T
+        else:
+            ordered = hidden.index_select(0, order)
+            by_range = torch.empty(hidden.shape[0], width, dtype=torch.float32, device=hidden.device)
+            for first, end, start in groups:
+                by_range[first:end] = ordered[first:end] @ weight[start:start + width].T
+            logits[:, :width].index_copy_(0, order, by_range)
+        logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
         return logits
 
 

@@ -292,7 +292,7 @@ class ModelRunner:
             "chain_rows": ((len(links),), np.int64), "chain_from": ((len(links),), np.int64),
             "logit_rows": ((batch,), np.int64), "order": ((batch,), np.int64), "count_rows": ((batch,), np.int64),
             "starts": ((batch,), np.int64), "extra_ids": ((batch, width), np.int64),
-            "extra_allowed": ((batch, width), np.bool_), "forced": ((batch,), np.int64),
+            "blocked": ((batch, rows.width if rows is not None else 0), np.bool_),
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
             "follow_rows": ((len(follow),), np.int64), "follow_codes": ((len(follow),), np.int64),
             "follow_owner": ((len(follow),), np.int64),
@@ -314,7 +314,7 @@ class ModelRunner:
         if rows is None:
             return staged
         host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
-        for name in ("starts", "extra_ids", "extra_allowed", "forced", "floats", "top_k"):
+        for name in DeviceSamplingRows.FIELDS:
             host[name][...] = getattr(rows, name)
         frame = self.layout.tokens_per_frame
         host["count_rows"][:] = [self.counts.slot(r.request_id) * frame + slot
@@ -356,8 +356,7 @@ class ModelRunner:
         codebook = rows.codebook_size
         table = self.counts.table
         counts = table.index_select(0, device["count_rows"])
-        device_rows = DeviceSamplingRows(device["starts"], device["extra_ids"], device["extra_allowed"],
-                                         device["forced"], device["floats"], device["top_k"])
+        device_rows = DeviceSamplingRows(*(device[name] for name in DeviceSamplingRows.FIELDS))
         ids = sample_rows(logits, rows, device_rows, counts, sync_free=self.sync_free)
         codes = ids - device["starts"]
         counted = ((codes >= 0) & (codes < codebook)).float()

@@ -13,6 +13,7 @@ read back in order). On the CPU there is nothing to copy: the views are the host
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,7 +64,7 @@ class StepArena:
         for name, (shape, dtype) in arrays.items():
             dtype = np.dtype(dtype)
             slots[name] = _Slot(offset, tuple(shape), dtype)
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            size = math.prod(shape) * dtype.itemsize
             offset += -(-size // ALIGN) * ALIGN
         if offset > self._capacity:
             self._wait_all()
@@ -75,7 +76,7 @@ class StepArena:
         buffer = self._host_arrays[self._turn]
         step = StagedStep()
         for name, slot in slots.items():
-            count = int(np.prod(slot.shape, dtype=np.int64))
+            count = math.prod(slot.shape)
             step.host[name] = buffer[slot.offset:slot.offset + count * slot.dtype.itemsize].view(slot.dtype).reshape(
                 slot.shape)
         step._slots, step._used = slots, offset  # type: ignore[attr-defined]
@@ -86,8 +87,9 @@ class StepArena:
         ``step.device``."""
         slots, used = step._slots, step._used  # type: ignore[attr-defined]
         host = self._host[self._turn]
-        if self._device_buffer is None:
-            source = host
+        if self._device_buffer is None:  # the CPU: the host arrays are the step's tensors
+            step.device = {name: torch.from_numpy(array) for name, array in step.host.items()}
+            return step
         else:
             self._device_buffer[:used].copy_(host[:used], non_blocking=True)
             event = torch.cuda.Event()
@@ -95,7 +97,7 @@ class StepArena:
             self._sent[self._turn] = event
             source = self._device_buffer
         for name, slot in slots.items():
-            count = int(np.prod(slot.shape, dtype=np.int64))
+            count = math.prod(slot.shape)
             raw = source[slot.offset:slot.offset + count * slot.dtype.itemsize]
             step.device[name] = raw.view(_TORCH_DTYPES[slot.dtype]).view(slot.shape)
         return step

@@ -28,84 +28,89 @@ _SOURCE = r"""
 #include <cmath>
 #include <vector>
 
-// One (sequence, query head): scores, softmax and the weighted value sum. The cache is
-// [pages, page_size, kv_heads, dim]: ``kbase``/``vbase`` point at this kv head's first row, and
-// consecutive tokens of a page are ``row`` floats apart. DIM is the head size when it is one of the
-// common ones (known at compile time, the dot products and row updates unroll into a few vector
-// operations and the value accumulators stay in registers); 0 for any other size.
+// One sequence, every head: scores, softmax and the weighted value sums. The cache is
+// [pages, page_size, kv_heads, dim]; a token's row holds all its kv heads side by side, so the
+// passes walk each page's rows once, in order, for all heads (one sweep of contiguous memory,
+// which the prefetcher follows). DIM is the head size when it is one of the common ones (known at
+// compile time, the dot products and row updates unroll into a few vector operations); 0 for any
+// other size. Scores are [query][head][position], accumulators [query][head][dim].
 template <int DIM>
-static void attend_one(const float* q, const float* kbase, const float* vbase, const int32_t* pages,
-                       int64_t page_size, int64_t row, int64_t len, int64_t nq, int64_t q_stride, int64_t dim_rt,
-                       float scale, float* out, std::vector<float>& scores, std::vector<float>& acc) {
+static void attend_sequence(const float* q, const float* kc, const float* vc, const int32_t* pages,
+                            int64_t page_size, int64_t heads, int64_t group, int64_t kv_heads, int64_t len,
+                            int64_t nq, int64_t dim_rt, float scale, float* out, std::vector<float>& scores,
+                            std::vector<float>& acc) {
   const int64_t dim = DIM ? DIM : dim_rt;
-  const int64_t first = len - nq;
-  const int64_t page_stride = page_size * row;
-  scores.resize(nq * len);
-  acc.assign(nq * dim, 0.f);
-  // Pass 1: scores, one page of keys at a time (it stays in cache across the queries that see it).
+  const int64_t row = kv_heads * dim, page_stride = page_size * row, first = len - nq;
+  scores.resize(nq * heads * len);
+  acc.assign(nq * heads * dim, 0.f);
+  // Pass 1: scores.
   for (int64_t start = 0; start < len; start += page_size) {
     const int64_t n = std::min(page_size, len - start);
-    const float* kb = kbase + static_cast<int64_t>(pages[start / page_size]) * page_stride;
+    const float* kb = kc + static_cast<int64_t>(pages[start / page_size]) * page_stride;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* krow = kb + t * row;
+      const int64_t pos = start + t;
+      for (int64_t i = std::max<int64_t>(0, pos - first); i < nq; ++i) {
+        const float* qi = q + i * heads * dim;
+        float* si = scores.data() + i * heads * len + pos;
+        for (int64_t h = 0; h < heads; ++h) {
+          const float* k = krow + (h / group) * dim;
+          const float* qh = qi + h * dim;
+          float s = 0.f;
+          for (int64_t d = 0; d < dim; ++d) s += qh[d] * k[d];
+          si[h * len] = s * scale;
+        }
+      }
+    }
+  }
+  // Pass 2: softmax per (query, head) over the positions it sees.
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t visible = first + i + 1;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* si = scores.data() + (i * heads + h) * len;
+      float m = si[0];
+      for (int64_t j = 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
+      float sum = 0.f;
+      for (int64_t j = 0; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
+      const float inv = 1.f / sum;
+      for (int64_t j = 0; j < visible; ++j) si[j] *= inv;
+    }
+  }
+  // Pass 3: weighted sums of the value rows, a page at a time (it stays in cache across the heads
+  // that read it); each (query, head) sums in registers (two chains, so consecutive multiply-adds
+  // do not wait on each other) when DIM is known.
+  for (int64_t start = 0; start < len; start += page_size) {
+    const int64_t n = std::min(page_size, len - start);
+    const float* vb = vc + static_cast<int64_t>(pages[start / page_size]) * page_stride;
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t visible = std::min(n, first + i + 1 - start);
-      float qi[DIM ? DIM : 1];
-      const float* qsrc = q + i * q_stride;
-      if (DIM) for (int64_t d = 0; d < DIM; ++d) qi[d] = qsrc[d];
-      float* si = scores.data() + i * len + start;
-      for (int64_t t = 0; t < visible; ++t) {
-        const float* k = kb + t * row;
-        float s = 0.f;
-        if (DIM) { for (int64_t d = 0; d < DIM; ++d) s += qi[d] * k[d]; }
-        else { for (int64_t d = 0; d < dim; ++d) s += qsrc[d] * k[d]; }
-        si[t] = s * scale;
+      if (visible <= 0) continue;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* si = scores.data() + (i * heads + h) * len + start;
+        const float* v0 = vb + (h / group) * dim;
+        float* a = acc.data() + (i * heads + h) * dim;
+        if (DIM) {
+          float a0[DIM ? DIM : 1] = {}, a1[DIM ? DIM : 1] = {};
+          int64_t t = 0;
+          for (; t + 1 < visible; t += 2) {
+            const float p0 = si[t], p1 = si[t + 1];
+            const float* x0 = v0 + t * row; const float* x1 = x0 + row;
+            for (int64_t d = 0; d < DIM; ++d) { a0[d] += p0 * x0[d]; a1[d] += p1 * x1[d]; }
+          }
+          if (t < visible) {
+            const float p0 = si[t];
+            const float* x0 = v0 + t * row;
+            for (int64_t d = 0; d < DIM; ++d) a0[d] += p0 * x0[d];
+          }
+          for (int64_t d = 0; d < DIM; ++d) a[d] += a0[d] + a1[d];
+        } else {
+          for (int64_t t = 0; t < visible; ++t)
+            for (int64_t d = 0; d < dim; ++d) a[d] += si[t] * v0[t * row + d];
+        }
       }
     }
   }
-  // Pass 2: softmax per query over the keys it sees.
-  for (int64_t i = 0; i < nq; ++i) {
-    float* si = scores.data() + i * len;
-    const int64_t visible = first + i + 1;
-    float m = si[0];
-    for (int64_t j = 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
-    float sum = 0.f;
-    for (int64_t j = 0; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
-    const float inv = 1.f / sum;
-    for (int64_t j = 0; j < visible; ++j) si[j] *= inv;
-  }
-  // Pass 3: weighted sum of the values into accumulators that live in registers (two, so
-  // consecutive multiply-adds do not wait on each other).
-  for (int64_t i = 0; i < nq; ++i) {
-    const float* si = scores.data() + i * len;
-    const int64_t visible_all = first + i + 1;
-    if (DIM) {
-      float a0[DIM ? DIM : 1] = {}, a1[DIM ? DIM : 1] = {};
-      for (int64_t start = 0; start < visible_all; start += page_size) {
-        const int64_t n = std::min(page_size, visible_all - start);
-        const float* vb = vbase + static_cast<int64_t>(pages[start / page_size]) * page_stride;
-        int64_t t = 0;
-        for (; t + 1 < n; t += 2) {
-          const float p0 = si[start + t], p1 = si[start + t + 1];
-          const float* v0 = vb + t * row; const float* v1 = v0 + row;
-          for (int64_t d = 0; d < DIM; ++d) { a0[d] += p0 * v0[d]; a1[d] += p1 * v1[d]; }
-        }
-        if (t < n) {
-          const float p0 = si[start + t];
-          const float* v0 = vb + t * row;
-          for (int64_t d = 0; d < DIM; ++d) a0[d] += p0 * v0[d];
-        }
-      }
-      for (int64_t d = 0; d < DIM; ++d) out[i * q_stride + d] = a0[d] + a1[d];
-    } else {
-      float* a = acc.data() + i * dim;
-      for (int64_t start = 0; start < visible_all; start += page_size) {
-        const int64_t n = std::min(page_size, visible_all - start);
-        const float* vb = vbase + static_cast<int64_t>(pages[start / page_size]) * page_stride;
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t d = 0; d < dim; ++d) a[d] += si[start + t] * vb[t * row + d];
-      }
-      for (int64_t d = 0; d < dim; ++d) out[i * q_stride + d] = a[d];
-    }
-  }
+  std::copy(acc.begin(), acc.end(), out);
 }
 
 // query [T, H, D]; caches [pages, page_size, Hkv, D]; qo_indptr, kv_indptr [B + 1], kv_indices, seq_lens
@@ -122,7 +127,7 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
   auto out = torch::empty_like(query);
   const int64_t heads = query.size(1), dim = query.size(2);
   const int64_t page_size = key_cache.size(1), kv_heads = key_cache.size(2);
-  const int64_t group = heads / kv_heads, batch = seq_lens.size(0), row = kv_heads * dim;
+  const int64_t group = heads / kv_heads, batch = seq_lens.size(0);
   const float* q = query.data_ptr<float>();
   const float* kc = key_cache.data_ptr<float>();
   const float* vc = value_cache.data_ptr<float>();
@@ -132,21 +137,18 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* o = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc;
-    for (int64_t work = begin; work < end; ++work) {
-      const int64_t b = work / heads, h = work % heads, kvh = h / group;
+    for (int64_t b = begin; b < end; ++b) {
       const int64_t nq = qo[b + 1] - qo[b];
-      const float* qb = q + (static_cast<int64_t>(qo[b]) * heads + h) * dim;
-      float* ob = o + (static_cast<int64_t>(qo[b]) * heads + h) * dim;
-      const float* kb = kc + kvh * dim;
-      const float* vb = vc + kvh * dim;
+      const float* qb = q + static_cast<int64_t>(qo[b]) * heads * dim;
+      float* ob = o + static_cast<int64_t>(qo[b]) * heads * dim;
       const int32_t* pages = idx + kvp[b];
       switch (dim) {
-#define CASE(D) case D: attend_one<D>(qb, kb, vb, pages, page_size, row, lens[b], nq, heads * dim, dim, fscale, ob, scores, acc); break;
+#define CASE(D) case D: attend_sequence<D>(qb, kc, vc, pages, page_size, heads, group, kv_heads, lens[b], nq, dim, fscale, ob, scores, acc); break;
         CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128)
 #undef CASE
-        default: attend_one<0>(qb, kb, vb, pages, page_size, row, lens[b], nq, heads * dim, dim, fscale, ob, scores, acc);
+        default: attend_sequence<0>(qb, kc, vc, pages, page_size, heads, group, kv_heads, lens[b], nq, dim, fscale, ob, scores, acc);
       }
     }
   });
