@@ -143,6 +143,16 @@ class SamplingRows:
     top_k: np.ndarray
     #: [B] frame slot (position % tokens_per_frame) of the token each row samples.
     frame_slots: np.ndarray
+    #: Some row samples (temperature > 0); else every row is greedy and no draw is needed.
+    any_sampling: bool = False
+    #: Some row has a repetition, frequency or presence penalty.
+    penalized: bool = False
+    #: Every sampling row keeps at most NUCLEUS_PREFIX candidates (top_k), so the prefix rule is
+    #: exact without looking at the scores.
+    prefix_suffices: bool = True
+    #: Every sampling row's top_k fits the prefix or is unlimited: the prefix rule is exact where
+    #: the scores show the top_p mass inside it (_sample_nucleus's check).
+    prefix_may_suffice: bool = True
 
     @classmethod
     def build(cls, contexts: Sequence["TTSContext"], *, positions: Sequence[int] | None = None,
@@ -179,38 +189,22 @@ class SamplingRows:
             top_k[row] = params.top_k if 0 < params.top_k < codebook + width else codebook + width
             if draw and params.temperature > 0:  # drawn straight into the row: no value is read back
                 torch.rand(1, generator=context.generator, out=uniform[row:row + 1])
+        params = [c.sampling for c in contexts]
+        sampled_top_k = [int(k) for p, k in zip(params, top_k) if p.temperature > 0]
+        flags = dict(any_sampling=bool(sampled_top_k),
+                     penalized=any(p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty
+                                   for p in params),
+                     prefix_suffices=all(k <= NUCLEUS_PREFIX for k in sampled_top_k),
+                     prefix_may_suffice=all(k <= NUCLEUS_PREFIX or k == codebook + width for k in sampled_top_k))
         rows = np.flatnonzero(forced >= 0)
         if rows.size:  # a forced row allows its forced id alone
             ids = np.concatenate([starts[rows, None] + np.arange(codebook)[None, :], extra_ids[rows]], axis=1)
             blocked[rows] = ids != forced[rows, None]
-        return cls(codebook, starts, extra_ids, blocked, floats, top_k, slots)
+        return cls(codebook, starts, extra_ids, blocked, floats, top_k, slots, **flags)
 
     @property
     def width(self) -> int:
         return self.codebook_size + self.extra_ids.shape[1]
-
-    @property
-    def penalized(self) -> bool:
-        """Some row has a repetition, frequency or presence penalty."""
-        return bool(((self.floats[3] != 1) | (self.floats[4] != 0) | (self.floats[5] != 0)).any())
-
-    @property
-    def any_sampling(self) -> bool:
-        """Some row samples (temperature > 0); else every row is greedy and no draw is needed."""
-        return bool((self.floats[0] > 0).any())
-
-    @property
-    def prefix_suffices(self) -> bool:
-        """Every sampling row keeps at most NUCLEUS_PREFIX candidates (top_k), so the prefix rule is
-        exact without looking at the scores."""
-        return bool((self.top_k[self.floats[0] > 0] <= NUCLEUS_PREFIX).all())
-
-    @property
-    def prefix_may_suffice(self) -> bool:
-        """Every sampling row's top_k fits the prefix or is unlimited: the prefix rule is exact where
-        the scores show the top_p mass inside it (_sample_nucleus's check)."""
-        top_k = self.top_k[self.floats[0] > 0]
-        return bool(((top_k <= NUCLEUS_PREFIX) | (top_k == self.width)).all())
 
 
 @dataclass

@@ -287,16 +287,19 @@ class ModelRunner:
             if latest is not None:
                 chained.setdefault(id(latest[0]), (latest[0], []))[1].append((int(ends[index]), latest[1]))
         links = [link for _, group in chained.values() for link in group]
-        staged = self.arena.stage({
+        arrays = {
             "tokens": ((total,), np.int64), "positions": ((total,), np.int64), "slots": ((total,), np.int64),
-            "chain_rows": ((len(links),), np.int64), "chain_from": ((len(links),), np.int64),
             "logit_rows": ((batch,), np.int64), "order": ((batch,), np.int64), "count_rows": ((batch,), np.int64),
             "starts": ((batch,), np.int64), "extra_ids": ((batch, width), np.int64),
             "blocked": ((batch, rows.width if rows is not None else 0), np.bool_),
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
-            "follow_rows": ((len(follow),), np.int64), "follow_codes": ((len(follow),), np.int64),
-            "follow_owner": ((len(follow),), np.int64),
-        })
+        }
+        if links:  # tokens to take from earlier steps' samples on the device
+            arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
+        if follow:  # forced tokens that follow samples, for the repetition counts
+            arrays.update(follow_rows=((len(follow),), np.int64), follow_codes=((len(follow),), np.int64),
+                          follow_owner=((len(follow),), np.int64))
+        staged = self.arena.stage(arrays)
         host = staged.host
         flat = host["tokens"]
         for index, known in enumerate(tokens):
@@ -361,7 +364,7 @@ class ModelRunner:
         codes = ids - device["starts"]
         counted = ((codes >= 0) & (codes < codebook)).float()
         table.index_put_((device["count_rows"], codes.clamp(0, codebook - 1)), counted, accumulate=True)
-        if device["follow_rows"].numel():
+        if "follow_rows" in device:
             table.index_put_((device["follow_rows"], device["follow_codes"]),
                              counted.index_select(0, device["follow_owner"]), accumulate=True)
         return ids

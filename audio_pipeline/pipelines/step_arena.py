@@ -62,7 +62,7 @@ class StepArena:
         """Room for ``arrays`` (name -> (shape, dtype)), in this order; returns the host views to fill."""
         slots, offset = {}, 0
         for name, (shape, dtype) in arrays.items():
-            dtype = np.dtype(dtype)
+            dtype = _DTYPES[dtype]
             slots[name] = _Slot(offset, tuple(shape), dtype)
             size = math.prod(shape) * dtype.itemsize
             offset += -(-size // ALIGN) * ALIGN
@@ -108,5 +108,6 @@ class StepArena:
                 event.synchronize()
 
 
+_DTYPES = {kind: np.dtype(kind) for kind in (np.int64, np.int32, np.float32, np.bool_)}
 _TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
                  np.dtype(np.float32): torch.float32, np.dtype(np.bool_): torch.bool}

@@ -46,9 +46,11 @@ def write_paged_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, keys: tor
     """Stores ``keys``/``values`` ([T, kv_heads, head_dim]) at the flat cache slots ``slot_mapping`` ([T],
     int64). Slots are rows of the cache seen as [num_blocks * page_size, kv_heads, head_dim]."""
     _, _, kv_heads, head_dim = key_cache.shape
-    for cache, new in ((key_cache, keys), (value_cache, values)):
-        rows = _as_stored(cache).view(-1, kv_heads, head_dim)
-        rows.index_copy_(0, slot_mapping, _as_stored(new.to(cache.dtype)))
+    if key_cache.dtype in FP8_DTYPES:
+        keys, values = _as_stored(keys.to(key_cache.dtype)), _as_stored(values.to(value_cache.dtype))
+        key_cache, value_cache = _as_stored(key_cache), _as_stored(value_cache)
+    key_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, keys.to(key_cache.dtype))
+    value_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, values.to(value_cache.dtype))
 
 
 def gather_slots(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -98,11 +100,14 @@ class StepMetadata:
         np.cumsum(pages, out=kv_indptr[1:])
         kv_indices = np.fromiter(chain.from_iterable(table[:need] for table, need in zip(page_tables, pages.tolist())),
                                  dtype=np.int64, count=int(kv_indptr[-1]))
-        qo_indptr = np.zeros(len(pages) + 1, dtype=np.int64)
-        np.cumsum(query_lens, out=qo_indptr[1:])
-        total = int(qo_indptr[-1])
-        sequence = np.repeat(np.arange(len(pages)), query_lens)
-        positions = start[sequence] + np.arange(total) - qo_indptr[sequence]
+        if query_lens.max() == 1:  # a decode step: one token per sequence, at its start
+            qo_indptr = np.arange(len(pages) + 1)
+            sequence, positions = qo_indptr[:-1], start
+        else:
+            qo_indptr = np.zeros(len(pages) + 1, dtype=np.int64)
+            np.cumsum(query_lens, out=qo_indptr[1:])
+            sequence = np.repeat(np.arange(len(pages)), query_lens)
+            positions = start[sequence] + np.arange(int(qo_indptr[-1])) - qo_indptr[sequence]
         slots = kv_indices[kv_indptr[sequence] + positions // page_size] * page_size + positions % page_size
         return cls(page_size=page_size, query_lens=query_lens.astype(np.int32), qo_indptr=qo_indptr.astype(np.int32),
                    seq_lens=seq_lens.astype(np.int32), kv_indptr=kv_indptr.astype(np.int32),
