@@ -165,3 +165,19 @@ def test_backend_choice_names_the_setting():
                                  page_size=4)
     assert select_attention_backend("auto", cpu, torch.bfloat16, num_heads=4, num_kv_heads=2, head_dim=8,
                                     page_size=4).name == "torch"
+
+
+def test_the_attention_benchmark_times_every_backend_at_every_page_size(capsys):
+    """python -m audio_pipeline.bench.attention: one row per backend that runs here and page size
+    (times are never asserted)."""
+    import re
+
+    from audio_pipeline.bench.attention import main
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--device", "cpu", "--batches", "1,2", "--context", "40", "--page-sizes", "16,128"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = re.findall(r"^\s+(\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", capsys.readouterr().out, re.M)
+    assert {(name, int(page)) for name, page, *_ in rows} == {(b, p) for b in available_backends() for p in (16, 128)}
