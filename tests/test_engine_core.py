@@ -164,53 +164,6 @@ def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, 
     assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
-@pytest.mark.parametrize("model", ["tiny-orpheus", "builtin:slt-en"])
-@pytest.mark.parametrize("worker", [False, True], ids=["inline", "worker-thread"])
-def test_a_step_launched_before_the_last_one_is_read_takes_its_sample_from_the_device(tiny_model_dir, model, worker):
-    """Step n + 1 is launched from the tokens step n sampled, on the device, before step n's result
-    reaches the host (with the CPU's worker thread, before step n has even run); the runner hands
-    back plain data and writes no request; applied in order, the tokens equal one-step-at-a-time
-    execution. With the built-in voice each sample is followed by forced tokens, which go in with it."""
-    from audio_pipeline.pipelines.model_runner import ModelRunner
-    from audio_pipeline.scheduler import ScheduledItem, apply_step
-
-    engine = TTSEngine(make_config(tiny_model_dir if model == "tiny-orpheus" else model))
-    manager = engine.scheduler.block_manager
-    runs = []
-    for ahead in (False, True):
-        runner = ModelRunner(engine.model, engine.layout, worker=worker and ahead)
-        contexts = [engine.create_context(text, request_id=f"{ahead}{i}", **GREEDY) for i, text in enumerate(TEXTS[:3])]
-        for context in contexts:
-            context.processed = manager.claim(context.request_id, context.all_tokens)
-        # The scheduler's view: where each request's known tokens end once every launched step is
-        # applied, and where the last launched step's computed tokens end.
-        expected = {c.request_id: c.total_length for c in contexts}
-        computed = {c.request_id: c.processed for c in contexts}
-        pending = []
-        for _ in range(12):
-            items = []
-            for context in contexts:
-                request_id = context.request_id
-                manager.alloc(request_id, expected[request_id])
-                items.append(ScheduledItem(context, computed[request_id], expected[request_id] - computed[request_id],
-                                           True))
-                computed[request_id] = expected[request_id]
-                expected[request_id] += context.tokens_per_sample(expected[request_id])
-            pending.append(runner.launch(items))
-            if not ahead or len(pending) > 1:  # ahead: step n is read only after step n + 1 is launched
-                result = pending.pop(0).result()
-                assert all(len(tokens) == 1 for tokens in result.tokens)
-                apply_step(result)
-        while pending:
-            apply_step(pending.pop(0).result())
-        runs.append([c.generated for c in contexts])
-        runner.close()
-        for context in contexts:
-            manager.release(context.request_id)
-    assert runs[0] == runs[1]
-    assert all(len(tokens) >= 12 for tokens in runs[0])
-
-
 def test_stop_token_ids_end_the_speech(tiny_model_dir):
     engine = build(tiny_model_dir)
     try:

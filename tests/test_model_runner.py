@@ -4,6 +4,8 @@ the repetition counts kept on the device are each request's own."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 import torch
@@ -36,28 +38,35 @@ def contexts_for(engine, prefix="r"):
             for i, settings in enumerate(SETTINGS)]
 
 
-def drive(engine, runner, contexts, steps, guard=True):
-    """Runs ``steps`` steps of every unfinished context (its unprocessed tokens, then a sample),
-    each launched inside the host-sync guard; applies each result as the scheduler does."""
+def drive(engine, runner, contexts, steps, *, guard=True, ahead=False):
+    """Runs ``steps`` steps of every context as the scheduler plans them (its unprocessed tokens,
+    then a sample), each launched inside the host-sync guard, and applies each result in order.
+    With ``ahead`` step n + 1 is launched before step n's result is read: its first tokens are then
+    step n's samples, on the device."""
     manager = engine.scheduler.block_manager
+    # The scheduler's view: where each request's known tokens end once every launched step is
+    # applied, and where the last launched step's computed tokens end.
+    expected, computed = {}, {}
     for context in contexts:
-        context.processed = manager.claim(context.request_id, context.all_tokens)
+        context.processed = computed[context.request_id] = manager.claim(context.request_id, context.all_tokens)
+        expected[context.request_id] = context.total_length
+    pending = []
     try:
         for _ in range(steps):
-            active = [c for c in contexts if not c.is_done]
-            if not active:
-                break
-            for context in active:
-                manager.alloc(context.request_id, context.total_length)
-            items = [ScheduledItem(c, c.processed, c.total_length - c.processed, True) for c in active]
-            if guard:
-                with no_host_sync():
-                    pending = runner.launch(items)
-            else:
-                pending = runner.launch(items)
-            apply_step(pending.result())
-            for context in active:
-                manager.step(context.request_id, context.all_tokens[:context.processed])
+            items = []
+            for context in contexts:
+                request_id = context.request_id
+                manager.alloc(request_id, expected[request_id])
+                items.append(ScheduledItem(context, computed[request_id], expected[request_id] - computed[request_id],
+                                           True))
+                computed[request_id] = expected[request_id]
+                expected[request_id] += context.tokens_per_sample(expected[request_id])
+            with no_host_sync() if guard else nullcontext():
+                pending.append(runner.launch(items))
+            if not ahead or len(pending) > 1:
+                apply_step(pending.pop(0).result())
+        while pending:
+            apply_step(pending.pop(0).result())
     finally:
         for context in contexts:
             manager.release(context.request_id)
@@ -152,28 +161,23 @@ def test_the_overlap_step_reads_nothing_back_either(engine):
     the device, the forced tokens after them from the layout) passes the guard too."""
     runner = ModelRunner(engine.model, engine.layout, sync_free=True)
     contexts = contexts_for(engine, prefix="o")
-    manager = engine.scheduler.block_manager
-    expected, computed = {}, {}
-    for context in contexts:
-        context.processed = computed[context.request_id] = manager.claim(context.request_id, context.all_tokens)
-        expected[context.request_id] = context.total_length
-    pending = []
-    try:
-        for _ in range(8):
-            items = []
-            for context in contexts:
-                request_id = context.request_id
-                manager.alloc(request_id, expected[request_id])
-                items.append(ScheduledItem(context, computed[request_id], expected[request_id] - computed[request_id],
-                                           True))
-                computed[request_id] = expected[request_id]
-                expected[request_id] += context.tokens_per_sample(expected[request_id])
-            with no_host_sync():
-                pending.append(runner.launch(items))
-            if len(pending) > 1:
-                apply_step(pending.pop(0).result())
-        apply_step(pending.pop(0).result())
-        assert all(len(c.generated) >= 8 for c in contexts)
-    finally:
-        for context in contexts:
-            manager.release(context.request_id)
+    drive(engine, runner, contexts, steps=8, ahead=True)
+    assert all(len(c.generated) >= 8 or c.is_done for c in contexts)
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["inline", "worker-thread"])
+def test_a_step_launched_before_the_last_one_is_read_takes_its_sample_from_the_device(engine, worker):
+    """Step n + 1 is launched from the tokens step n sampled, on the device, before step n's result
+    reaches the host (with the CPU's worker thread, before step n has even run); the runner hands
+    back plain data and writes no request; applied in order, the tokens equal one-step-at-a-time
+    execution. With the built-in voice each sample is followed by forced tokens, which go in with it."""
+    runs = []
+    for ahead in (False, True):
+        runner = ModelRunner(engine.model, engine.layout, worker=worker and ahead)
+        contexts = [engine.create_context(text, request_id=f"{ahead}{i}", temperature=0.0, max_tokens=70)
+                    for i, text in enumerate(["Hello there.", "A longer sentence for a longer prompt.", "Hi!"])]
+        drive(engine, runner, contexts, steps=12, guard=False, ahead=ahead)
+        runner.close()
+        runs.append([c.generated for c in contexts])
+    assert runs[0] == runs[1]
+    assert all(len(tokens) >= 12 for tokens in runs[0])

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import nullcontext
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
