@@ -4,6 +4,7 @@ requests into validated contexts. The server and the in-process `synthesize` com
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import queue
 import time
@@ -367,11 +368,19 @@ class TTSEngine:
         self.generation.stop(timeout)
 
     def warmup(self) -> float:
-        """Runs one short request end to end (and loads the sentence segmenter); returns its seconds."""
+        """Runs one short request end to end (and loads the sentence segmenter); returns its seconds.
+
+        Then everything alive (modules, model, tokenizer: the server's lifetime) leaves the garbage
+        collector's generations. Otherwise the first full collection scans it all, a pause that
+        falls into the first requests' steps: the first single-stream round after start-up ran at
+        RTF 0.25 against 0.21 for the rounds after it, and at 0.21 with this.
+        """
         started = time.monotonic()
         segments("Warm up. Done.")
         self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
                         request_id=f"warmup-{uuid.uuid4().hex[:8]}")
+        gc.collect()
+        gc.freeze()
         return time.monotonic() - started
 
     def synthesize(self, text: str, **kwargs: Any) -> SynthesisResult:
