@@ -405,3 +405,44 @@ def test_while_warming_up_speech_answers_503_with_retry_after_and_health_is_not_
     finally:
         gate.set()
         warming.stop()
+
+
+@pytest.mark.parametrize("response_format", ["flac", "wav", "mp3", "opus", "aac"])
+def test_every_encoded_response_opens_in_soundfile_and_pyav_with_its_duration(client, idle, response_format):
+    """Through the openai client, whole and streamed: each file opens in soundfile (libsndfile;
+    it reads no AAC) and in FFmpeg (PyAV) with the speech's duration. FLAC comes as one complete
+    file, so its header holds the length libsndfile needs."""
+    import soundfile
+
+    expected = grpc_samples(idle, seed=3, sample_rate=24000).size / 24000
+    tolerance = 0.11 if response_format in ("mp3", "aac") else 0.03  # lossy codecs pad a frame or two
+    request = dict(model="tts-1", voice="alloy", input=TEXT, response_format=response_format, extra_body={"seed": 3})
+    whole = client.audio.speech.create(**request).content
+    with client.audio.speech.with_streaming_response.create(**request) as streamed:
+        pieces = list(streamed.iter_bytes())
+    if response_format == "flac":
+        assert b"".join(pieces) == whole  # the same complete file
+    for data in (whole, b"".join(pieces)):
+        samples, rate = decode(data, response_format)
+        assert samples.size / rate == pytest.approx(expected, abs=tolerance)
+        if response_format != "aac":
+            with soundfile.SoundFile(io.BytesIO(data)) as sound:
+                assert sound.frames / sound.samplerate == pytest.approx(expected, abs=tolerance)
+                assert sound.read().shape[0] / sound.samplerate == pytest.approx(expected, abs=tolerance)
+
+
+def test_flac_over_server_sent_events_is_one_complete_file(idle):
+    """SSE with FLAC: one delta holding the whole file (readable by soundfile), then the usage."""
+    import base64
+    import json as jsonlib
+
+    import httpx
+    import soundfile
+
+    response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=120,
+                          json={"input": TEXT, "response_format": "flac", "stream_format": "sse", "seed": 3})
+    events = [jsonlib.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.done"]
+    with soundfile.SoundFile(io.BytesIO(base64.b64decode(events[0]["audio"]))) as sound:
+        assert sound.frames == grpc_samples(idle, seed=3, sample_rate=24000).size
+    assert events[1]["usage"]["output_tokens"] > 0

@@ -35,6 +35,9 @@ FORMATS = tuple(MEDIA_TYPES)
 #: (PyAV codec, container, codec sample rate or None for the stream's) of the compressed formats.
 _CODECS = {"mp3": ("libmp3lame", "mp3", None), "opus": ("libopus", "ogg", 48000), "aac": ("aac", "adts", None),
            "flac": ("flac", "flac", None)}
+#: Formats a response that is not a live stream sends as one complete file: FLAC's STREAMINFO must
+#: hold the length (libsndfile, soundfile's library, cannot read a FLAC stream without it).
+WHOLE_FILE_FORMATS = {"flac"}
 #: Sample rates the compressed formats' codecs take (others are refused up front).
 CODEC_RATES = {"mp3": {8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000},
                "aac": {8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000}}
@@ -93,6 +96,35 @@ class _Sink(io.RawIOBase):
     def take(self) -> bytes:
         out, self.parts = b"".join(self.parts), []
         return out
+
+
+def encode_whole(name: str, samples: np.ndarray, sample_rate: int) -> bytes:
+    """One complete file of ``samples``: every header holds the real length (the container is
+    written into a seekable buffer, so its muxer goes back to fill in what a stream leaves open)."""
+    samples = np.asarray(samples, dtype=np.float32)
+    if name not in _CODECS:
+        if name == "wav":
+            data = pcm16(samples).tobytes()
+            return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " +
+                    struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16) +
+                    b"data" + struct.pack("<I", len(data)) + data)
+        encoder = StreamEncoder(name, sample_rate)
+        return encoder.encode(samples) + encoder.finish()
+    import av
+
+    codec, container_format, rate = _CODECS[name]
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate or sample_rate)
+        stream.layout = "mono"
+        if samples.size:
+            frame = av.AudioFrame.from_ndarray(pcm16(samples)[None, :], format="s16", layout="mono")
+            frame.sample_rate, frame.pts = sample_rate, 0
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buffer.getvalue()
 
 
 class StreamEncoder:

@@ -4,7 +4,8 @@ Routes:
 - ``POST /v1/audio/speech``: OpenAI's request (``model``, ``input``, ``voice``, ``response_format``,
   ``speed``, ``instructions``, ``stream_format``); the audio streams as it is made, in chunked
   transfer (``stream_format: audio``) or as server-sent events (``sse``: ``speech.audio.delta``
-  with base64 audio, then ``speech.audio.done`` with the usage).
+  with base64 audio, then ``speech.audio.done`` with the usage). FLAC comes as one complete file
+  once the speech is done (its header holds the length, which FLAC readers such as libsndfile need).
 - ``/v1/audio/stream``: a WebSocket for live text (http/stream_socket.py).
 - ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health`` (200 when serving, 503 otherwise:
   the gRPC health state), ``GET /metrics`` (Prometheus).
@@ -17,6 +18,7 @@ away mid-stream has its request cancelled at once.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -29,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from audio_pipeline.audio.encoders import FORMATS, StreamEncoder
+from audio_pipeline.audio.encoders import FORMATS, MEDIA_TYPES, WHOLE_FILE_FORMATS, StreamEncoder, encode_whole
 from audio_pipeline.context import StopReason
 from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
                                    Unavailable, echo)
@@ -168,6 +170,9 @@ def create_app(running) -> Starlette:
         if wanted.ignored:
             headers["X-Ignored-Fields"] = ", ".join(wanted.ignored)
         sse = wanted.stream_format == "sse"
+        if wanted.response_format in WHOLE_FILE_FORMATS:
+            encoder.close()
+            return await _whole_file(synthesis, output, wanted.response_format, servicer, request_id, sse, headers)
         chunks = _audio(synthesis, output, encoder, servicer, request_id, sse)
         media_type = "text/event-stream" if sse else encoder.media_type
         return StreamingResponse(chunks, media_type=media_type, headers=headers)
@@ -280,6 +285,45 @@ async def _audio(synthesis, output, encoder: StreamEncoder, servicer, request_id
         if not finished:
             servicer.metrics.requests.labels("client_cancelled").inc()
             logger.info("request %s: the HTTP client went away; cancelled", request_id)
+
+
+async def _whole_file(synthesis, output, response_format: str, servicer, request_id: str, sse: bool,
+                      headers: dict[str, str]) -> Response:
+    """The response of a whole-file format: the speech gathered, then encoded at once (off the
+    event loop) into one file whose header holds its length. Nothing is sent before, so a failure
+    is an error response, not a short body."""
+    pieces = []
+    try:
+        async with aclosing(synthesis.events()) as events:
+            async for event in events:
+                if event.kind == "audio":
+                    pieces.append(output.convert(event.samples))
+                    continue
+                if event.kind != "complete":
+                    servicer.metrics.requests.labels("failed").inc()
+                    logger.error("request %s failed: %s", request_id, event.error)
+                    return error_response(500, event.error or "generation failed")
+                if event.stop_reason == StopReason.CANCELLED:
+                    servicer.metrics.requests.labels("cancelled").inc()
+                    return error_response(503, "the server is shutting down; retry")
+                pieces.append(output.finish())
+                data = await asyncio.to_thread(encode_whole, response_format, np.concatenate(pieces),
+                                               output.sample_rate)
+                servicer.metrics.requests.labels("ok").inc()
+                if not sse:
+                    return Response(data, media_type=MEDIA_TYPES[response_format], headers=headers)
+                usage = event.usage
+                body = _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) + _sse(
+                    {"type": "speech.audio.done", "usage": {
+                        "input_tokens": usage.prompt_tokens, "output_tokens": usage.generated_tokens,
+                        "total_tokens": usage.prompt_tokens + usage.generated_tokens}})
+                return Response(body, media_type="text/event-stream", headers=headers)
+    except RequestError as error:  # a later segment that cannot be spoken
+        servicer.metrics.requests.labels("invalid").inc()
+        return request_error(error)
+    finally:
+        synthesis.cancel()  # a no-op once it completed
+    return error_response(500, "the speech ended without its completion")
 
 
 def _sse(event: dict) -> bytes:
