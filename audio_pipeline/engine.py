@@ -115,6 +115,8 @@ class TTSEngine:
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
         self.config = config = device_defaults(config, device)
+        if device.type == "cuda":  # streams, events and graph pools below belong to the current device
+            torch.cuda.set_device(device)
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
         self.num_threads = config.model.num_threads or default_num_threads(device)
         hf_config = AutoConfig.from_pretrained(self.model_dir)

@@ -231,6 +231,8 @@ class AudioGenerationEngine:
     def _run(self) -> None:
         if self.num_threads is not None:
             configure_cpu_runtime(self.num_threads)
+        if self.decode_stream is not None:  # the engine thread's events and streams on the model's GPU
+            torch.cuda.set_device(self.decode_stream.device)
         failures = 0
         while True:
             try:

@@ -63,17 +63,18 @@ class DecodeGraphs:
         self.backend = backend
         device = kv.device
         scratch = kv.cache.scratch_block
-        max_pages = kv.total_num_blocks + 1
+        pages_per_sequence = -(-model.max_seq_len // kv.page_size)
         pool = torch.cuda.graph_pool_handle()
         self._buckets: dict[int, _Bucket] = {}
         for size in sorted(buckets, reverse=True):
             tokens = torch.zeros(size, dtype=torch.long, device=device)
             positions = torch.zeros(size, dtype=torch.long, device=device)
             slots = torch.full((size,), scratch * kv.page_size, dtype=torch.long, device=device)
+            # Page lists of a full bucket: a page shared through the prefix cache counts once per row.
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 backend.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=backend.use_tensor_cores,
                 paged_kv_indptr_buffer=torch.zeros(size + 1, dtype=torch.int32, device=device),
-                paged_kv_indices_buffer=torch.zeros(max_pages, dtype=torch.int32, device=device),
+                paged_kv_indices_buffer=torch.zeros(size * pages_per_sequence, dtype=torch.int32, device=device),
                 paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=device))
             self._plan(wrapper, StepMetadata.build([[scratch]] * size, [0] * size, [1] * size, kv.page_size))
             attention = _GraphAttention(kv.cache, slots, wrapper)
@@ -84,7 +85,8 @@ class DecodeGraphs:
                     model.forward(tokens, positions, attention)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
+            # thread_local: work another thread queues meanwhile (a voice being encoded) is no capture error.
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"), torch.inference_mode():
                 hidden = model.forward(tokens, positions, attention)
             self._buckets[size] = _Bucket(graph, tokens, positions, slots, wrapper, hidden)
         torch.cuda.synchronize(device)
@@ -93,8 +95,13 @@ class DecodeGraphs:
         return size in self._buckets
 
     def _plan(self, wrapper, metadata: StepMetadata) -> None:
+        """Plans a bucket's wrapper for a step. The page indices go to the device first (pinned,
+        non-blocking): FlashInfer copies host indices into its graph buffer with a blocking copy,
+        which would make the host wait for the step before."""
         backend = self.backend
-        wrapper.plan(torch.from_numpy(metadata.kv_indptr), torch.from_numpy(np.ascontiguousarray(metadata.kv_indices)),
+        indices = torch.from_numpy(np.ascontiguousarray(metadata.kv_indices)).pin_memory().to(
+            backend.device, non_blocking=True)
+        wrapper.plan(torch.from_numpy(metadata.kv_indptr), indices,
                      torch.from_numpy(metadata.kv_last_page_len), backend.num_heads, backend.num_kv_heads,
                      backend.head_dim, backend.page_size, q_data_type=backend.dtype, kv_data_type=backend.cache_dtype,
                      sm_scale=backend.scale)

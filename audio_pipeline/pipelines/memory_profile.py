@@ -33,32 +33,41 @@ def largest_step_peak_bytes(model: "LlamaPipelineModel", decoder: Any, *, max_st
     blocks = rows * -(-per_row // params.page_size)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
-    manager = PagedKVCacheManager(params, device, blocks, enable_prefix_caching=False, attention_kernel="auto",
+    manager = PagedKVCacheManager(params, device, blocks, enable_prefix_caching=False,
+                                  attention_kernel=model.kv_cache_config.attention_kernel,
                                   num_heads=model.huggingface_config.num_attention_heads, model_dtype=model.dtype)
     cache_bytes = torch.cuda.memory_allocated(device) - before
     torch.cuda.reset_peak_memory_stats(device)
     try:
-        ids = [f"profile-{i}" for i in range(rows)]
-        lengths = [min(per_row, max_step_tokens - i * per_row) for i in range(rows)]
-        ids, lengths = [i for i, n in zip(ids, lengths) if n > 0], [n for n in lengths if n > 0]
-        for request_id, length in zip(ids, lengths):
-            manager.claim(request_id)
-            manager.block_manager.alloc(request_id, length)
-        with torch.inference_mode():
-            batch = manager.batch(ids, [0] * len(ids), lengths)
-            total = sum(lengths)
-            tokens = torch.zeros(total, dtype=torch.long, device=device)
-            positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-            hidden = model.forward(tokens, positions, batch)
-            last = hidden[torch.cumsum(torch.tensor(lengths, device=device), 0) - 1]
-            weight = model.model.lm_head.weight
-            (last @ weight[:candidates].T).float()
-            del hidden, last
-            frame = decoder.tokens_per_frame
-            window = max(frame, decode_window - decode_window % frame)
-            decoder.decode_batch([torch.zeros(window, dtype=torch.long, device=device) for _ in range(max_rows)])
+        _largest_step(model, decoder, manager, max_step_tokens=max_step_tokens, rows=rows, per_row=per_row,
+                      max_rows=max_rows, decode_window=decode_window, candidates=candidates)
         torch.cuda.synchronize(device)
         return max(0, torch.cuda.max_memory_allocated(device) - before - cache_bytes)
     finally:
+        # Everything the pass held must be gone before the cache is sized from the free memory.
         del manager
         torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def _largest_step(model, decoder, manager, *, max_step_tokens: int, rows: int, per_row: int, max_rows: int,
+                  decode_window: int, candidates: int) -> None:
+    """The largest prefill step on ``manager``'s temporary cache, its candidate logits, and the
+    decoder's largest call (its locals die with it)."""
+    device = manager.device
+    ids = [f"profile-{i}" for i in range(rows)]
+    lengths = [min(per_row, max_step_tokens - i * per_row) for i in range(rows)]
+    ids, lengths = [i for i, n in zip(ids, lengths) if n > 0], [n for n in lengths if n > 0]
+    for request_id, length in zip(ids, lengths):
+        manager.claim(request_id)
+        manager.block_manager.alloc(request_id, length)
+    batch = manager.batch(ids, [0] * len(ids), lengths)
+    tokens = torch.zeros(sum(lengths), dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+    hidden = model.forward(tokens, positions, batch)
+    last = hidden[torch.cumsum(torch.tensor(lengths, device=device), 0) - 1]
+    (last @ model.model.lm_head.weight[:candidates].T).float()
+    del hidden, last, batch
+    frame = decoder.tokens_per_frame
+    window = max(frame, decode_window - decode_window % frame)
+    decoder.decode_batch([torch.zeros(window, dtype=torch.long, device=device) for _ in range(max_rows)])

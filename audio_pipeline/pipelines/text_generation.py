@@ -17,6 +17,7 @@ device. On CUDA the device runs ahead by itself; on the CPU the runner's worker 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -25,6 +26,8 @@ from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
 from audio_pipeline.pipelines.model_runner import ModelRunner
 from audio_pipeline.pipelines.step_timing import StepTimer
 from audio_pipeline.scheduler import ScheduledItem, apply_step
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from audio_pipeline.config import PipelineConfig
@@ -73,12 +76,17 @@ class TextGenerationPipeline:
         if self._runner is None:
             model_config = self._pipeline_config.model
             device = self.pipeline_model.devices[0]
+            # Graphs replay FlashInfer's decode kernel; the torch form's shapes change every step.
+            graphs = model_config.cuda_graphs and self.kv_manager.backend.name == "flashinfer"
+            if model_config.cuda_graphs and device.type == "cuda" and not graphs:
+                logger.warning("model.cuda_graphs: off, the %s attention kernel cannot be captured (flashinfer "
+                               "can)", self.kv_manager.backend.name)
             buckets = model_config.decode_buckets
             if buckets is None:
                 buckets = default_decode_buckets(device, self._pipeline_config.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
-                                                 cuda_graphs=model_config.cuda_graphs)
+                                                 cuda_graphs=graphs)
             self._runner = ModelRunner(self.pipeline_model, layout, decode_buckets=buckets,
-                                       cuda_graphs=model_config.cuda_graphs, timer=self.timer,
+                                       cuda_graphs=graphs, timer=self.timer,
                                        worker=self.overlap_active and device.type == "cpu")
         return self._runner
 

@@ -92,7 +92,7 @@ def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype
     if device.type == "cuda" and name in ("auto", "flashinfer"):
         from audio_pipeline_kernels.flashinfer_attention import FlashInferBackend, flashinfer_unavailable
 
-        reason = flashinfer_unavailable(head_dim, page_size)
+        reason = flashinfer_unavailable(head_dim, dtype, cache_dtype)
         if reason is None:
             return FlashInferBackend(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                      page_size=page_size, dtype=dtype, cache_dtype=cache_dtype, scale=scale)

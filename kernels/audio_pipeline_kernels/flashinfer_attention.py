@@ -28,7 +28,12 @@ from audio_pipeline_kernels.paged_layout import StepMetadata
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
-def flashinfer_unavailable(head_dim: int, page_size: int) -> str | None:
+#: The dtypes FlashInfer's kernels take: queries, and the cache (fp8 stored, widened in the kernel).
+QUERY_DTYPES = (torch.float16, torch.bfloat16)
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+
+
+def flashinfer_unavailable(head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype) -> str | None:
     """Why FlashInfer cannot serve here, or None when it can."""
     try:
         import flashinfer  # noqa: F401
@@ -36,6 +41,8 @@ def flashinfer_unavailable(head_dim: int, page_size: int) -> str | None:
         return "the flashinfer-python package is not installed (pip install 'audio-pipeline[gpu]')"
     if head_dim % 16:
         return f"head_dim {head_dim} is not a multiple of 16"
+    if dtype not in QUERY_DTYPES or cache_dtype not in CACHE_DTYPES:
+        return f"its kernels take float16 or bfloat16 models and caches (or an fp8_e4m3 cache), not {dtype} / {cache_dtype}"
     return None
 
 
