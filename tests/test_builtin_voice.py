@@ -14,6 +14,9 @@ from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, DURATION_BASE, END_OF_S
                                               PHONEME, PHONEME_BASE, PhonemeLPCLayout, frame_tokens, prompt_ids,
                                               prompt_schedule, slot_token)
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 #: Held-out sentences spoken (from templates the training set never used); each must be told
 #: apart from all 40 held-out sentences of the recipe's evaluation.
 SPOKEN = 6

@@ -18,6 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from audio_pipeline.cli import main
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 
 def run_cli(*args, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "audio_pipeline.cli", *args], capture_output=True, text=True,

@@ -20,6 +20,9 @@ from audio_pipeline.context import StopReason
 from audio_pipeline_client.protocol import float_to_pcm16
 from conftest import wait_idle
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 TEXT = "Hello from the client tests."
 SEED = 11
 

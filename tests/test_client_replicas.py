@@ -13,6 +13,9 @@ from audio_pipeline.server.background import BackgroundServer
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from tests.conftest import make_config
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 TEXT = "Spread me over the replicas."
 
 

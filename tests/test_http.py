@@ -14,6 +14,9 @@ import pytest
 
 from tests.conftest import make_config, wait_idle
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 TEXT = "Hello there, world."
 
 

@@ -11,6 +11,9 @@ import pytest
 from audio_pipeline_client import FLUSH, AsyncTTSClient, TTSClient, TTSError
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 SENTENCES = ["First one here.", "Second one there.", "Is this the third?"]
 
 

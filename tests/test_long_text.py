@@ -3,9 +3,13 @@ silences by the punctuation between them; a cancel mid-way frees everything."""
 
 import grpc
 import numpy as np
+import pytest
 
 from audio_pipeline.text.segment import PAUSES
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
 
 SENTENCES = ["First one here.", "Second one there, and on.", "Is this the third?", "Last."]
 

@@ -15,6 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 EXPECTED = ["tts_requests_queued", "tts_requests_running", "tts_batch_size_bucket", "tts_kv_cache_blocks_used",
             "tts_kv_cache_blocks_total", "tts_prefix_cache_hit_rate", "tts_input_tokens_total",
             "tts_output_tokens_total", "tts_time_to_first_token_seconds_count",

@@ -10,6 +10,9 @@ import time
 import grpc
 import pytest
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
 from ray import serve  # noqa: E402

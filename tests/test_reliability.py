@@ -1,9 +1,14 @@
 """The reliability suite, quick version: hostile requests, cancels, overload, a slow reader and SIGTERM
 against a real `audio-pipeline serve` (the full run: `python -m audio_pipeline.bench.reliability`)."""
 
+import pytest
+
 from audio_pipeline.bench.fuzz import fuzz_cases
 from audio_pipeline.bench.reliability import main
 from audio_pipeline_client._proto import tts_pb2
+
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def test_fuzz_cases_are_reproducible_and_cover_every_kind():

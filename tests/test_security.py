@@ -32,6 +32,9 @@ from certificates import CertificateAuthority
 from conftest import make_config, wait_idle
 from test_voices import TRANSCRIPT, recording
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 CLIENT_TOKEN = "client-token-0123456789"
 ADMIN_TOKEN = "admin-token-9876543210"
 #: A second loopback address: a socket bound to 127.0.0.1 does not answer on it, and the reverse.

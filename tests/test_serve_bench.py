@@ -8,6 +8,9 @@ import torch
 
 from audio_pipeline.bench.serve import main, percentile, playback_stall
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 
 def test_a_player_waits_only_when_a_chunk_arrives_after_the_audio_before_it_ran_out():
     # Chunks of 0.5 s arriving every 0.5 s: the player never waits.

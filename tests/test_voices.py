@@ -15,6 +15,9 @@ from audio_pipeline.server.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from conftest import make_config, wait_idle
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 TRANSCRIPT = "This is my voice, please copy it."
 
 

@@ -12,6 +12,9 @@ import pytest
 
 from audio_pipeline_client import FLUSH, TTSClient
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 TEXT = ("Dr. Smith paid $5.50 at 9:15 a.m., didn't he? Yes! The well-known café opened in 1999 "
         "and serves 12% more guests, call 555-1234.")
 RATE = 16000  # the built-in voice's sample rate
