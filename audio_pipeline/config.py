@@ -126,7 +126,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
     model_path: str = Field(DEFAULT_MODEL, description="A local Hugging Face model directory or a builtin:NAME model.")
-    served_model_name: str | None = Field(None, description="Name clients see; None derives it from model_path.")
+    served_model_name: str | None = Field(None, description="The model name clients see (HTTP /v1/models); None: model_path.")
     weight_path: list[str] = Field(default_factory=list, description="Weight files to load instead of model_path's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")

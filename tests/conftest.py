@@ -26,7 +26,9 @@ def make_config(model_dir, *flags, **overrides):
 
     import tempfile
 
-    model = {"model_path": str(model_dir), "device": "cpu", **overrides.pop("model", {})}
+    # AUDIO_PIPELINE_TEST_DEVICE=cuda runs the engine tests on a GPU (the CPU is the default).
+    device = os.environ.get("AUDIO_PIPELINE_TEST_DEVICE", "cpu")
+    model = {"model_path": str(model_dir), "device": device, **overrides.pop("model", {})}
     overrides.setdefault("voices_dir", tempfile.mkdtemp(prefix="voices-"))
     return AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=28,56", f"sampling.max_tokens={TEST_MAX_TOKENS}",
                                                            "grace_period_s=5", *flags], model=model, **overrides)

@@ -24,7 +24,8 @@ TEXT = "Hello there, world."
 def server(tiny_model_dir):
     from audio_pipeline.server.background import BackgroundServer
 
-    server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64"), http_port=0).start()
+    server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64",
+                                          model={"served_model_name": "tiny-tts"}), http_port=0).start()
     yield server
     server.stop()
 
@@ -175,6 +176,7 @@ def test_models_voices_health_and_metrics(idle):
     base = idle.http_url
     models = httpx.get(f"{base}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
+    assert [m["id"] for m in models["data"]] == ["tiny-tts"]  # model.served_model_name
     voices = httpx.get(f"{base}/v1/audio/voices").json()["voices"]
     assert [v["name"] for v in voices if v["default"]] == [idle.engine.manifest.default_voice]
     assert httpx.get(f"{base}/health").json() == {"status": "serving"}

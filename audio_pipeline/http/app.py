@@ -178,7 +178,7 @@ def create_app(running) -> Starlette:
         return StreamingResponse(chunks, media_type=media_type, headers=headers)
 
     async def models(request: Request) -> Response:
-        name = str(config.model.model_path)
+        name = config.model.served_model_name or str(config.model.model_path)
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                                          "owned_by": "audio-pipeline"}]})
 
