@@ -82,38 +82,6 @@ def candidate_width(contexts: Sequence["TTSContext"]) -> int:
     return max(c.layout.codebook_size + len(c.stop_ids) for c in contexts)
 
 
-@dataclass
-class CandidateBatch:
-    """Each row's candidate ids and which of them are allowed now, for a whole batch at once (what
-    each context's ``candidate_ids`` / ``candidate_mask`` give, built without per-row tensors).
-
-    Row i's candidates are its next frame slot's codebook ``[starts[i], starts[i] + codebook)``
-    followed by ``extra_ids[i]`` (its stop ids, padded with end-of-speech to a common width).
-    """
-
-    starts: list[int]
-    codebook_size: int
-    #: [B, E] stop ids per row.
-    extra_ids: torch.Tensor
-    #: [B, codebook + E] every candidate id.
-    ids: torch.Tensor
-    #: [B, codebook + E] allowed now.
-    allowed: torch.Tensor
-
-    @classmethod
-    def build(cls, contexts: Sequence["TTSContext"]) -> "CandidateBatch":
-        rows = SamplingRows.build(contexts, draw=False)
-        codebook = rows.codebook_size
-        extra = torch.from_numpy(rows.extra_ids)
-        start_t = torch.from_numpy(rows.starts)
-        ids = torch.cat([start_t[:, None] + torch.arange(codebook)[None, :], extra], dim=1)
-        return cls(rows.starts.tolist(), codebook, extra, ids, torch.from_numpy(~rows.blocked))
-
-    @property
-    def ranges(self) -> list[tuple[int, int]]:
-        return [(start, start + self.codebook_size) for start in self.starts]
-
-
 #: The per-row floats of a step's sampling, in the order SamplingRows.floats stacks them.
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
                 "uniform")
@@ -196,11 +164,17 @@ class SamplingRows:
                                    for p in params),
                      prefix_suffices=all(k <= NUCLEUS_PREFIX for k in sampled_top_k),
                      prefix_may_suffice=all(k <= NUCLEUS_PREFIX or k == codebook + width for k in sampled_top_k))
+        built = cls(codebook, starts, extra_ids, blocked, floats, top_k, slots, **flags)
         rows = np.flatnonzero(forced >= 0)
         if rows.size:  # a forced row allows its forced id alone
-            ids = np.concatenate([starts[rows, None] + np.arange(codebook)[None, :], extra_ids[rows]], axis=1)
-            blocked[rows] = ids != forced[rows, None]
-        return cls(codebook, starts, extra_ids, blocked, floats, top_k, slots, **flags)
+            blocked[rows] = built.candidate_ids(rows) != forced[rows, None]
+        return built
+
+    def candidate_ids(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """[B, codebook + E] each row's candidate ids (its frame slot's codebook, then its stop ids),
+        or those of ``rows``."""
+        starts, extra = (self.starts, self.extra_ids) if rows is None else (self.starts[rows], self.extra_ids[rows])
+        return np.concatenate([starts[:, None] + np.arange(self.codebook_size)[None, :], extra], axis=1)
 
     @property
     def width(self) -> int:
@@ -302,9 +276,7 @@ def sample_next_tokens(logits: torch.Tensor, contexts: Sequence["TTSContext"], *
     rows = SamplingRows.build(contexts)
     device_rows = DeviceSamplingRows.copy_of(rows, logits.device)
     if not candidate_logits:
-        offsets = torch.arange(rows.codebook_size, device=logits.device)
-        ids = torch.cat([device_rows.starts[:, None] + offsets[None, :], device_rows.extra_ids], dim=1)
-        logits = logits.gather(1, ids)
+        logits = logits.gather(1, torch.from_numpy(rows.candidate_ids()).to(logits.device))
     counts = torch.from_numpy(np.stack([slot_counts(c) for c in contexts])).to(logits.device)
     return sample_rows(logits, rows, device_rows, counts, sync_free=sync_free).tolist()
 

@@ -181,13 +181,10 @@ def _tokens_per_sample(request: Any, position: int) -> int:
 
 
 def _after_samples(entry: "_Entry", steps: int) -> tuple[int, int]:
-    """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` have run: each step
-    computes every token known so far and samples one more."""
-    known, computed = entry.expected_len, entry.next_pos
-    for _ in range(steps):
-        computed = known
-        known += _tokens_per_sample(entry.request, known)
-    return computed, known
+    """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` (``_decode_plan``) have run."""
+    last = _decode_plan(entry, steps)[-1]
+    computed = last.start + last.num_tokens
+    return computed, computed + _tokens_per_sample(entry.request, computed)
 
 
 def _decode_plan(entry: "_Entry", steps: int) -> list["ScheduledItem"]:

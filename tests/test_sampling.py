@@ -124,17 +124,18 @@ def test_invalid_values_name_the_field():
 def test_candidate_batch_equals_each_contexts_own_candidates():
     """The batched candidate builder gives every row exactly its context's candidate ids and mask:
     frame slots, stop ids of different counts (padded), min_tokens, and rows that may stop."""
-    from audio_pipeline.sampling import CandidateBatch
+    from audio_pipeline.sampling import SamplingRows
 
     contexts = [context("a"), context("b", stop_token_ids=(5, 6)), context("c", min_tokens=14)]
     for i, c in enumerate(contexts):
         for _ in range(i * 7 + (3 if i == 1 else 0)):
             c.append_token(LAYOUT.token_range(len(c.generated))[0] + 1)
-    batch = CandidateBatch.build(contexts)
+    rows = SamplingRows.build(contexts, draw=False)
     width = candidate_width(contexts)
-    assert torch.equal(batch.ids, torch.stack([c.candidate_ids(width) for c in contexts]))
-    assert torch.equal(batch.allowed, torch.stack([c.candidate_mask(width) for c in contexts]))
-    assert batch.allowed[:, LAYOUT.codebook_size:].any(), "some row may stop here"
+    allowed = torch.from_numpy(~rows.blocked)
+    assert torch.equal(torch.from_numpy(rows.candidate_ids()), torch.stack([c.candidate_ids(width) for c in contexts]))
+    assert torch.equal(allowed, torch.stack([c.candidate_mask(width) for c in contexts]))
+    assert allowed[:, LAYOUT.codebook_size:].any(), "some row may stop here"
 
 
 @pytest.mark.parametrize("spread", [10.0, 0.5])

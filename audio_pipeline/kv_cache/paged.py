@@ -89,13 +89,15 @@ class PagedKVCacheManager:
     def release(self, request_id: str) -> None:
         self.block_manager.release(request_id)
 
-    def metadata(self, request_ids: Sequence[str], starts: Sequence[int], lengths: Sequence[int]) -> StepMetadata:
-        """The host metadata of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i])."""
-        tables = [self.block_manager.block_table(r) for r in request_ids]
+    def metadata(self, request_ids: Sequence[str], starts: Sequence[int], lengths: Sequence[int], *,
+                 padding: int = 0) -> StepMetadata:
+        """The host metadata of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i]),
+        then ``padding`` rows that each compute one token at position 0 of the scratch page (a static shape)."""
+        tables = [self.block_manager.block_table(r) for r in request_ids] + [[self.cache.scratch_block]] * padding
         try:
-            return StepMetadata.build(tables, starts, lengths, self.page_size)
+            return StepMetadata.build(tables, [*starts, *[0] * padding], [*lengths, *[1] * padding], self.page_size)
         except RuntimeError as exc:
-            raise RuntimeError(f"request {request_ids!r}: {exc}") from None
+            raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
 
     def batch(self, request_ids: Sequence[str], starts: Sequence[int], lengths: Sequence[int]) -> PagedBatch:
         """The attention view of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i])."""

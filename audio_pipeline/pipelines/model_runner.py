@@ -238,20 +238,11 @@ class ModelRunner:
     def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
         """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
         token at position 0 of the cache's scratch page); and the padded batch size (0: unpadded)."""
-        tables = [self.kv.block_manager.block_table(item.request.request_id) for item in items]
-        starts = [item.start for item in items]
         lengths = [item.num_tokens for item in items]
-        padded = 0
-        if self.decode_buckets and all(n == 1 for n in lengths):
-            padded = self.bucket_for(len(items))
-            extra = padded - len(items)
-            tables += [[self.kv.cache.scratch_block]] * extra
-            starts += [0] * extra
-            lengths += [1] * extra
-        try:
-            return StepMetadata.build(tables, starts, lengths, self.kv.page_size), padded
-        except RuntimeError as exc:
-            raise RuntimeError(f"requests {[item.request.request_id for item in items]}: {exc}") from None
+        padded = self.bucket_for(len(items)) if self.decode_buckets and all(n == 1 for n in lengths) else 0
+        metadata = self.kv.metadata([item.request.request_id for item in items], [item.start for item in items],
+                                    lengths, padding=max(0, padded - len(items)))
+        return metadata, padded
 
     def _item_tokens(self, item: Any) -> tuple[list[int], tuple[torch.Tensor, int] | None]:
         """The item's tokens known on the host, and where its first token is on the device when the
