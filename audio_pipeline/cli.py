@@ -149,7 +149,7 @@ def run_synthesize(args: argparse.Namespace, config) -> None:
     import soundfile as sf
 
     from audio_pipeline.engine import TTSEngine
-    from audio_pipeline.server.audio_output import StreamAudioOutput
+    from audio_pipeline.service.output import StreamAudioOutput
 
     text = read_text(args)
     engine = TTSEngine(config)

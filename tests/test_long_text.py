@@ -79,7 +79,7 @@ def test_a_long_text_is_segmented_head_first_into_the_same_segments():
     from concurrent.futures import ThreadPoolExecutor
 
     from audio_pipeline.bench.long_text import DEFAULT_FILE
-    from audio_pipeline.pipelines.segmented import HEAD_CHARS, SegmentedSynthesis
+    from audio_pipeline.service.segmented import HEAD_CHARS, SegmentedSynthesis
     from audio_pipeline.text.segment import segments
 
     crossing = "Short one. " * (HEAD_CHARS // 11) + "A long sentence " * 30 + "ends here. Then one more."

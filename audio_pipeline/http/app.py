@@ -123,7 +123,7 @@ def create_app(running) -> Starlette:
     voice_map = dict(config.openai_voices)
 
     async def speech(request: Request) -> Response:
-        from audio_pipeline.server.audio_output import StreamAudioOutput
+        from audio_pipeline.service.output import StreamAudioOutput
         from audio_pipeline.server.servicer import SpeechSettings, outcome_of
 
         limit = config.limits.max_message_bytes

@@ -106,9 +106,9 @@ class StreamSocket:
                 utterance.encoder.close()
 
     async def _handle(self, message) -> None:
-        from audio_pipeline.pipelines.live_text import LiveText
+        from audio_pipeline.service.live_text import LiveText
         from audio_pipeline.http.app import SpeechRequest
-        from audio_pipeline.server.audio_output import StreamAudioOutput
+        from audio_pipeline.service.output import StreamAudioOutput
         from audio_pipeline.server.servicer import SpeechSettings
 
         if not isinstance(message, dict):

@@ -17,10 +17,10 @@ from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, InvalidArgument, NotFound, RequestError, ResourceExhausted,
                                    Unavailable, echo)
-from audio_pipeline.pipelines.live_text import LiveText
-from audio_pipeline.pipelines.segmented import SegmentedSynthesis
+from audio_pipeline.service.live_text import LiveText
+from audio_pipeline.service.segmented import SegmentedSynthesis
 from audio_pipeline.text.timings import SEGMENT, WORD, WordTiming
-from audio_pipeline.server.audio_output import StreamAudioOutput
+from audio_pipeline.service.output import StreamAudioOutput
 from audio_pipeline.server.handlers import MalformedRequest
 from audio_pipeline.server.metrics import ServerMetrics
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
@@ -334,7 +334,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
             self._labels.discard(label)
 
     async def _read_live_text(self, request_iterator, synthesis: SegmentedSynthesis) -> None:
-        """Feeds the stream's text to ``synthesis`` (pipelines/live_text.py)."""
+        """Feeds the stream's text to ``synthesis`` (service/live_text.py)."""
         live = LiveText(synthesis, max_chars=self.engine.config.sampling.max_text_chars,
                         max_segment_chars=self.engine.config.max_segment_chars)
         try:

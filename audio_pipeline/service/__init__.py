@@ -1,0 +1,1 @@
+"""The speech service under every front door: admission, validation, segmentation, encoded audio."""
