@@ -146,27 +146,37 @@ def run_serve(args: argparse.Namespace, config) -> None:
 
 
 def run_synthesize(args: argparse.Namespace, config) -> None:
-    import soundfile as sf
-
+    """Text to a WAV file through the speech service in this process (segmented as a server would)."""
     from audio_pipeline.engine import TTSEngine
-    from audio_pipeline.service.output import StreamAudioOutput
+    from audio_pipeline.service.request import SpeechRequest
+    from audio_pipeline.service.speech import SpeechService, gather
 
     text = read_text(args)
+    sampling = {name: value for name, value in (("seed", args.seed), ("max_tokens", args.max_tokens),
+                                                 ("temperature", args.temperature)) if value is not None}
+    request = SpeechRequest(text=text, voice=args.voice, sampling=sampling, format="wav",
+                            sample_rate=args.sample_rate, streamed=False)
+
+    async def speak():
+        service = SpeechService(engine)
+        service.ready = True
+        try:
+            return await gather(await service.open(request))
+        finally:
+            service.close()
+
     engine = TTSEngine(config)
     engine.start()
     try:
-        result = engine.synthesize(text, voice=args.voice, seed=args.seed, max_tokens=args.max_tokens,
-                                   temperature=args.temperature)
+        data, done = asyncio.run(speak())
     finally:
         engine.stop(0.0)
-    output = StreamAudioOutput(result.sample_rate, args.sample_rate, 0)
-    samples = output.convert(result.samples, last=True)
     target = Path(args.output)
     with tempfile.NamedTemporaryFile(dir=target.parent or ".", suffix=".wav", delete=False) as tmp:
-        sf.write(tmp.name, samples, output.sample_rate, subtype="PCM_16")
+        tmp.write(data)
     os.replace(tmp.name, target)
-    print(f"{PROG}: wrote {target} ({samples.size / output.sample_rate:.2f} s at {output.sample_rate} Hz, "
-          f"{result.usage.generated_tokens} tokens, {result.stop_reason.value})", file=sys.stderr)
+    print(f"{PROG}: wrote {target} ({done.audio_seconds:.2f} s at {done.sample_rate} Hz, "
+          f"{done.usage.generated_tokens} tokens, {done.stop_reason.value})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,6 +102,21 @@ class SynthesisResult:
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
+@dataclass(frozen=True)
+class RequestSettings:
+    """A request's settings, checked once against the model, for each segment of its text."""
+
+    #: The preset voice (None with a reference recording or a registered voice's prompt).
+    voice: str | None
+    reference: VoicePrompt | None
+    normalize_text: bool
+    #: The speed the model speaks at (1.0 where the stream is time-stretched instead).
+    speed: float
+    sampling: SamplingParams
+    #: max_tokens was asked for (else a layout that knows the speech's length fits it to the text).
+    explicit_max_tokens: bool
+
+
 class TTSEngine:
     """Everything needed to serve one model: load once, then create and submit requests."""
 
@@ -283,11 +298,26 @@ class TTSEngine:
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
                        reference: VoicePrompt | None = None, normalize_text: bool | None = None,
                        speed: float | None = None, **sampling_overrides: Any) -> TTSContext:
-        """A validated context; InvalidArgument or NotFound naming the field otherwise."""
+        """A validated context of a whole text (in-process use: the speech service validates a
+        request once and builds its segments with :meth:`segment_context`); InvalidArgument or
+        NotFound naming the field otherwise."""
         self.check_text(text)
         limits = self.config.limits
         if request_id is not None and len(request_id) > limits.max_request_id_chars:
             raise InvalidArgument(f"longer than {limits.max_request_id_chars} characters", field="request_id")
+        if speed is not None:
+            self.check_speed(speed)
+        settings = self.resolve_settings(voice=voice, reference=reference, normalize_text=normalize_text,
+                                         speed=speed, **sampling_overrides)
+        return self.segment_context(text, settings, request_id or uuid.uuid4().hex)
+
+    def resolve_settings(self, *, voice: str | None = None, reference: VoicePrompt | None = None,
+                         normalize_text: bool | None = None, speed: float | None = None,
+                         **sampling_overrides: Any) -> RequestSettings:
+        """A request's settings checked against this model (the voice exists, the sampling values
+        and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
+        The speed's range is the caller's to check (:meth:`check_speed`)."""
+        limits = self.config.limits
         if voice and len(voice) > limits.max_voice_name_chars:
             raise InvalidArgument(f"{len(voice)} characters, over the limit of {limits.max_voice_name_chars}",
                                   field="voice")
@@ -302,32 +332,44 @@ class TTSEngine:
                                   field="sampling.stop_token_ids")
         if reference is not None and voice:
             raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
-        names = [v.name for v in self.voices]
         if reference is None and voice and self.voice_store is not None and self.voice_store.get(voice):
             reference = self.voice_store.get(voice).prompt
         elif reference is None:
             voice = voice or self.manifest.default_voice
+            names = [v.name for v in self.voices]
             if voice is not None and voice not in names:
                 raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
-        # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
-        normalized = (normalize(text) if (self.config.normalize_text if normalize_text is None else normalize_text)
-                      else NormalizedText(text, text))
         speed = 1.0 if speed is None else float(speed)
-        self.check_speed(speed)
-        if speed != 1.0 and not getattr(self.layout, "supports_speed", False):
+        if speed != 1.0 and not self.speaks_at_any_speed:
             raise InvalidArgument(f"this model ({self.manifest.family} layout) speaks at one speed: only 1.0 is "
                                   "supported", field="speed")
-        extra = {"speed": speed} if speed != 1.0 else {}
-        prompt = self.layout.build_prompt(self.tokenizer, normalized.spoken, voice, reference, **extra)
+        return RequestSettings(
+            voice=voice, reference=reference, speed=speed, sampling=sampling,
+            normalize_text=self.config.normalize_text if normalize_text is None else normalize_text,
+            explicit_max_tokens=sampling_overrides.get("max_tokens") is not None)
+
+    @property
+    def speaks_at_any_speed(self) -> bool:
+        """Whether the model's layout speaks at a requested speed (else a stream is time-stretched)."""
+        return getattr(self.layout, "supports_speed", False)
+
+    def segment_context(self, text: str, settings: RequestSettings, request_id: str) -> TTSContext:
+        """The context of one piece of a request's text (already checked) with its settings; what
+        depends on the text (its prompt's length, the speech it needs) is checked here."""
+        # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
+        normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
+        extra = {"speed": settings.speed} if settings.speed != 1.0 else {}
+        prompt = self.layout.build_prompt(self.tokenizer, normalized.spoken, settings.voice, settings.reference,
+                                          **extra)
         aligned_words = getattr(self.layout, "word_frames", None)
         words = (word_timings(normalized, aligned_words(normalized.spoken, **extra), self.decoder.samples_per_frame)
                  if aligned_words is not None else None)
         plan = getattr(self.layout, "alignment", None)
         alignment = plan(prompt) if plan is not None else None
-        sampling = self._fit_budget(alignment, sampling, explicit=sampling_overrides.get("max_tokens") is not None)
+        sampling = self._fit_budget(alignment, settings.sampling, explicit=settings.explicit_max_tokens)
         if not self.config.enable_chunked_prefill and len(prompt) > self.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
                                   f"({self.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
@@ -335,8 +377,9 @@ class TTSEngine:
         if len(prompt) + budget > self.max_seq_len:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
                                   f"maximum sequence length {self.max_seq_len}", field="text")
-        return TTSContext(request_id=request_id or uuid.uuid4().hex, prompt_ids=prompt, sampling=sampling,
-                          layout=self.layout, voice=voice, alignment=alignment, words=words,
+        reference = settings.reference
+        return TTSContext(request_id=request_id, prompt_ids=prompt, sampling=sampling,
+                          layout=self.layout, voice=settings.voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None)
 
     @staticmethod

@@ -9,6 +9,8 @@ class RequestError(Exception):
     def __init__(self, message: str, field: str | None = None):
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
+        #: The message without the field's name (a front door that names the field otherwise).
+        self.detail = message
 
 
 class InvalidArgument(RequestError):
@@ -29,6 +31,14 @@ class Unavailable(RequestError):
 
 class AlreadyExists(RequestError):
     """A name to create is taken (gRPC ALREADY_EXISTS)."""
+
+
+class ServerCancelled(Unavailable):
+    """The server stopped the request (shutting down); another replica may serve it (UNAVAILABLE)."""
+
+
+class GenerationFailed(RequestError):
+    """The engine failed while generating the request's speech (gRPC INTERNAL, HTTP 500)."""
 
 
 def echo(value: str, limit: int = 40) -> str:

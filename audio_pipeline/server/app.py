@@ -15,15 +15,14 @@ from grpc_reflection.v1alpha import reflection
 from audio_pipeline.config import AudioGenerationConfig, PrometheusMetricsMode
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.server.auth import AuthTokens, BearerTokenInterceptor
-from audio_pipeline.server.handlers import add_text_to_speech
+from audio_pipeline.server.handlers import SERVICE_NAME, add_text_to_speech
 from audio_pipeline.server.metrics import ServerMetrics
 from audio_pipeline.server.servicer import TextToSpeechServicer
+from audio_pipeline.service.speech import SpeechService
 from audio_pipeline.server.tls import TLSFiles, server_credentials
-from audio_pipeline_client._proto import tts_pb2
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAME = tts_pb2.DESCRIPTOR.services_by_name["TextToSpeech"].full_name
 #: Largest message sent (an audio chunk is far smaller); what is received is bounded by limits.max_message_bytes.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -80,7 +79,8 @@ class RunningServer:
         self.engine = engine
         self.options = options
         self.metrics = ServerMetrics(engine.metrics)
-        self.servicer = TextToSpeechServicer(engine, self.metrics)
+        self.service = SpeechService(engine, count=self.metrics.count)
+        self.servicer = TextToSpeechServicer(self.service)
         self.health = health.aio.HealthServicer()
         auth = options.auth
         interceptors = [BearerTokenInterceptor(auth)] if auth is not None and auth.enabled else []
@@ -186,14 +186,14 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
         engine.generation.on_unhealthy = lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop)
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
-        running.servicer.ready = True
+        running.service.ready = True
         await running.set_serving(True)
         options.ready.set()
         logger.info("serving %s on port %d (warm-up %.2f s)", config.model.model_path, running.port, seconds)
         await stop.wait()
     finally:
         logger.info("shutting down: draining in-flight streams for up to %.1f s", config.grace_period_s)
-        running.servicer.ready = False
+        running.service.ready = False
         engine.generation.stop_accepting()
         await running.set_serving(False)
         if http is not None:
@@ -202,7 +202,7 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
         await running.server.stop(config.grace_period_s)
         if http is not None:
             await http_task
-        running.servicer.close()
+        running.service.close()
         await loop.run_in_executor(None, engine.stop, 0.0)
         if running.metrics_http is not None:
             running.metrics_http.shutdown()

@@ -13,6 +13,11 @@ class ServerMetrics:
         self.registry = engine_metrics.registry
         self.requests = Counter("tts_rpc_requests", "Synthesize calls by outcome", ["outcome"], registry=self.registry)
 
+    def count(self, outcome: str) -> None:
+        """One request ended with ``outcome`` (ok, invalid, rejected, unavailable, failed, cancelled,
+        client_cancelled)."""
+        self.requests.labels(outcome).inc()
+
     def serve_http(self, port: int, host: str = "0.0.0.0"):
         """Serves /metrics on ``port``; returns the HTTP server."""
         return self.engine.serve_http(port, host)

@@ -88,7 +88,7 @@ class ReplicaServer:
     """What the HTTP app needs of a running server (server/app.py's RunningServer)."""
 
     engine: Any
-    servicer: Any
+    service: Any
     metrics: Any
     #: No bearer tokens of the replica's own: a Serve cluster authenticates at its edge.
     options: Any = None
@@ -102,6 +102,7 @@ class TextToSpeechReplica:
         from audio_pipeline.engine import TTSEngine
         from audio_pipeline.server.metrics import ServerMetrics
         from audio_pipeline.server.servicer import TextToSpeechServicer
+        from audio_pipeline.service.speech import SpeechService
 
         self.config = load_config(sources)
         self.config.log_basic_config()
@@ -109,8 +110,9 @@ class TextToSpeechReplica:
         self.engine.start()
         seconds = self.engine.warmup()
         self.metrics = ServerMetrics(self.engine.metrics)
-        self.servicer = TextToSpeechServicer(self.engine, self.metrics)
-        self.servicer.ready = True
+        self.service = SpeechService(self.engine, count=self.metrics.count)
+        self.servicer = TextToSpeechServicer(self.service)
+        self.service.ready = True
         self.replica = serve.get_replica_context().replica_id.unique_id
         logger.info("replica serving %s (warm-up %.2f s)", self.config.model.model_path, seconds)
 
@@ -120,7 +122,7 @@ class TextToSpeechReplica:
     def __serve_build_asgi_app__(self):
         from audio_pipeline.http.app import create_app
 
-        return create_app(ReplicaServer(self.engine, self.servicer, self.metrics, options=None))
+        return create_app(ReplicaServer(self.engine, self.service, self.metrics, options=None))
 
     async def Synthesize(self, request, grpc_context=None):
         async for chunk in self.servicer.Synthesize(request, self._context(grpc_context)):
@@ -142,8 +144,8 @@ class TextToSpeechReplica:
         # Serve calls this after draining (graceful_shutdown_timeout_s): nothing runs any more.
         engine = getattr(self, "engine", None)
         if engine is not None:
-            self.servicer.ready = False
-            self.servicer.close()
+            self.service.ready = False
+            self.service.close()
             engine.stop(0.0)
 
 

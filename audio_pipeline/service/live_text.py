@@ -9,25 +9,32 @@ the HTTP WebSocket) feeds text through this.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from concurrent.futures import Executor
 
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.text.segment import segments
 
 
 class LiveText:
-    def __init__(self, synthesis, *, max_chars: int, max_segment_chars: int):
+    """Feeds one synthesis. Callers await one method at a time (a door's reader task), so the
+    pieces keep their order; the segmenter runs on ``executor``, off the event loop."""
+
+    def __init__(self, synthesis, *, max_chars: int, max_segment_chars: int, executor: Executor | None = None):
         self.synthesis = synthesis
         self.max_chars = max_chars
         self.max_segment_chars = max_segment_chars
+        self.executor = executor
         self.buffer = ""
         self.total = 0
         #: Characters of the text before ``buffer``.
         self.consumed = 0
 
-    def _speak(self, everything: bool) -> None:
+    async def _speak(self, everything: bool) -> None:
         text = self.buffer
-        found = segments(text, self.max_segment_chars)
+        found = await asyncio.get_running_loop().run_in_executor(self.executor, segments, text,
+                                                                 self.max_segment_chars)
         for segment in found if everything else found[:-1]:
             self.synthesis.add_segment(dataclasses.replace(segment, start=segment.start + self.consumed,
                                                            end=segment.end + self.consumed))
@@ -35,19 +42,19 @@ class LiveText:
         self.consumed += len(text) - len(rest)
         self.buffer = rest
 
-    def add(self, text: str) -> None:
+    async def add(self, text: str) -> None:
         """A piece of text; InvalidArgument (naming ``text``) past the limit of all text."""
         self.total += len(text)
         if self.total > self.max_chars:
             raise InvalidArgument(f"over the limit of {self.max_chars} characters in all", field="text")
         self.buffer += text
-        self._speak(everything=False)
+        await self._speak(everything=False)
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
         """Speak what has come so far."""
-        self._speak(everything=True)
+        await self._speak(everything=True)
 
-    def end(self) -> None:
+    async def end(self) -> None:
         """No more text: the rest is spoken and the synthesis closed."""
-        self._speak(everything=True)
+        await self._speak(everything=True)
         self.synthesis.close()

@@ -1,81 +1,93 @@
-"""Per-stream audio output: resampling to the requested rate and encoding (PCM16, float32, or an
-encoded stream: WAV, MP3, Opus, AAC, FLAC, mu-law, A-law; audio/encoders.py)."""
+"""A stream's audio output: the engine's float chunks resampled to the requested rate and encoded
+in the requested format (audio/encoders.py), chunk by chunk or as one complete file.
+
+Formats are named as in audio/encoders.py (pcm, float32, wav, mp3, opus, aac, flac, mulaw, alaw);
+each front door maps its own names (gRPC's enum, OpenAI's ``response_format``) to these.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import soxr
 
-from audio_pipeline.audio.encoders import StreamEncoder
-from audio_pipeline.errors import InvalidArgument
-from audio_pipeline_client._proto import tts_pb2
+from audio_pipeline.audio.encoders import FORMATS, MEDIA_TYPES, StreamEncoder, encode_whole
+from audio_pipeline.errors import InvalidArgument, echo
 
 MIN_SAMPLE_RATE = 8000
 MAX_SAMPLE_RATE = 192000
-#: Encodings whose bytes are raw samples of a fixed width.
-PCM_ENCODINGS = {tts_pb2.AUDIO_ENCODING_UNSPECIFIED: tts_pb2.AUDIO_ENCODING_PCM16,
-                 tts_pb2.AUDIO_ENCODING_PCM16: tts_pb2.AUDIO_ENCODING_PCM16,
-                 tts_pb2.AUDIO_ENCODING_FLOAT32: tts_pb2.AUDIO_ENCODING_FLOAT32}
-#: Encodings made by a stream encoder, by its format name.
-STREAM_ENCODINGS = {tts_pb2.AUDIO_ENCODING_WAV: "wav", tts_pb2.AUDIO_ENCODING_MP3: "mp3",
-                    tts_pb2.AUDIO_ENCODING_OPUS: "opus", tts_pb2.AUDIO_ENCODING_AAC: "aac",
-                    tts_pb2.AUDIO_ENCODING_FLAC: "flac", tts_pb2.AUDIO_ENCODING_MULAW: "mulaw",
-                    tts_pb2.AUDIO_ENCODING_ALAW: "alaw"}
-#: The telephony encodings' rate when the request names none.
+#: The telephony formats' rate when the request names none.
 TELEPHONY_RATE = 8000
+TELEPHONY_FORMATS = ("mulaw", "alaw")
+#: Formats sent as one complete file on every door: FLAC's STREAMINFO must hold the length
+#: (libsndfile, soundfile's library, cannot read a FLAC stream whose length is left unknown).
+WHOLE_FILE_FORMATS = {"flac"}
+#: Formats whose one header holds the length: a complete file unless the client plays the stream
+#: as it comes (then the header says "unknown length", which players read on to the end).
+LENGTH_HEADER_FORMATS = {"wav"}
 
 
-class StreamAudioOutput:
-    """Turns a stream's native-rate float chunks into encoded bytes at the requested rate.
+def default_rate(format: str, native_rate: int) -> int:
+    """The rate a request that names none gets: 8 kHz for telephony formats, else ``native_rate``."""
+    return TELEPHONY_RATE if format in TELEPHONY_FORMATS else native_rate
 
-    The resampler keeps its filter state across chunks, so seams stay continuous; ``finish()``
-    flushes the samples it still holds, and ``close()`` the encoder's last bytes.
+
+class AudioOutput:
+    """One stream's resampler and encoder.
+
+    The resampler keeps its filter state across chunks, so seams stay continuous. Not thread-safe:
+    the service calls one stream's output from one task at a time (off the event loop).
     """
 
-    def __init__(self, native_rate: int, requested_rate: int, encoding: int):
-        if requested_rate and not MIN_SAMPLE_RATE <= requested_rate <= MAX_SAMPLE_RATE:
-            raise InvalidArgument(f"{requested_rate} Hz is not supported; use 0 (native {native_rate} Hz) or "
+    def __init__(self, native_rate: int, format: str, sample_rate: int = 0, *, streamed: bool = True):
+        """``sample_rate`` 0 takes :func:`default_rate`; ``streamed``: the client plays the stream as
+        it comes (a length-header format is then sent in its streaming form)."""
+        if format not in FORMATS:
+            raise InvalidArgument(f"{echo(str(format))} is not one of {', '.join(FORMATS)}", field="format")
+        if sample_rate and not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
+            raise InvalidArgument(f"{sample_rate} Hz is not supported; use 0 (the default) or "
                                   f"{MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE}", field="sample_rate")
-        if encoding not in PCM_ENCODINGS and encoding not in STREAM_ENCODINGS:
-            raise InvalidArgument(f"unknown encoding {encoding}", field="encoding")
-        name = STREAM_ENCODINGS.get(encoding)
-        default_rate = TELEPHONY_RATE if name in ("mulaw", "alaw") else native_rate
-        self.sample_rate = requested_rate or default_rate
-        self.encoding = PCM_ENCODINGS.get(encoding, encoding)
-        self._encoder = None
-        if name is not None:
-            try:
-                self._encoder = StreamEncoder(name, self.sample_rate)
-            except ValueError as error:
-                raise InvalidArgument(str(error), field="sample_rate") from None
+        self.format = format
+        self.media_type = MEDIA_TYPES[format]
+        self.sample_rate = sample_rate or default_rate(format, native_rate)
+        #: Sent as one complete file once the speech is done (its header holds the length).
+        self.whole_file = format in WHOLE_FILE_FORMATS or (format in LENGTH_HEADER_FORMATS and not streamed)
+        try:
+            self._encoder = StreamEncoder(format, self.sample_rate)
+        except ValueError as error:
+            raise InvalidArgument(str(error), field="sample_rate") from None
+        if self.whole_file:
+            self._encoder.close()  # the file is written at the end, in one piece
         self._resampler = (soxr.ResampleStream(native_rate, self.sample_rate, 1, dtype="float32", quality="HQ")
                            if self.sample_rate != native_rate else None)
+        self._gathered: list[np.ndarray] = []
 
-    def convert(self, samples: np.ndarray, *, last: bool = False) -> np.ndarray:
+    def _convert(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         if self._resampler is not None:
             samples = self._resampler.resample_chunk(samples, last=last)
         return samples
 
-    def finish(self) -> np.ndarray:
-        """Samples the resampler still holds (empty without resampling)."""
-        if self._resampler is None:
-            return np.zeros(0, dtype=np.float32)
-        return self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+    def chunk(self, samples: np.ndarray) -> tuple[bytes, int]:
+        """(bytes to send now, samples they hold at the output rate) for native-rate ``samples``
+        (no bytes for a whole-file output: it keeps them for :meth:`end`)."""
+        converted = self._convert(samples)
+        if self.whole_file:
+            self._gathered.append(converted)
+            return b"", converted.size
+        return self._encoder.encode(converted) if converted.size else b"", converted.size
 
-    def encode(self, samples: np.ndarray) -> bytes:
-        if self._encoder is not None:
-            return self._encoder.encode(samples)
-        clipped = np.clip(samples, -1.0, 1.0)
-        if self.encoding == tts_pb2.AUDIO_ENCODING_FLOAT32:
-            return clipped.astype("<f4").tobytes()
-        return np.round(clipped * 32767.0).astype("<i2").tobytes()
-
-    def close(self) -> bytes:
-        """The encoded stream's last bytes (the codec's held samples, the container's end)."""
-        return self._encoder.finish() if self._encoder is not None else b""
+    def end(self) -> tuple[bytes, int]:
+        """(the last bytes, the samples still held): the resampler's tail and the encoder's end,
+        or the whole file."""
+        tail = self._convert(np.zeros(0, dtype=np.float32), last=True) if self._resampler is not None \
+            else np.zeros(0, dtype=np.float32)
+        if self.whole_file:
+            self._gathered.append(tail)
+            samples, self._gathered = np.concatenate(self._gathered), []
+            return encode_whole(self.format, samples, self.sample_rate), tail.size
+        return (self._encoder.encode(tail) if tail.size else b"") + self._encoder.finish(), tail.size
 
     def release(self) -> None:
         """Frees the encoder without finishing the stream (the client went away)."""
-        if self._encoder is not None:
-            self._encoder.close()
+        self._encoder.close()
+        self._gathered = []
