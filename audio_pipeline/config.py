@@ -1,22 +1,22 @@
 """Engine configuration (after MAX's `config` module): PipelineConfig, AudioGenerationConfig, their parts.
 
-Values come from, later winning: field defaults < ``config_file`` < ``AUDIO_PIPELINE_*`` environment
-variables < keyword arguments < ``NAME=VALUE`` audio flags. ``AudioGenerationConfig.load`` reads all
-of them; ``resolve()`` checks the rules that span fields, once construction is done.
+Values come from, later winning: field defaults < the model's streaming defaults < ``config_file``
+< ``AUDIO_PIPELINE_*`` environment variables < keyword arguments < ``NAME=VALUE`` audio flags.
+``AudioGenerationConfig.load`` reads all of them (the sources are in ``config_sources``);
+``resolve()`` checks the rules that span fields, once construction is done. Every field acts:
+one that nothing would read is not a field, so setting it is refused as an unknown key.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from functools import reduce
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from typing_extensions import Self
 
 from audio_pipeline import config_sources as sources
@@ -25,35 +25,23 @@ from audio_pipeline.decoders.registry import audio_decoder_class
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
 DEFAULT_MODEL = "builtin:slt-en"
 
-#: Fields this engine accepts but does not honour yet -> the feature that will honour them.
-#: resolve() rejects a listed field whose value differs from its default; an entry
-#: ``"field=value"`` rejects only that value. Work that implements a feature removes its entries.
-#: Accepted and honoured, though MAX-specific: zmq_endpoint_base and use_legacy_module (no effect
-#: on this PyTorch engine, so any value is harmless).
-NOT_IMPLEMENTED: dict[str, str] = {
-    "pipeline_role": "disaggregated prefill/decode serving",
-    "ep_size": "expert parallelism (no mixture-of-experts model is supported)",
-    "enable_echo": "echoing prompt tokens",
-    "pool_embeddings": "the embeddings task (a speech engine has none)",
-    "chat_template": "chat templates (the model family builds the prompt)",
-    "use_experimental_kernels": "experimental kernel selection",
-    "use_vendor_blas": "vendor BLAS selection",
-    "pdl_level": "programmatic dependent launch",
-    "custom_architectures": "loading model architectures from outside modules",
-    "execute_empty_batches": "running steps with no request (multi-device lockstep)",
-    "draft_model": "speculative decoding",
-    "speculative": "speculative decoding",
-    "lora": "LoRA adapters",
-    "model.trust_remote_code": "remote model code (only built-in architectures load)",
-    "model.weight_path": "explicit weight files (weights are read from model_path)",
-    "sampling.enable_structured_output": "structured output",
-    "profiling.gpu_profiling": "GPU profiling",
-    "run_model_test_mode": "model test mode",
-}
-
 _logger = logging.getLogger(__name__)
-_SETTINGS = ConfigDict(extra="forbid", validate_assignment=True)
+#: Every part refuses unknown keys, checks assignments, and takes no infinite or NaN number.
+_SETTINGS = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _describe(exc: ValidationError) -> str:
+    """pydantic's errors as this module words its own: one line per field, named by its dotted path."""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(map(str, error["loc"]))
+        if error["type"] == "extra_forbidden":
+            lines.append(f"unknown configuration key {key!r}")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(f"invalid value {error['input']!r} for {key}: {message}")
+    return lines[0] if len(lines) == 1 else "invalid configuration:\n" + "\n".join(f"  - {p}" for p in lines)
 
 
 class _ValueEnum(str, Enum):
@@ -81,14 +69,6 @@ class PrometheusMetricsMode(_ValueEnum):
     """Start a Prometheus HTTP server for the metrics."""
     LAUNCH_MULTIPROC_SERVER = "launch_multiproc_server"
     """Start a Prometheus server in multiprocess mode."""
-
-
-class PipelineRole(_ValueEnum):
-    """Which inference phases this process runs."""
-
-    PrefillAndDecode = "prefill_and_decode"
-    PrefillOnly = "prefill_only"
-    DecodeOnly = "decode_only"
 
 
 class KVCacheConfig(BaseModel):
@@ -124,14 +104,12 @@ DEFAULT_PAGE_SIZE = {"cpu": 128, "cuda": 16}
 class ModelConfig(BaseModel):
     """Which model to load and how."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(**_SETTINGS, protected_namespaces=())
     model_path: str = Field(DEFAULT_MODEL, description="A local Hugging Face model directory or a builtin:NAME model.")
     served_model_name: str | None = Field(None, description="The model name clients see (HTTP /v1/models); None: model_path.")
-    weight_path: list[str] = Field(default_factory=list, description="Weight files to load instead of model_path's.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
-    trust_remote_code: bool = Field(False, description="Allow model code shipped with the model.")
     max_length: int | None = Field(None, ge=1, description="Longest sequence the model runs; None = its own limit.")
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
@@ -142,7 +120,7 @@ class ModelConfig(BaseModel):
         "faster, but through the server (ragged steps of changing shapes) the model phase went 4.6 -> 4.3 ms "
         "per forward at 1 stream and 17 -> 29 ms at 16 streams.")
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig, description="The paged KV cache.")
-    decode_buckets: list[Annotated[int, Field(ge=1)]] | None = Field(
+    decode_buckets: sources.CommaList[list[Annotated[int, Field(ge=1)]] | None] = Field(
         None, description="Batch sizes decode steps are padded to (static shapes: on CUDA each is captured once as "
         "a CUDA graph); a step larger than the largest runs unpadded. None: with CUDA graphs 1, 2, 4, 8, 16, 24, 32 "
         "and then every 16 up to max_batch_size; otherwise none (exact shapes run faster without graphs).")
@@ -177,12 +155,11 @@ class SamplingConfig(BaseModel):
     max_tokens_limit: int = Field(4096, ge=1, description="The largest max_tokens a request may ask for.")
     min_tokens: int = Field(0, ge=0, description="Speech tokens generated before end of speech is allowed.")
     seed: int | None = Field(None, description="Seed of the default random generator; None = nondeterministic.")
-    stop_token_ids: list[int] = Field(
+    stop_token_ids: sources.CommaList[list[int]] = Field(
         default_factory=list, description="Extra token ids that end the speech (end-of-speech always does).")
     max_text_chars: int = Field(
         100_000, ge=1, description="Longest request text, in characters; a text is spoken sentence by sentence, "
                                    "as one audio stream.")
-    enable_structured_output: bool = Field(False, description="Constrain output to a grammar.")
 
     @field_validator("top_k")
     @classmethod
@@ -192,45 +169,21 @@ class SamplingConfig(BaseModel):
         return value
 
 
-class ProfilingConfig(BaseModel):
-    """Profiling of model execution."""
-
-    model_config = _SETTINGS
-    gpu_profiling: Literal["off", "on", "detailed"] = Field("off", description="GPU profiler level.")
-    profile_dir: str | None = Field(None, description="Where profiles are written; None = the working directory.")
-
-
-class LoRAConfig(BaseModel):
-    """LoRA adapters."""
-
-    model_config = _SETTINGS
-    enable_lora: bool = Field(False, description="Serve LoRA adapters.")
-    lora_paths: list[str] = Field(default_factory=list, description="Adapter directories loaded at start.")
-    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank.")
-    max_num_loras: int = Field(1, ge=1, description="Adapters held on the device at once.")
-
-
-class SpeculativeConfig(BaseModel):
-    """Speculative decoding."""
-
-    model_config = _SETTINGS
-    speculative_method: str | None = Field(None, description="Method proposing tokens; None uses draft_model.")
-    num_speculative_tokens: int = Field(2, ge=1, description="Tokens proposed per step.")
-
-
-class PipelineConfig(BaseModel):
+class PipelineConfig(BaseSettings):
     """Configuration of a pipeline: model, batching, scheduling, sampling defaults.
 
-    Construction reads ``config_file`` (below the given values) and then runs ``resolve()``
-    unless ``defer_resolve``. Assignment checks the field alone: call ``resolve()`` after changing
-    fields. ``model_validate`` neither reads ``config_file`` nor resolves: construct instead.
+    Construction reads the keyword arguments over ``config_file`` (and the model's streaming
+    defaults), not the environment: a configuration built in code stays what the code says.
+    ``load`` adds the environment and flags. Construction then runs ``resolve()``. Assignment
+    checks the field alone: call ``resolve()`` after changing fields. ``model_validate`` neither
+    reads ``config_file`` nor resolves: construct instead.
     """
 
-    model_config = _SETTINGS
+    model_config = SettingsConfigDict(
+        **_SETTINGS, env_prefix=sources.ENV_PREFIX, env_nested_delimiter="__", env_parse_none_str="none")
     config_file: str | None = Field(None, description="YAML or TOML file of values, above defaults and below env.")
     section_name: str | None = Field(None, description="Top-level section of config_file to read; None = all of it.")
     max_length: int | None = Field(None, ge=1, description="Longest sequence (prompt + output); None = the model's.")
-    pipeline_role: PipelineRole = Field(PipelineRole.PrefillAndDecode, description="Phases this process runs.")
     max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = fit KV memory.")
     max_queue_size_tg: int | None = Field(
         None, ge=1, description="Most requests admitted to decode (holding KV blocks) at once; None = max_batch_size.")
@@ -238,46 +191,31 @@ class PipelineConfig(BaseModel):
         None, ge=1, description="Most requests waiting for admission; more get RESOURCE_EXHAUSTED. None = 256.")
     min_batch_size_tg: int | None = Field(
         None, ge=1, description="Soft floor of the decode batch: below it, prefill is preferred; None = no floor.")
-    ep_size: int = Field(1, ge=1, description="Expert-parallel degree.")
     ce_delay_ms: float = Field(0.0, ge=0, description="Wait this long for more prompts before a prefill step.")
     enable_prioritize_first_decode: bool = Field(False, description="Decode right after prefill: faster first audio.")
     enable_chunked_prefill: bool = Field(True, description="Split prompts that do not fit a step's token budget across steps.")
     enable_in_flight_batching: bool = Field(False, description="Mix prefill tokens into decode steps.")
     max_num_steps: int = Field(-1, description="Decode steps per scheduling round; -1 = the engine chooses.")
     max_batch_input_tokens: int = Field(8192, ge=1, description="Most prompt tokens prefilled in one step.")
-    enable_echo: bool = Field(False, description="Return prompt tokens and their logits too.")
-    pool_embeddings: bool = Field(True, description="Mean-pool outputs of the embeddings task.")
-    chat_template: Path | None = Field(None, description="Jinja chat template replacing the tokenizer's.")
-    use_experimental_kernels: str = Field("false", description="'true' selects experimental kernels.")
-    use_vendor_blas: str = Field("false", description="'true' sends matmuls to the vendor BLAS library.")
-    pdl_level: str = Field("0", description="Programmatic dependent launch level; '0' = off.")
-    custom_architectures: list[str] = Field(default_factory=list, description="Modules registering architectures.")
-    zmq_endpoint_base: str = Field(
-        "ipc:///tmp/audio-pipeline", description="MAX's IPC endpoint prefix; this in-process engine ignores it.")
-    execute_empty_batches: bool = Field(False, description="Run the model even on steps with no request.")
-    max_batch_total_tokens: int | None = Field(
-        None, ge=1, description="Most tokens (cached + new) in one step; None = KV memory is the limit.")
-    force: bool = Field(False, description="Skip the model compatibility checks made when loading.")
     kvcache_ce_watermark: float = Field(
         0.95, gt=0, le=1, description="Admit prompts only while this fraction of the KV cache would not be exceeded.")
     enable_overlap_scheduler: bool = Field(False, description="Prepare the next step while this one runs.")
-    use_legacy_module: bool = Field(True, description="MAX's model-module switch; no effect on this PyTorch engine.")
-    defer_resolve: bool = Field(False, description="Skip resolve() at construction; the caller runs it later.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model served.")
-    draft_model: ModelConfig | None = Field(None, description="Small model proposing tokens for speculation.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults.")
-    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig, description="Profiling.")
-    lora: LoRAConfig | None = Field(None, description="LoRA adapters; None = off.")
-    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding; None = off.")
 
     def __init__(self, /, **data: Any) -> None:
-        if data.get("config_file") is not None:
-            from_file = sources.read_config_file(type(self), data["config_file"], data.get("section_name"))
-            data = sources.deep_merge(from_file, data)
-        super().__init__(**type(self)._with_model_defaults(data))
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ValueError(_describe(exc)) from None
         # Here rather than in model_post_init, where pydantic would bury the message in a ValidationError.
-        if not self.defer_resolve:
-            self.resolve()
+        self.resolve()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Plain construction: keyword arguments over ``config_file`` over the model's defaults."""
+        return init_settings, sources.ConfigFileSource(settings_cls), sources.ModelDefaultsSource(settings_cls)
 
     @field_validator("max_num_steps")
     @classmethod
@@ -288,49 +226,42 @@ class PipelineConfig(BaseModel):
 
     @classmethod
     def load(cls, *, config_file: str | None = None, section_name: str | None = None,
-             env: Mapping[str, str] | None = None, audio_flags: Iterable[str] | Mapping[str, Any] = (),
-             **overrides: Any) -> Self:
+             env: Mapping[str, str] | None = None, audio_flags: Iterable[str] = (), **overrides: Any) -> Self:
         """Builds the configuration from every source; later sources win.
 
-        defaults < config file < ``AUDIO_PIPELINE_*`` variables of ``env`` (default ``os.environ``)
-        < ``config_file``/``section_name``/``overrides`` (nested dicts, dotted or ``__`` keys)
-        < ``audio_flags`` (NAME=VALUE strings, parsed like ``from_flags``).
-        The file is the one named by the highest source that names one.
+        defaults < the model's streaming defaults < config file < ``AUDIO_PIPELINE_*`` variables of
+        ``env`` (default ``os.environ``) < ``config_file``/``section_name``/``overrides`` (nested
+        dicts) < ``audio_flags`` (NAME=VALUE strings). The file is the one named by the highest
+        source that names one. An unknown key in any source is refused, naming the key and source.
         """
         explicit = {"config_file": config_file, "section_name": section_name}
-        layers = [
-            sources.parse_env(cls, os.environ if env is None else env),
-            {key: value for key, value in explicit.items() if value is not None},
-            sources.normalize_mapping(cls, overrides, "keyword argument"),
-            sources.parse_flags(cls, audio_flags),
-        ]
-        return cls(**reduce(sources.deep_merge, layers, {}))
+        kwargs = {**{key: value for key, value in explicit.items() if value is not None}, **overrides}
+        sources.check_keys(cls, kwargs, "keyword argument")
+        order = (sources.FlagSource(cls, audio_flags), InitSettingsSource(cls, kwargs),
+                 sources.EnvironSource(cls, env), sources.ConfigFileSource(cls), sources.ModelDefaultsSource(cls))
+        return cls(_build_sources=(order, kwargs))
 
     @classmethod
-    def from_flags(cls, audio_flags: Iterable[str] | Mapping[str, Any], **config_flags: Any) -> Self:
+    def from_flags(cls, audio_flags: Iterable[str], **config_flags: Any) -> Self:
         """Builds the configuration from ``--task-arg`` NAME=VALUE strings over plain keyword fields.
 
         ``audio_flags`` win over ``config_flags`` (they are the more specific). Names take ``-`` or
         ``_`` and dots for nested fields (``sampling.temperature=0.5``); ``audio_decoder_config.KEY``
         sets one decoder setting. Environment variables are not read (``load`` reads them).
         """
-        data = sources.deep_merge(sources.normalize_mapping(cls, config_flags, "keyword argument"),
-                                  sources.parse_flags(cls, audio_flags))
-        return cls(**data)
+        return cls.load(env={}, audio_flags=audio_flags, **config_flags)
 
     @classmethod
-    def _with_model_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """``data`` with the model's own defaults added where it sets nothing (see subclasses)."""
-        return data
+    def _model_defaults(cls, chosen: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults that depend on the model ``chosen`` (the merged sources) names (see subclasses)."""
+        return {}
 
     def resolve(self) -> Self:
-        """Checks the rules that span fields, then rejects what is not implemented; returns self.
+        """Checks the rules that span fields; returns self.
 
         Raises ValueError listing every broken rule, each naming its field(s).
         """
         problems = self._rule_problems()
-        if not problems:
-            problems = self._not_implemented_problems()
         if problems:
             raise ValueError(problems[0] if len(problems) == 1 else
                              "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -350,9 +281,6 @@ class PipelineConfig(BaseModel):
             if self.max_queue_size_tg is not None and self.max_queue_size_tg < self.max_batch_size:
                 problems.append(f"max_queue_size_tg ({self.max_queue_size_tg}) is below max_batch_size "
                                 f"({self.max_batch_size}): decode batches could never fill")
-        if self.max_batch_total_tokens is not None and self.max_batch_total_tokens < self.max_batch_input_tokens:
-            problems.append(f"max_batch_total_tokens ({self.max_batch_total_tokens}) is below "
-                            f"max_batch_input_tokens ({self.max_batch_input_tokens})")
         if self.enable_overlap_scheduler and self.max_num_steps > 1:
             problems.append(f"max_num_steps ({self.max_num_steps}) must be -1 or 1 with enable_overlap_scheduler "
                             "(the overlap pipeline runs one decode step per batch)")
@@ -372,25 +300,6 @@ class PipelineConfig(BaseModel):
         if max_length is not None and sampling.max_tokens >= max_length:
             problems.append(f"sampling.max_tokens ({sampling.max_tokens}) leaves no room for a prompt within "
                             f"max_length ({max_length})")
-        return problems
-
-    def _not_implemented_problems(self) -> list[str]:
-        problems = []
-        for entry, feature in NOT_IMPLEMENTED.items():
-            dotted, _, rejected = entry.partition("=")
-            owner: Any = self
-            *parents, name = dotted.split(".")
-            for parent in parents:
-                owner = getattr(owner, parent, None)
-            if not isinstance(owner, BaseModel) or name not in type(owner).model_fields:
-                continue
-            value = getattr(owner, name)
-            if rejected:
-                chosen = str(value.value if isinstance(value, Enum) else value) == rejected
-            else:
-                chosen = value != type(owner).model_fields[name].get_default(call_default_factory=True)
-            if chosen:
-                problems.append(f"{entry if rejected else dotted} is not implemented yet by this engine ({feature})")
         return problems
 
     def to_display_dict(self) -> dict[str, Any]:
@@ -428,7 +337,7 @@ class LimitsConfig(BaseModel):
     """Bounds on what a request carries and what a client may hold, so that no request can take the
     server's memory or time from the others. Every one is checked before any work is done."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = _SETTINGS
     max_message_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest gRPC message received (a reference recording rides in one).")
     max_reference_audio_bytes: int = Field(
@@ -454,7 +363,7 @@ class AudioGenerationConfig(PipelineConfig):
                             "(audio_pipeline.json) names, else snac.")
     audio_decoder_weights: str = Field(
         "", description="Decoder weights (file or directory); empty = the decoder that comes with the model.")
-    chunk_size: list[Annotated[int, Field(ge=1)]] | None = Field(
+    chunk_size: sources.CommaList[list[Annotated[int, Field(ge=1)]] | None] = Field(
         None, min_length=1, description="Speech tokens per streamed chunk, last entry repeating; none = no "
         "streaming (one chunk at the end). When not set: the model's streaming default (its manifest's, or "
         "28,56,112 for Orpheus-layout models).")
@@ -466,10 +375,11 @@ class AudioGenerationConfig(PipelineConfig):
         PrependPromptSpeechTokens.NEVER, description="Whether voice-prompt speech tokens are decoder context.")
     prepend_prompt_speech_tokens_causal: bool = Field(
         False, description="Prepended prompt tokens may not see the current block.")
-    run_model_test_mode: bool = Field(False, description="MAX's model test mode.")
     prometheus_metrics_mode: PrometheusMetricsMode = Field(
         PrometheusMetricsMode.INSTRUMENT_ONLY, description="How Prometheus metrics are exposed.")
-    audio_decoder_config: dict[str, Any] = Field(default_factory=dict, description="Decoder-specific settings.")
+    audio_decoder_config: dict[str, Any] = Field(
+        default_factory=dict, description="Decoder-specific settings; given as text (environment, flags), each "
+                                          "value is read as JSON where it parses, else kept as a string.")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
     voices_dir: str | None = Field(
         None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "
@@ -498,21 +408,22 @@ class AudioGenerationConfig(PipelineConfig):
 
         return declared_audio_decoder(self.model.model_path) or self.audio_decoder
 
+    _decoder_settings = field_validator("audio_decoder_config", mode="before")(sources.json_values)
+
     @classmethod
-    def _with_model_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """Fills in the model's streaming defaults (chunk_size, buffer, block_causal from its manifest,
-        or its family's) for the settings ``data`` leaves out; set ones, even to none, are kept. They
-        are made for the model's own decoder: with another audio_decoder there are none."""
+    def _model_defaults(cls, chosen: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's streaming defaults (chunk_size, buffer, block_causal from its manifest, or its
+        family's), below every source: a setting any source makes, even to none, is kept. They are
+        made for the model's own decoder: with another audio_decoder there are none."""
         from audio_pipeline.layouts.manifest import declared_audio_decoder, declared_streaming
 
-        model = data.get("model")
+        model = chosen.get("model")
         path = getattr(model, "model_path", None) if not isinstance(model, Mapping) else model.get("model_path")
         path = path or DEFAULT_MODEL
-        decoder = data.get("audio_decoder")
+        decoder = chosen.get("audio_decoder")
         if decoder and decoder != (declared_audio_decoder(path) or cls.model_fields["audio_decoder"].default):
-            return data
-        defaults = declared_streaming(path)
-        return {**{k: v for k, v in defaults.items() if k not in data}, **data}
+            return {}
+        return dict(declared_streaming(path))
 
     def to_display_dict(self) -> dict[str, Any]:
         """Every field, with audio_decoder as resolved (the decoder the model names, if not set)."""

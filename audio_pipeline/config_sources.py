@@ -1,247 +1,196 @@
-"""Where configuration values come from: config files, environment variables and NAME=VALUE flags.
+"""Where configuration values come from, as pydantic-settings sources.
 
-Every function returns a nested dict keyed by field names (``-`` read as ``_``), checked against
-the pydantic model it is meant for, so that an unknown key is reported with the place it came from.
+pydantic-settings reads the environment (``AUDIO_PIPELINE_<FIELD>``, ``__`` between nested names),
+parses YAML and TOML files and merges the sources by precedence. What is ours: ``NAME=VALUE``
+flags (read with the environment's value rules, so a value means the same in both), the choice
+of file by ``config_file``/``section_name`` from a higher source, the model's streaming defaults,
+and refusing unknown keys with the key and its source named: pydantic-settings skips environment
+variables that name no field, and its errors do not say which source a key came from.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
-import re
-import types
 from collections.abc import Iterable, Mapping
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: TOML files need 3.11's tomllib
-    tomllib = None  # type: ignore[assignment]
+from pydantic import BaseModel, BeforeValidator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 #: Prefix of the environment variables that set fields: AUDIO_PIPELINE_BUFFER, AUDIO_PIPELINE_MODEL__DTYPE.
 ENV_PREFIX = "AUDIO_PIPELINE_"
 #: Variables with that prefix that other parts of the program read; they are not config fields.
 ENV_NOT_CONFIG = frozenset({"AUDIO_PIPELINE_CACHE", "AUDIO_PIPELINE_SERVER", "AUDIO_PIPELINE_LOG_LEVEL",
-                            "AUDIO_PIPELINE_TOKEN", "AUDIO_PIPELINE_AUTH_TOKENS", "AUDIO_PIPELINE_ADMIN_TOKENS"})
-_NONE_WORDS = ("none", "")
-_INT = re.compile(r"[+-]?\d+")
+                            "AUDIO_PIPELINE_TOKEN", "AUDIO_PIPELINE_AUTH_TOKENS", "AUDIO_PIPELINE_ADMIN_TOKENS",
+                            "AUDIO_PIPELINE_TEST_DEVICE"})
+_FILE_SOURCES = {".yaml": YamlConfigSettingsSource, ".yml": YamlConfigSettingsSource,
+                 ".toml": TomlConfigSettingsSource}
 
 
-def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``top``; nested mappings (and models) merge key by key, ``top`` winning."""
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, BaseModel):
-            value = value.model_dump(exclude_unset=True)
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str) and not value.lstrip().startswith("["):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return json.loads(value) if isinstance(value, str) else value
 
 
-def read_config_file(model: type[BaseModel], path: str | Path, section_name: str | None) -> dict[str, Any]:
-    """The fields set by a YAML (.yaml, .yml) or TOML (.toml) file, or by one top-level section of it."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".toml"):
-        raise ValueError(f"config_file {str(path)!r}: unsupported file type {suffix!r} (use .yaml, .yml or .toml)")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"config_file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-    try:
-        if suffix == ".toml":
-            if tomllib is None:
-                raise ValueError("TOML config files need Python 3.11 or newer")
-            data = tomllib.loads(text)
-        else:
-            data = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ValueError(f"config_file {str(path)!r} cannot be parsed: {exc}") from None
-    data = {} if data is None else data
-    if not isinstance(data, Mapping):
-        raise ValueError(f"config_file {str(path)!r} must hold a mapping of field names, not {type(data).__name__}")
-    source = f"config file {str(path)!r}"
-    if section_name is not None:
-        if section_name not in data:
-            raise ValueError(f"section_name {section_name!r} is not a section of {source} "
-                             f"(sections: {', '.join(map(repr, data)) or 'none'})")
-        data = data[section_name]
-        source += f" section {section_name!r}"
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{source} must be a mapping of field names, not {type(data).__name__}")
-    for key in ("config_file", "section_name"):
-        if key in data:
-            raise ValueError(f"{key} cannot be set inside a config file ({source})")
-    return normalize_mapping(model, data, source)
+_T = TypeVar("_T")
+#: A list field, given as text (environment, flags) either as ``28,56,112`` or as JSON. NoDecode:
+#: pydantic-settings would take JSON only.
+CommaList = Annotated[_T, NoDecode, BeforeValidator(_split_commas)]
 
 
-def normalize_mapping(model: type[BaseModel], data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """``data`` with its keys checked against ``model``; keys may be nested, dotted or ``__``-joined."""
-    result: dict[str, Any] = {}
-    for raw_key, value in data.items():
-        parts = re.split(r"\.|__", str(raw_key))
-        path, annotation = _field_path(model, parts, source, written=str(raw_key))
-        nested_model, _ = _section_model(annotation)
-        if nested_model is not None and isinstance(value, Mapping):
-            value = normalize_mapping(nested_model, value, source + f" under {'.'.join(path)!r}")
-        result = deep_merge(result, _nest(path, value))
+def json_values(settings: Any) -> Any:
+    """Free settings given as text (environment, flags) read as JSON where they parse, else kept
+    as strings: ``hop=512`` is a number, ``window=hann`` a string."""
+    if not isinstance(settings, Mapping):
+        return settings
+    result = {}
+    for key, value in settings.items():
+        try:
+            result[key] = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            result[key] = value
     return result
 
 
-def parse_env(model: type[BaseModel], env: Mapping[str, str]) -> dict[str, Any]:
-    """The fields set by ``AUDIO_PIPELINE_<FIELD>`` variables (nested fields joined by ``__``)."""
-    result: dict[str, Any] = {}
-    for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_CONFIG:
-            continue
-        source = f"environment variable {name}"
-        path, annotation = _field_path(model, name[len(ENV_PREFIX):].lower().split("__"), source)
-        result = deep_merge(result, _nest(path, parse_value(annotation, env[name], ".".join(path), source)))
-    return result
-
-
-def parse_flags(model: type[BaseModel], flags: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
-    """The fields set by ``NAME=VALUE`` strings (``--task-arg``), or a mapping of names to values.
-
-    Strings are parsed by the field's type (see ``parse_value``); other values in a mapping are
-    taken as they are. Later flags win over earlier ones.
-    """
-    if isinstance(flags, Mapping):
-        pairs = [(str(name), value, f"audio flag {name!r}") for name, value in flags.items()]
-    else:
-        if isinstance(flags, str):
-            flags = [flags]
-        pairs = []
-        for flag in flags:
-            name, sep, value = flag.partition("=")
-            if not sep:
-                raise ValueError(f"audio flag {flag!r} has no '=': expected NAME=VALUE")
-            pairs.append((name, value, f"audio flag {flag!r}"))
-    result: dict[str, Any] = {}
-    for name, value, source in pairs:
-        if not isinstance(value, str):
-            result = deep_merge(result, normalize_mapping(model, {name.strip(): value}, source))
-            continue
-        path, annotation = _field_path(model, name.strip().split("."), source)
-        result = deep_merge(result, _nest(path, parse_value(annotation, value, ".".join(path), source)))
-    return result
-
-
-def parse_value(annotation: Any, text: str, key: str, source: str) -> Any:
-    """``text`` read as a value of type ``annotation``; ValueError naming ``key`` and ``source``.
-
-    Booleans are only true/false, integers and floats are parsed strictly, enums by value, lists
-    are comma-separated, ``none`` (or nothing) clears an optional field, and settings of free
-    dictionaries are JSON when they parse as JSON and strings otherwise.
-    """
-    kind, optional = _unwrap(annotation)
-    word = text.strip()
-
-    def bad(expected: str) -> ValueError:
-        return ValueError(f"invalid value {text!r} for {key} ({source}): expected {expected}")
-
-    if optional and word.lower() in _NONE_WORDS:
-        return None
-    if kind is Any:
-        try:
-            return json.loads(word)
-        except ValueError:
-            return text
-    if kind is bool:
-        if word.lower() not in ("true", "false"):
-            raise bad("true or false")
-        return word.lower() == "true"
-    if kind is int:
-        if not _INT.fullmatch(word):
-            raise bad("an integer")
-        return int(word)
-    if kind is float:
-        try:
-            number = float(word)
-        except ValueError:
-            raise bad("a number") from None
-        if not math.isfinite(number):
-            raise bad("a finite number")
-        return number
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        for member in kind:
-            if word.lower() == str(member.value).lower():
-                return member
-        raise bad("one of " + ", ".join(str(m.value) for m in kind))
-    if get_origin(kind) is Literal:
-        if word not in get_args(kind):
-            raise bad("one of " + ", ".join(map(str, get_args(kind))))
-        return word
-    if get_origin(kind) is list:
-        (item,) = get_args(kind)
-        return [parse_value(item, part, key, source) for part in word.split(",") if part.strip()]
-    if get_origin(kind) is dict or (isinstance(kind, type) and issubclass(kind, BaseModel)):
-        try:
-            value = json.loads(word)
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            raise bad(f"a JSON object, or set one entry with {key}.NAME=VALUE")
-        return value
-    return text
-
-
-def _field_path(model: type[BaseModel], parts: list[str], source: str,
-                written: str | None = None) -> tuple[list[str], Any]:
-    """Field names of the dotted key ``parts`` and the annotation of the last one.
-
-    Names may use ``-`` for ``_``. Below a free dictionary field (``audio_decoder_config``) the rest
-    of the key is one setting name, kept as written. Errors quote ``written`` (default: dotted parts).
-    """
-    written = ".".join(parts) if written is None else written
-    path: list[str] = []
-    annotation: Any = None
+def field_path(model: type[BaseModel], parts: list[str], source: str, within: tuple[str, ...] = ()) -> list[str]:
+    """The field names of the key ``parts`` (of the section ``within``, named in errors); a free
+    dictionary field (``audio_decoder_config``) takes the rest of the key as one entry.
+    ValueError names the key and ``source`` when no field has that name."""
+    path: list[str] = list(within)
     current: type[BaseModel] | None = model
+    annotation: Any = None
     for index, raw in enumerate(parts):
         if current is None:
-            if _unwrap(annotation)[0] is dict or get_origin(_unwrap(annotation)[0]) is dict:
-                return path + [".".join(parts[index:])], Any
-            raise ValueError(f"{'.'.join(path)} has no fields, so {written!r} is unknown ({source})")
-        name = raw.strip().replace("-", "_")
+            if _is_dict(annotation):
+                return path[len(within):] + [".".join(parts[index:])]
+            raise ValueError(f"{'.'.join(path)} has no fields, so {'.'.join(path + parts[index:])!r} is unknown "
+                             f"({source})")
+        name = raw.strip()
         if name not in current.model_fields:
             guess = difflib.get_close_matches(name, list(current.model_fields), n=1)
             hint = f"; did you mean {'.'.join(path + guess)!r}?" if guess else ""
-            raise ValueError(f"unknown configuration key {written!r} ({source}){hint}")
+            raise ValueError(f"unknown configuration key {'.'.join(path + [name])!r} ({source}){hint}")
         path.append(name)
         annotation = current.model_fields[name].annotation
-        current, _ = _section_model(annotation)
-    return path, annotation
+        current = _section_model(annotation)
+    return path[len(within):]
 
 
-def _section_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    kind, optional = _unwrap(annotation)
-    return (kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None), optional
+def check_keys(model: type[BaseModel], data: Mapping[str, Any], source: str, prefix: tuple[str, ...] = ()) -> None:
+    """Refuses a key of the nested mapping ``data`` that names no field of ``model``."""
+    for key, value in data.items():
+        field_path(model, [str(key)], source, prefix)
+        nested = _section_model(model.model_fields[str(key)].annotation)
+        if nested is not None and isinstance(value, Mapping):
+            check_keys(nested, value, source, prefix + (str(key),))
 
 
-def _unwrap(annotation: Any) -> tuple[Any, bool]:
-    """(the type inside ``X | None`` and ``Annotated[X, ...]``, whether None is allowed)."""
-    optional = False
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [arg for arg in get_args(annotation) if arg is not type(None)]
-        optional = len(args) < len(get_args(annotation))
-        annotation = args[0] if len(args) == 1 else Any
-    while get_origin(annotation) is Annotated:
-        annotation = get_args(annotation)[0]
-    if get_origin(annotation) is list:
-        (item,) = get_args(annotation)
-        annotation = list[_unwrap(item)[0]]
-    return annotation, optional
+class EnvironSource(EnvSettingsSource):
+    """``AUDIO_PIPELINE_*`` variables of a given environment (default: this process's; a Ray
+    replica is given its caller's), refusing one that names no field."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str] | None = None) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        if self._environ is None:
+            return super()._load_env_vars()
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+    def __call__(self) -> dict[str, Any]:
+        prefix, not_config = ENV_PREFIX.lower(), {name.lower() for name in ENV_NOT_CONFIG}
+        for name in self.env_vars:
+            if name.startswith(prefix) and name not in not_config:
+                field_path(self.settings_cls, name[len(prefix):].split("__"), f"environment variable {name.upper()}")
+        return super().__call__()
 
 
-def _nest(path: list[str], value: Any) -> dict[str, Any]:
-    for name in reversed(path[1:]):
-        value = {name: value}
-    return {path[0]: value}
+class FlagSource(EnvironSource):
+    """``NAME=VALUE`` flags (``--task-arg``): dotted names reach nested fields, ``-`` and ``_``
+    alike; later flags win. Values are read as the environment's are."""
+
+    def __init__(self, settings_cls: type[BaseSettings], flags: Iterable[str]) -> None:
+        environ = {}
+        for flag in [flags] if isinstance(flags, str) else flags:
+            name, sep, value = flag.partition("=")
+            if not sep:
+                raise ValueError(f"audio flag {flag!r} has no '=': expected NAME=VALUE")
+            path = field_path(settings_cls, name.strip().replace("-", "_").split("."), f"audio flag {flag!r}")
+            environ[ENV_PREFIX + "__".join(path)] = value
+        super().__init__(settings_cls, environ)
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """The YAML or TOML file that a higher source names in ``config_file``, or its top-level
+    section ``section_name``."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads the whole file at once
+
+    def __call__(self) -> dict[str, Any]:
+        state = self.current_state
+        if state.get("config_file") is None:
+            return {}
+        return read_config_file(self.settings_cls, state["config_file"], state.get("section_name"))
+
+
+def read_config_file(model: type[BaseSettings], path: str, section_name: str | None) -> dict[str, Any]:
+    """The fields set by a YAML (.yaml, .yml) or TOML (.toml) file, or by one top-level section of it."""
+    source = f"config file {str(path)!r}"
+    reader = _FILE_SOURCES.get(Path(path).suffix.lower())
+    if reader is None:
+        raise ValueError(f"config_file {str(path)!r}: unsupported file type {Path(path).suffix!r} "
+                         "(use .yaml, .yml or .toml)")
+    if not Path(path).is_file():  # pydantic-settings skips a missing file; a named one must exist
+        raise ValueError(f"config_file {str(path)!r} cannot be read: no such file")
+    try:
+        data = reader(model, Path(path))()
+    except ImportError as exc:  # pydantic-settings reads TOML with tomllib, new in Python 3.11
+        raise ValueError(f"config_file {str(path)!r} cannot be read here: {exc}") from None
+    except (OSError, yaml.YAMLError, ValueError, TypeError) as exc:
+        raise ValueError(f"config_file {str(path)!r} cannot be parsed as a mapping of field names: {exc}") from None
+    if section_name is not None:
+        if not isinstance(data.get(section_name), Mapping):
+            raise ValueError(f"section_name {section_name!r} is not a section of {source} "
+                             f"(sections: {', '.join(repr(k) for k, v in data.items() if isinstance(v, Mapping))})")
+        data, source = dict(data[section_name]), f"{source} section {section_name!r}"
+    for key in ("config_file", "section_name"):
+        if key in data:
+            raise ValueError(f"{key} cannot be set inside a config file ({source})")
+    check_keys(model, data, source)
+    return data
+
+
+class ModelDefaultsSource(PydanticBaseSettingsSource):
+    """Defaults that depend on what the sources above chose (the model's streaming settings, see
+    ``_model_defaults``): below every source, above the fields' own defaults."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self.settings_cls._model_defaults(self.current_state)  # type: ignore[attr-defined]
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model that ``annotation`` (perhaps ``X | None``) holds, if it is one."""
+    candidates = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _is_dict(annotation: Any) -> bool:
+    return annotation is dict or get_origin(annotation) is dict

@@ -42,7 +42,7 @@ def test_config_prints_the_resolved_configuration_from_every_source(tmp_path, ca
 
 
 @pytest.mark.parametrize("flag, named", [("no_such_field=1", "no_such_field"), ("buffer=lots", "buffer"),
-                                         ("chunk_size=28,x", "chunk_size"), ("block_causal=yes", "block_causal")])
+                                         ("chunk_size=28,x", "chunk_size"), ("block_causal=maybe", "block_causal")])
 def test_a_bad_task_arg_exits_non_zero_with_one_line_naming_it(flag, named, capsys):
     assert main(["config", "--task-arg", flag]) == 1
     err = capsys.readouterr().err.strip()
