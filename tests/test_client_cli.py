@@ -82,12 +82,16 @@ def test_float32_encoding_matches_pcm16_within_quantization(target, reference):
     np.testing.assert_allclose(result.samples, reference.samples, atol=1.5 / 32768)
 
 
-def test_list_voices_and_wait_ready(target):
+def test_list_voices_and_wait_ready(target, tiny_model_dir):
+    from audio_pipeline.layouts.manifest import ModelManifest
+
     with TTSClient(target, timeout=30) as client:
         client.wait_ready(timeout=30)
         voices = client.list_voices()
-    assert voices and all(voice.name for voice in voices)
-    assert sum(voice.is_default for voice in voices) <= 1
+    # The model's voices, in its order, its default marked as the one default.
+    manifest = ModelManifest.read(tiny_model_dir)
+    assert [voice.name for voice in voices if not voice.registered] == [v.name for v in manifest.voices]
+    assert [voice.name for voice in voices if voice.is_default] == [manifest.default_voice]
 
 
 def test_async_client_matches_the_sync_client(target, reference):
@@ -102,7 +106,8 @@ def test_async_client_matches_the_sync_client(target, reference):
             return voices, result, chunks, caught.value
 
     voices, result, chunks, error = asyncio.run(run())
-    assert voices
+    with TTSClient(target, timeout=30) as client:
+        assert voices == client.list_voices()
     np.testing.assert_array_equal(result.samples, reference.samples)
     np.testing.assert_array_equal(np.concatenate([chunk.samples for chunk in chunks[:-1]]), reference.samples)
     assert chunks[-1].final and chunks[-1].usage is not None

@@ -157,13 +157,14 @@ def test_the_client_library_and_cli_present_a_client_certificate(mutual, pki, tm
     """TTSClient, AsyncTTSClient and tts-client take a client certificate and key for mutual TLS."""
     ca, cert, key = str(pki.ca.cert_file), str(pki.client.cert_file), str(pki.client.key_file)
     with TTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
-        assert any(v.name for v in client.list_voices())
+        voices = client.list_voices()
+    assert [v.name for v in voices if v.is_default] == [mutual.engine.manifest.default_voice]
 
     async def listed():
         async with AsyncTTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
             return await client.list_voices()
 
-    assert asyncio.run(listed())
+    assert asyncio.run(listed()) == voices
     out = tmp_path / "mtls.wav"
     assert tts_client(["--server", mutual.target, "--ca-file", ca, "--cert-file", cert, "--key-file", key,
                        "--text", "Hi.", "--output", str(out), "--max-tokens", "28", "--seed", "1", "--quiet"]) == 0
