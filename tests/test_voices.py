@@ -53,13 +53,16 @@ def server(tiny_model_dir, tmp_path):
 def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
     with grpc.insecure_channel(server.target) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
-        voice = stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference(audio=recording(
-            rate=44100, fmt="FLAC", channels=2)), description="Alice, cloned"), timeout=60)
+        flac = recording(rate=44100, fmt="FLAC", channels=2)
+        voice = stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference(audio=flac),
+                                                                description="Alice, cloned"), timeout=60)
         assert (voice.name, voice.registered, voice.description) == ("alice", True, "Alice, cloned")
         listed = {v.name: v for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices}
         assert listed["alice"].registered and not listed["tara"].registered
         chunks = synthesize(stub, voice="alice")
         assert chunks[-1].HasField("complete")
+        spoken = pcm(chunks)  # the recording's voice: the greedy speech of the same recording sent inline
+        assert spoken == pcm(synthesize(stub, reference=reference(audio=flac))) != pcm(synthesize(stub))
         with pytest.raises(grpc.RpcError) as taken:
             stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference()), timeout=60)
         assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS and "name" in taken.value.details()
@@ -82,6 +85,7 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
             assert "alice" in [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices]
             assert again.engine.voice_store.get("alice").prompt.codes.equal(codes)
+            assert pcm(synthesize(stub, voice="alice")) == spoken  # it speaks as it did before the restart
             stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10)
             for call in (lambda: stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10),
                          lambda: synthesize(stub, voice="alice")):
