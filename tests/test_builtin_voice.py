@@ -193,6 +193,9 @@ def test_the_engine_keeps_the_alignment_even_when_sampling_wildly(engine):
         assert stop == "end_of_speech" and len(context.generated) == context.alignment.tokens
         assert len(audio) == context.alignment.tokens // 4 * SAMPLES_PER_FRAME
         assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0
+        # ... and the audio streamed is the decoder's audio of those frames, in order.
+        one_shot = engine.decoder.decode(context.speech_codes(0, len(context.generated))).numpy()
+        np.testing.assert_allclose(audio, one_shot, atol=1e-5)
 
 
 def test_max_tokens_defaults_to_what_the_text_needs_and_an_explicit_one_is_kept(engine):
@@ -201,7 +204,11 @@ def test_max_tokens_defaults_to_what_the_text_needs_and_an_explicit_one_is_kept(
     context = engine.create_context(text)
     assert context.sampling.max_tokens == context.alignment.tokens + 4 > engine.config.sampling.max_tokens
     cut = engine.synthesize("Good morning, Anna.", max_tokens=40, temperature=0.0)
-    assert cut.stop_reason.value == "max_tokens" and len(cut.samples) == 10 * SAMPLES_PER_FRAME
+    whole = engine.synthesize("Good morning, Anna.", temperature=0.0)
+    assert cut.stop_reason.value == "max_tokens" and whole.stop_reason.value == "end_of_speech"
+    # 40 tokens are the first 10 frames of the whole speech, cut there.
+    assert len(cut.samples) == 10 * SAMPLES_PER_FRAME < len(whole.samples)
+    np.testing.assert_array_equal(cut.samples, whole.samples[:len(cut.samples)])
 
 
 def test_a_text_over_the_token_limit_is_refused_naming_the_text():
@@ -243,6 +250,7 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
     from audio_pipeline.server.background import BackgroundServer
     from audio_pipeline_client import TTSClient
     from audio_pipeline_client.cli import main as tts_client
+    from audio_pipeline_client.protocol import float_to_pcm16
 
     # Default settings: the voice's manifest makes the server stream from its first frames.
     config = AudioGenerationConfig.load(env={}, model={"device": "cpu"}, voices_dir=str(tmp_path / "voices"))
@@ -251,15 +259,17 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
         with TTSClient(server.target) as client:
             voices = client.list_voices()
             assert [v.name for v in voices][:1] == ["slt-en"]
-            chunks = list(client.stream("Good morning, Anna."))
+            chunks = list(client.stream("Good morning, Anna.", temperature=0.0))
             whole = client.synthesize("Good morning, Anna.", temperature=0.0)
         assert len(chunks) > 2 and whole.stop_reason == "end_of_speech" and whole.sample_rate == 16000
         assert chunks[0].samples.shape[0] == 2 * 320, "the first chunk holds the first 2 frames (8 tokens)"
+        np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), whole.samples)
         # The CLI client writes the default voice's speech to a WAV file.
-        assert tts_client(["--server", server.target, "--text", "Good morning, Anna.",
+        assert tts_client(["--server", server.target, "--text", "Good morning, Anna.", "--temperature", "0",
                            "--output", str(tmp_path / "out.wav")]) == 0
-        audio, rate = sf.read(str(tmp_path / "out.wav"), dtype="float32")
+        audio, rate = sf.read(str(tmp_path / "out.wav"), dtype="int16")
         assert rate == 16000 and len(audio) > 16000 * 0.5
+        np.testing.assert_array_equal(audio, float_to_pcm16(whole.samples))
     finally:
         server.stop()
 

@@ -59,7 +59,9 @@ def one_error_line(captured_err: str) -> str:
 
 
 def test_stream_and_synthesize_give_the_same_samples(target, reference):
-    assert reference.samples.dtype == np.float32 and reference.samples.size > 0
+    # The tiny model's SNAC decoder: 2048 samples for each whole 7-token frame generated.
+    assert reference.samples.dtype == np.float32
+    assert reference.samples.size == reference.usage.generated_tokens // 7 * 2048 > 0
     assert np.abs(reference.samples).max() <= 1.0
     assert reference.stop_reason in ("end_of_speech", "max_tokens") and reference.request_id
     assert reference.usage.audio_seconds == pytest.approx(reference.duration_seconds)
@@ -80,12 +82,16 @@ def test_float32_encoding_matches_pcm16_within_quantization(target, reference):
     np.testing.assert_allclose(result.samples, reference.samples, atol=1.5 / 32768)
 
 
-def test_list_voices_and_wait_ready(target):
+def test_list_voices_and_wait_ready(target, tiny_model_dir):
+    from audio_pipeline.layouts.manifest import ModelManifest
+
     with TTSClient(target, timeout=30) as client:
         client.wait_ready(timeout=30)
         voices = client.list_voices()
-    assert voices and all(voice.name for voice in voices)
-    assert sum(voice.is_default for voice in voices) <= 1
+    # The model's voices, in its order, its default marked as the one default.
+    manifest = ModelManifest.read(tiny_model_dir)
+    assert [voice.name for voice in voices if not voice.registered] == [v.name for v in manifest.voices]
+    assert [voice.name for voice in voices if voice.is_default] == [manifest.default_voice]
 
 
 def test_async_client_matches_the_sync_client(target, reference):
@@ -100,7 +106,8 @@ def test_async_client_matches_the_sync_client(target, reference):
             return voices, result, chunks, caught.value
 
     voices, result, chunks, error = asyncio.run(run())
-    assert voices
+    with TTSClient(target, timeout=30) as client:
+        assert voices == client.list_voices()
     np.testing.assert_array_equal(result.samples, reference.samples)
     np.testing.assert_array_equal(np.concatenate([chunk.samples for chunk in chunks[:-1]]), reference.samples)
     assert chunks[-1].final and chunks[-1].usage is not None
@@ -111,7 +118,7 @@ def cancelled_count(server):
     return server.engine.generation.stop_reasons[StopReason.CANCELLED]
 
 
-def test_leaving_a_stream_early_cancels_generation(idle_server):
+def test_leaving_a_stream_early_cancels_generation(idle_server, reference):
     before = cancelled_count(idle_server)
     with TTSClient(idle_server.target, timeout=120) as client:
         stream = client.stream(TEXT, seed=SEED, max_tokens=4000, min_tokens=4000)
@@ -120,8 +127,8 @@ def test_leaving_a_stream_early_cancels_generation(idle_server):
         stream.close()
         wait_idle(idle_server.engine)
         assert cancelled_count(idle_server) == before + 1
-        # The server is still usable afterwards.
-        assert client.synthesize(TEXT, seed=SEED, max_tokens=28).samples.size > 0
+        # The server is still usable afterwards: the same request gives the same speech as before.
+        np.testing.assert_array_equal(client.synthesize(TEXT, seed=SEED).samples, reference.samples)
 
 
 def test_async_stream_closed_early_cancels_generation(idle_server):
@@ -179,9 +186,16 @@ def test_cli_resamples_and_writes_float_wav(target, reference, tmp_path, capsys)
     output = tmp_path / "hello16k.wav"
     assert main(["--server", target, "--text", TEXT, "--seed", str(SEED), "--sample-rate", "16000",
                  "--format", "f32", "--quiet", "--output", str(output)]) == 0
+    from scipy.signal import resample_poly
+
     info = soundfile.info(str(output))
     assert (info.samplerate, info.subtype) == (16000, "FLOAT")
     assert info.duration == pytest.approx(reference.duration_seconds, abs=0.01)
+    # The speech itself, resampled: the 24 kHz reference through an independent polyphase resampler.
+    samples, _ = soundfile.read(str(output), dtype="float32")
+    expected = resample_poly(reference.samples, 2, 3)[:samples.size]
+    snr = 10 * np.log10(np.sum(expected ** 2) / np.sum((samples[:expected.size] - expected) ** 2))
+    assert snr > 40, f"{snr:.1f} dB"
     assert capsys.readouterr().err == ""
 
 
@@ -215,7 +229,11 @@ def test_cli_reads_text_from_a_file(target, tmp_path, capsys):
     output = tmp_path / "from-file.wav"
     assert main(["--server", target, "--input", str(text_file), "--seed", str(SEED), "--max-tokens", "28",
                  "--output", str(output)]) == 0
-    assert soundfile.info(str(output)).frames > 0
+    # The file's text is what was spoken: the library's speech of TEXT with the same settings.
+    with TTSClient(target, timeout=120) as client:
+        expected = client.synthesize(TEXT, seed=SEED, max_tokens=28).samples
+    samples, _ = soundfile.read(str(output), dtype="int16")
+    np.testing.assert_array_equal(samples, float_to_pcm16(expected))
 
 
 def test_cli_unreachable_server_is_one_line(free_port, tmp_path, capsys):
@@ -258,10 +276,15 @@ def test_cli_as_a_subprocess(target, tmp_path, free_port):
     output = tmp_path / "sub.wav"
     command = [sys.executable, "-m", "audio_pipeline_client.cli"]
     environment = {**os.environ, "AUDIO_PIPELINE_SERVER": target}
-    done = subprocess.run([*command, "--text", TEXT, "--max-tokens", "28", "--output", str(output)],
-                          capture_output=True, text=True, env=environment, timeout=120)
+    done = subprocess.run([*command, "--text", TEXT, "--seed", str(SEED), "--max-tokens", "28", "--output",
+                           str(output)], capture_output=True, text=True, env=environment, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert soundfile.info(str(output)).frames > 0 and "wrote" in done.stderr
+    assert "wrote" in done.stderr
+    # AUDIO_PIPELINE_SERVER named the server: the file holds its speech of TEXT.
+    with TTSClient(target, timeout=120) as client:
+        expected = client.synthesize(TEXT, seed=SEED, max_tokens=28).samples
+    samples, _ = soundfile.read(str(output), dtype="int16")
+    np.testing.assert_array_equal(samples, float_to_pcm16(expected))
     failed = subprocess.run([*command, "--server", f"127.0.0.1:{free_port}", "--text", TEXT, "--raw"],
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1 and failed.stdout == ""

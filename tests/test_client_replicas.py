@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
 from audio_pipeline.engine import TTSEngine
@@ -45,7 +46,9 @@ def test_calls_are_spread_over_every_replica(replicas):
     served = [finished(s) - b for s, b in zip(replicas, before)]
     assert all(n >= 2 for n in served), served  # round robin: 3 each, give or take a connection's late start
     assert sum(served) == 6
-    assert all(r.samples.size == results[0].samples.size for r in results)
+    # The same text and seed: the same speech whichever replica answered.
+    for result in results[1:]:
+        np.testing.assert_array_equal(result.samples, results[0].samples)
 
 
 def test_a_replica_that_refuses_is_retried_on_another(replicas, tiny_model_dir):
@@ -58,10 +61,12 @@ def test_a_replica_that_refuses_is_retried_on_another(replicas, tiny_model_dir):
     warming = BackgroundServer(engine.config, engine=engine).start(wait_ready=False)
     try:
         ready = replicas[0]
+        with TTSClient(ready.target, timeout=60) as alone:
+            expected = alone.synthesize(TEXT, seed=1, max_tokens=56).samples
         before = finished(ready)
         with TTSClient([warming.target, ready.target], timeout=60, retries=3) as client:
-            for _ in range(6):
-                assert client.synthesize(TEXT, seed=1, max_tokens=56).samples.size > 0
+            for _ in range(6):  # each call gets the whole speech, as the ready replica alone gives it
+                np.testing.assert_array_equal(client.synthesize(TEXT, seed=1, max_tokens=56).samples, expected)
             assert [v.name for v in client.list_voices()]
         assert finished(ready) - before == 6
         assert refused(warming) >= 1
@@ -87,12 +92,15 @@ def test_the_async_client_balances_and_retries_too(replicas, tiny_model_dir):
             assert await client.list_voices()
             await asyncio.sleep(0.5)
             results = await asyncio.gather(*(client.synthesize(TEXT, seed=1, max_tokens=56) for _ in range(6)))
-            return [r.samples.size for r in results]
+            return [r.samples for r in results]
 
     try:
+        with TTSClient(replicas[0].target, timeout=60) as alone:
+            expected = alone.synthesize(TEXT, seed=1, max_tokens=56).samples
         before = [finished(s) for s in replicas]
-        sizes = asyncio.run(run())
-        assert len(set(sizes)) == 1 and sizes[0] > 0
+        answers = asyncio.run(run())
+        for samples in answers:  # batched together on a replica: the same speech up to one PCM16 step
+            np.testing.assert_allclose(samples, expected, rtol=0, atol=1.5 / 32768)
         served = [finished(s) - b for s, b in zip(replicas, before)]
         assert sum(served) == 6 and all(n >= 1 for n in served), served
         assert refused(warming) >= 1
@@ -106,13 +114,18 @@ def test_the_cli_takes_a_list_of_replicas(replicas, tmp_path, capsys):
 
     from audio_pipeline_client.cli import main
 
+    from audio_pipeline_client.protocol import float_to_pcm16
+
     before = sum(finished(s) for s in replicas)
     servers = ",".join(s.target for s in replicas)
     for i in range(2):
         assert main(["--server", servers, "--metadata", "application=tts", "--text", TEXT, "--seed", "1",
                      "--max-tokens", "56", "--output", str(tmp_path / f"{i}.wav"), "--quiet"]) == 0
-        assert soundfile.info(str(tmp_path / f"{i}.wav")).frames > 0
     assert sum(finished(s) for s in replicas) - before == 2
+    with TTSClient(replicas[0].target, timeout=60) as alone:
+        expected = float_to_pcm16(alone.synthesize(TEXT, seed=1, max_tokens=56).samples)
+    for i in range(2):
+        np.testing.assert_array_equal(soundfile.read(str(tmp_path / f"{i}.wav"), dtype="int16")[0], expected)
     assert main(["--server", "tts-a:1,tts-b:2", "--text", TEXT, "--output", str(tmp_path / "x.wav")]) == 1
     error = capsys.readouterr().err
     assert "--server:" in error and "dns:///" in error

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import soundfile as sf
 
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from audio_pipeline_client.cli import main as tts_client
+from audio_pipeline_client.protocol import float_to_pcm16
 from test_voices import TRANSCRIPT, recording
 
 
@@ -25,10 +27,14 @@ def test_library_registers_uses_and_deletes_a_voice(idle_server, reference_file)
         assert voice.registered and voice.name == "lib-voice"
         assert any(v.name == "lib-voice" and v.registered for v in client.list_voices())
         result = client.synthesize("Hello in my voice.", voice="lib-voice", max_tokens=28, temperature=0.0)
-        assert result.samples.size > 0
-        inline = client.synthesize("Hello once.", reference_audio=reference_file.read_bytes(),
-                                   reference_transcript=TRANSCRIPT, max_tokens=28)
-        assert inline.usage.prompt_tokens > result.usage.prompt_tokens - 40
+        inline = client.synthesize("Hello in my voice.", reference_audio=reference_file.read_bytes(),
+                                   reference_transcript=TRANSCRIPT, max_tokens=28, temperature=0.0)
+        default = client.synthesize("Hello in my voice.", max_tokens=28, temperature=0.0)
+        # The registered voice is the recording: the same prompt and speech as the recording sent
+        # inline, and not the default voice's (its prompt holds the reference exchange).
+        assert inline.usage.prompt_tokens == result.usage.prompt_tokens > default.usage.prompt_tokens + 40
+        np.testing.assert_array_equal(inline.samples, result.samples)
+        assert not np.array_equal(result.samples, default.samples)
         client.delete_voice("lib-voice")
         with pytest.raises(TTSError) as gone:
             client.delete_voice("lib-voice")
@@ -58,11 +64,14 @@ def test_cli_register_synthesize_with_reference_and_delete(idle_server, referenc
     assert "[registered]" in capsys.readouterr().out
     out = tmp_path / "cloned.wav"
     assert tts_client([*server, "--text", "Hi.", "--voice", "cli-voice", "--output", str(out), "--max-tokens", "28",
-                       "--quiet"]) == 0
-    assert sf.info(out).frames > 0
+                       "--temperature", "0", "--quiet"]) == 0
+    with TTSClient(idle_server.target, timeout=120) as client:
+        expected = float_to_pcm16(client.synthesize("Hi.", voice="cli-voice", max_tokens=28, temperature=0.0).samples)
+    np.testing.assert_array_equal(sf.read(out, dtype="int16")[0], expected)  # the registered voice spoke
     out2 = tmp_path / "inline.wav"
     assert tts_client([*server, "--text", "Hi.", "--reference-audio", str(reference_file), "--reference-transcript",
-                       TRANSCRIPT, "--output", str(out2), "--max-tokens", "28", "--quiet"]) == 0
+                       TRANSCRIPT, "--output", str(out2), "--max-tokens", "28", "--temperature", "0", "--quiet"]) == 0
+    np.testing.assert_array_equal(sf.read(out2, dtype="int16")[0], expected)  # the same recording, inline
     assert tts_client(["delete-voice", "cli-voice", *server]) == 0
     capsys.readouterr()
     assert tts_client(["delete-voice", "cli-voice", *server]) == 1
@@ -76,18 +85,28 @@ def test_cli_register_synthesize_with_reference_and_delete(idle_server, referenc
     assert "missing.wav" in capsys.readouterr().err
 
 
+#: Sampling options that each change the tiny model's speech for the same seed (so reaching the sampler shows).
+OPTIONS = dict(min_p=0.5, frequency_penalty=0.5, presence_penalty=0.2, stop_token_ids=[128009])
+
+
 def test_every_sampling_option_goes_through_library_and_cli(idle_server, tmp_path, capsys):
     with TTSClient(idle_server.target, timeout=60) as client:
-        result = client.synthesize("Options.", min_p=0.05, frequency_penalty=0.5, presence_penalty=0.2,
-                                   stop_token_ids=[128009], max_tokens=28, seed=1)
-        assert result.samples.size > 0
+        def speak(**options):
+            return client.synthesize("Options.", max_tokens=28, seed=1, **options).samples
+
+        plain = speak()
+        for name, value in OPTIONS.items():  # each option alone reaches the sampler: other speech
+            assert not np.array_equal(speak(**{name: value}), plain), name
+        result = speak(**OPTIONS)
         with pytest.raises(TTSError) as bad:
             client.synthesize("Options.", min_p=2.0)
         assert "sampling.min_p" in str(bad.value)
     out = tmp_path / "o.wav"
-    assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out), "--min-p", "0.05",
+    assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out), "--min-p", "0.5",
                        "--frequency-penalty", "0.5", "--presence-penalty", "0.2", "--stop-token-id", "128009",
-                       "--max-tokens", "28", "--quiet"]) == 0
+                       "--max-tokens", "28", "--seed", "1", "--quiet"]) == 0
+    # The CLI sends the same options: the same speech as the library's.
+    np.testing.assert_array_equal(sf.read(out, dtype="int16")[0], float_to_pcm16(result))
     assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out),
                        "--presence-penalty", "9"]) == 1
     assert "sampling.presence_penalty" in capsys.readouterr().err

@@ -60,8 +60,16 @@ def test_cancelling_a_long_text_mid_way_frees_every_segment(idle_server):
 
 def test_the_long_text_benchmark_speaks_a_file_through_a_real_server(tiny_model_dir, tmp_path, capsys):
     from audio_pipeline.bench.long_text import DEFAULT_FILE, main
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.pipelines.segmented import HEAD_CHARS
+    from audio_pipeline.text.segment import segments
 
-    assert DEFAULT_FILE.is_file() and len(DEFAULT_FILE.read_text()) > 19_000
+    # The default file is one request a server with default settings takes (sampling.max_text_chars),
+    # of many sentences, long enough that its first sentence is spoken long before the rest is
+    # segmented (HEAD_CHARS).
+    default = DEFAULT_FILE.read_text()
+    assert 19 * HEAD_CHARS < len(default) <= AudioGenerationConfig.load(env={}).sampling.max_text_chars
+    assert len(segments(default, 300)) > 100
     text = tmp_path / "short.txt"
     text.write_text(" ".join(SENTENCES))
     assert main(["--file", str(text), "--model", str(tiny_model_dir), "--task-arg", "chunk_size=28,56",

@@ -8,6 +8,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
@@ -52,6 +53,11 @@ def cluster(tiny_model_dir):
         ray.shutdown()
 
 
+def pcm(messages) -> np.ndarray:
+    """The PCM16 samples of a Synthesize call's messages, as integers."""
+    return np.concatenate([np.frombuffer(m.audio.data, "<i2") for m in messages if m.HasField("audio")]).astype(int)
+
+
 def synthesize_raw(target: str, seed: int) -> tuple[list, str]:
     """One Synthesize call through the proxy: its messages and the replica that served it."""
     with grpc.insecure_channel(target) as channel:
@@ -65,7 +71,7 @@ def synthesize_raw(target: str, seed: int) -> tuple[list, str]:
 def test_concurrent_streams_are_spread_over_both_replicas_with_full_audio(cluster):
     """Rounds of 8 concurrent streams until both replicas have served (Serve's router picks the
     less loaded of two replicas per request; one round nearly always reaches both)."""
-    replicas, sizes = set(), set()
+    replicas, audio = set(), []
     for _ in range(3):
         results: dict[int, tuple] = {}
 
@@ -81,12 +87,15 @@ def test_concurrent_streams_are_spread_over_both_replicas_with_full_audio(cluste
         for messages, replica in results.values():
             kinds = [m.WhichOneof("content") for m in messages]
             assert kinds[0] == "format" and kinds[-1] == "complete" and set(kinds[1:-1]) == {"audio"}
-            sizes.add(sum(m.audio.num_samples for m in messages if m.HasField("audio")))
+            audio.append(pcm(messages))
             replicas.add(replica)
         if len(replicas) == 2:
             break
     assert len(replicas) == 2
-    assert len(sizes) == 1 and sizes.pop() > 0  # same text and seed: the same audio on either replica
+    # Same text and seed: the same audio on either replica (up to one PCM16 step: streams share batches).
+    assert audio[0].size == 84 // 7 * 2048
+    for other in audio[1:]:
+        assert other.shape == audio[0].shape and np.abs(other - audio[0]).max() <= 1
 
 
 def test_voices_errors_live_text_and_http_go_through_serve(cluster):
@@ -101,13 +110,19 @@ def test_voices_errors_live_text_and_http_go_through_serve(cluster):
         with pytest.raises(TTSError) as caught:
             client.synthesize("", seed=1)
         assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and caught.value.details.startswith("text:")
-        live = list(client.stream_text(["Live text ", "through the proxy. ", "Second one."], seed=1, max_tokens=84))
-        assert live[-1].final and sum(c.samples.size for c in live) > 0
+        live = list(client.stream_text(["Live text ", "through the proxy. ", "Second one."], temperature=0.0,
+                                       max_tokens=84))
+        whole = client.synthesize("Live text through the proxy. Second one.", temperature=0.0, max_tokens=84)
+        spoken = client.synthesize(TEXT, voice="tara", seed=1)
+    # Live text speaks the sentences as the whole text would (greedy), in one stream.
+    assert live[-1].final
+    np.testing.assert_allclose(np.concatenate([c.samples for c in live]), whole.samples, rtol=0, atol=2 / 32768)
     response = httpx.post(f"{cluster['http']}/v1/audio/speech", timeout=120,
-                          json={"model": "tts-1", "input": TEXT, "voice": "tara", "response_format": "wav"})
+                          json={"model": "tts-1", "input": TEXT, "voice": "tara", "response_format": "wav", "seed": 1})
     assert response.status_code == 200
-    audio, rate = soundfile.read(io.BytesIO(response.content))
-    assert rate == 24000 and audio.size > 0
+    audio, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
+    assert rate == 24000  # the speech gRPC gives for the same text, voice and seed
+    np.testing.assert_allclose(audio, spoken.samples, rtol=0, atol=1.5 / 32768)
     assert httpx.get(f"{cluster['http']}/health", timeout=30).json() == {"status": "serving"}
 
 
@@ -130,11 +145,17 @@ def test_the_websocket_speaks_through_serves_http_proxy(cluster):
             else:
                 events.append(json.loads(frame))
     assert [e["type"] for e in events if e["type"] != "words"] == ["started", "done"]
-    assert len(audio) > 0
+    import httpx
+
+    alone = httpx.post(f"{cluster['http']}/v1/audio/speech", timeout=120, json={
+        "model": "tts-1", "input": "Live text over the socket.", "response_format": "pcm", "seed": 1}).content
+    # The socket's PCM16 is the speech of the same text and seed as one HTTP request.
+    np.testing.assert_allclose(np.frombuffer(audio, "<i2").astype(int), np.frombuffer(alone, "<i2").astype(int),
+                               atol=2)
 
 
 def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_streaming(cluster):
-    _, victim = synthesize_raw(cluster["grpc"], seed=1)
+    before, victim = synthesize_raw(cluster["grpc"], seed=1)
     outcomes: dict[int, tuple[str, bool]] = {}
 
     def run(i):
@@ -161,9 +182,12 @@ def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_stream
     assert all(heard for _, heard in lost.values()), outcomes  # only streams already playing were cut
     assert len(outcomes) - len(lost) >= 4, outcomes
     # The survivor (and the replica Serve starts in the killed one's place) keep serving.
+    from audio_pipeline_client.protocol import float_to_pcm16
+
     with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=120, retry_codes=RETRY_CODES) as client:
-        for _ in range(3):
-            assert client.synthesize(TEXT, seed=1, max_tokens=84).samples.size > 0
+        for _ in range(3):  # the same speech as before the kill
+            after = float_to_pcm16(client.synthesize(TEXT, seed=1, max_tokens=84).samples).astype(int)
+            np.testing.assert_array_equal(after, pcm(before))
 
 
 def test_scaling_down_drains_the_stopped_replica_streams_to_the_end(cluster, tiny_model_dir):
@@ -176,7 +200,10 @@ def test_scaling_down_drains_the_stopped_replica_streams_to_the_end(cluster, tin
         try:
             with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=180, retries=0) as client:
                 result = client.synthesize(TEXT * 2, seed=i, max_tokens=420)
-            outcomes[i] = "ok" if result.samples.size else "empty"
+            # Drained to its end: the audio of every token it generated.
+            whole = result.stop_reason in ("end_of_speech", "max_tokens") and \
+                result.samples.size == result.usage.generated_tokens // 7 * 2048 > 0
+            outcomes[i] = "ok" if whole else f"cut: {result.stop_reason}, {result.samples.size} samples"
         except TTSError as error:
             outcomes[i] = str(error)
 

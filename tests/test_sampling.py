@@ -39,7 +39,10 @@ def test_every_sampled_token_is_valid_for_its_slot_even_with_wild_logits():
         if c.is_done:
             break
         assert LAYOUT.is_valid_token(c.generated[-1], len(c.generated) - 1)
-    assert len(c.generated) % LAYOUT.tokens_per_frame == 0 or not c.is_done
+    # These draws never stop it: ten whole frames, every code in its own slot (tokens_to_codes
+    # raises on a token of another slot).
+    assert not c.is_done and len(c.generated) == 10 * LAYOUT.tokens_per_frame
+    assert LAYOUT.tokens_to_codes(c.generated).numel() == len(c.generated)
 
 
 def test_end_of_speech_only_on_frame_boundaries_and_after_min_tokens():

@@ -16,7 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import grpc
+import numpy as np
 import pytest
+import soundfile as sf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from audio_pipeline.cli import main as audio_pipeline
@@ -28,6 +30,7 @@ from audio_pipeline.server.tls import TLSFiles
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from audio_pipeline_client.cli import main as tts_client
+from audio_pipeline_client.protocol import float_to_pcm16
 from certificates import CertificateAuthority
 from conftest import make_config, wait_idle
 from test_voices import TRANSCRIPT, recording
@@ -95,10 +98,17 @@ def secured(tiny_model_dir, pki, tmp_path_factory):
 
 # --- TLS ---------------------------------------------------------------------------------------------
 
+#: One PCM16 step (the wire's samples against the engine's floats).
+PCM_STEP = 1.5 / 32768
+
+
 def test_a_client_trusting_the_ca_gets_audio_over_tls(secured):
     with TTSClient(secured.target, tls=secured.ca, token=CLIENT_TOKEN, timeout=120) as client:
         result = client.synthesize("Hello over TLS.", max_tokens=28, seed=1)
-    assert result.samples.size > 0 and result.usage.generated_tokens == 28
+    assert result.usage.generated_tokens == 28
+    # The engine's own speech of the request, carried unchanged by TLS.
+    expected = secured.engine.synthesize("Hello over TLS.", max_tokens=28, seed=1).samples
+    np.testing.assert_allclose(result.samples, expected, rtol=0, atol=PCM_STEP)
 
 
 def test_a_client_not_trusting_the_ca_or_speaking_plaintext_cannot_connect(secured):
@@ -147,17 +157,20 @@ def test_the_client_library_and_cli_present_a_client_certificate(mutual, pki, tm
     """TTSClient, AsyncTTSClient and tts-client take a client certificate and key for mutual TLS."""
     ca, cert, key = str(pki.ca.cert_file), str(pki.client.cert_file), str(pki.client.key_file)
     with TTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
-        assert any(v.name for v in client.list_voices())
+        voices = client.list_voices()
+    assert [v.name for v in voices if v.is_default] == [mutual.engine.manifest.default_voice]
 
     async def listed():
         async with AsyncTTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
             return await client.list_voices()
 
-    assert asyncio.run(listed())
+    assert asyncio.run(listed()) == voices
     out = tmp_path / "mtls.wav"
     assert tts_client(["--server", mutual.target, "--ca-file", ca, "--cert-file", cert, "--key-file", key,
-                       "--text", "Hi.", "--output", str(out), "--max-tokens", "28", "--quiet"]) == 0
-    assert out.stat().st_size > 44
+                       "--text", "Hi.", "--output", str(out), "--max-tokens", "28", "--seed", "1", "--quiet"]) == 0
+    with TTSClient(mutual.target, tls=ca, client_cert=cert, client_key=key, timeout=60) as client:
+        expected = client.synthesize("Hi.", max_tokens=28, seed=1).samples
+    np.testing.assert_array_equal(sf.read(str(out), dtype="int16")[0], float_to_pcm16(expected))
     with pytest.raises(ValueError, match="both or neither"):
         TTSClient(mutual.target, tls=ca, client_cert=cert)
     with pytest.raises(ValueError, match="needs TLS"):
@@ -190,8 +203,10 @@ def test_the_right_token_gets_audio_and_health_needs_no_token(secured):
     for token in (CLIENT_TOKEN, ADMIN_TOKEN):  # an admin token passes wherever a client token does
         with TTSClient(secured.target, tls=secured.ca, token=token, timeout=120) as client:
             assert "tara" in [v.name for v in client.list_voices()]
-            chunks = list(client.stream("Hello with a token.", max_tokens=28))
-        assert chunks[-1].final and sum(c.samples.size for c in chunks) > 0
+            chunks = list(client.stream("Hello with a token.", max_tokens=28, seed=1))
+        assert chunks[-1].final
+        expected = secured.engine.synthesize("Hello with a token.", max_tokens=28, seed=1).samples
+        np.testing.assert_allclose(np.concatenate([c.samples for c in chunks]), expected, rtol=0, atol=PCM_STEP)
 
 
 def test_the_async_client_sends_its_token(secured):
@@ -211,8 +226,11 @@ def test_only_admin_tokens_register_and_delete_voices(secured, reference_file):
         assert code_of(lambda: client.register_voice("guarded", reference_file, TRANSCRIPT)) == \
             grpc.StatusCode.PERMISSION_DENIED
         assert admin.register_voice("guarded", reference_file, TRANSCRIPT).registered
-        # A client token may speak with the voice, not delete it.
-        assert client.synthesize("Hi.", voice="guarded", max_tokens=14).samples.size > 0
+        # A client token may speak with the voice (the recording's speech), not delete it.
+        np.testing.assert_array_equal(
+            client.synthesize("Hi.", voice="guarded", max_tokens=14, temperature=0.0).samples,
+            admin.synthesize("Hi.", reference_audio=reference_file.read_bytes(), reference_transcript=TRANSCRIPT,
+                             max_tokens=14, temperature=0.0).samples)
         assert code_of(lambda: client.delete_voice("guarded")) == grpc.StatusCode.PERMISSION_DENIED
         assert "guarded" in [v.name for v in client.list_voices()]
         admin.delete_voice("guarded")
@@ -225,8 +243,10 @@ def test_tts_client_cli_with_ca_and_tokens(secured, reference_file, tmp_path, ca
     server = ["--server", secured.target, "--ca-file", secured.ca]
     out = tmp_path / "tls.wav"
     assert tts_client([*server, "--token", CLIENT_TOKEN, "--text", "Hi.", "--output", str(out), "--max-tokens", "28",
-                       "--quiet"]) == 0
-    assert out.stat().st_size > 44
+                       "--seed", "1", "--quiet"]) == 0
+    with TTSClient(secured.target, tls=secured.ca, token=CLIENT_TOKEN, timeout=120) as client:
+        expected = client.synthesize("Hi.", max_tokens=28, seed=1).samples
+    np.testing.assert_array_equal(sf.read(str(out), dtype="int16")[0], float_to_pcm16(expected))
     capsys.readouterr()
     assert tts_client([*server, "--text", "Hi.", "--output", str(out), "--timeout", "10"]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
@@ -394,7 +414,11 @@ def test_serve_command_with_tls_tokens_and_metrics_host(tiny_model_dir, pki, tmp
         connection = ["--server", f"127.0.0.1:{port}", "--ca-file", str(pki.ca.cert_file), "--wait-ready", "120"]
         out = tmp_path / "served.wav"
         assert tts_client([*connection, "--token", CLIENT_TOKEN, "--text", "Hi.", "--output", str(out),
-                           "--max-tokens", "14", "--quiet"]) == 0, capsys.readouterr().err
+                           "--max-tokens", "14", "--seed", "1", "--quiet"]) == 0, capsys.readouterr().err
+        with TTSClient(f"127.0.0.1:{port}", tls=str(pki.ca.cert_file), token=CLIENT_TOKEN, timeout=120) as client:
+            expected = client.synthesize("Hi.", max_tokens=14, seed=1).samples
+        assert expected.size == 2 * 2048  # 14 tokens: two SNAC frames
+        np.testing.assert_array_equal(sf.read(str(out), dtype="int16")[0], float_to_pcm16(expected))
         assert tts_client([*connection, "--token", "guess", "--text", "Hi.", "--output", str(out)]) == 1
         assert "UNAUTHENTICATED" in capsys.readouterr().err
         assert tts_client(["delete-voice", "nobody", *connection, "--token", CLIENT_TOKEN]) == 1

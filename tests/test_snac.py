@@ -222,12 +222,20 @@ def test_encode_matches_reference_and_is_lazy(tiny):
 # ---------------------------------------------------------------------------- behaviour
 
 
-def test_output_length_and_range(tiny):
+def test_each_frame_is_2048_samples_of_the_audio_a_longer_decode_gives_there(tiny):
+    """N frames of codes are N x 2048 samples in [-1, 1], and they are the audio a longer decode of
+    the same codes gives at those positions, up to the last receptive field (frames that have not
+    heard the codes after them yet)."""
     dec = SNACDecoder.load(tiny[2])
-    for frames in (1, 2, 7):
-        out = dec.decode(_random_codes(frames, seed=frames))
-        assert out.shape == (frames * dec.samples_per_frame,)
+    rf, spf = dec.receptive_field_frames, dec.samples_per_frame
+    codes = _random_codes(12, seed=12)
+    whole = dec.decode(codes)
+    for frames in (1, 4, 7, 10):
+        out = dec.decode(codes[:7 * frames])
+        assert out.shape == (frames * spf,)
         assert out.abs().max() <= 1.0 and torch.isfinite(out).all()
+        settled = (frames - rf) * spf if frames > rf else 0
+        torch.testing.assert_close(out[:settled], whole[:settled], atol=ATOL, rtol=0)
 
 
 def test_bad_codes_rejected(tiny):
@@ -246,7 +254,7 @@ def test_bad_codes_rejected(tiny):
             dec.decode(wrong)
     with pytest.raises(ValueError):
         dec.decode_batch([codes, bad])
-    assert dec.decode(codes.int()).shape == (2 * 2048,)  # other integer dtypes are fine
+    assert torch.equal(dec.decode(codes.int()), dec.decode(codes))  # other integer dtypes give the same audio
 
 
 def test_decode_batch_equals_per_item(tiny):
@@ -367,7 +375,7 @@ def test_bad_configs_and_state(tmp_path, tiny):
     decoder_only = {k: v for k, v in state.items() if not k.startswith("encoder.")}
     _write(tmp_path / "deconly", TINY_SNAC_CONFIG, decoder_only, "bin")
     dec = SNACDecoder.load(tmp_path / "deconly")
-    assert dec.decode(_random_codes(1)).shape == (2048,)
+    assert torch.equal(dec.decode(_random_codes(1)), SNACDecoder.load(tiny[2]).decode(_random_codes(1)))
     with pytest.raises(ValueError, match="encoder.block.0"):
         dec.encode(torch.zeros(4096))
 

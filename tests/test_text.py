@@ -99,8 +99,19 @@ def test_written_forms_are_read_as_words(written, spoken):
     assert normalize(written).spoken == spoken
 
 
-def test_the_table_is_large_enough():
-    assert len(NORMALIZATION) >= 60
+@pytest.mark.parametrize("written, spoken", NORMALIZATION, ids=[w for w, _ in NORMALIZATION])
+def test_each_reading_holds_inside_a_sentence_maps_back_and_is_left_alone_once_spoken(written, spoken):
+    """What a client relies on for every entry: the reading does not depend on the words around it,
+    each replaced piece points back at exactly its written form (word timings name "$5", not "five
+    dollars"), and text that is already words passes through unchanged."""
+    assert normalize(f"Then {written} and so.").spoken == f"Then {spoken} and so."
+    normalized = normalize(written)
+    rebuilt, position = [], 0
+    for span in sorted(normalized.spans, key=lambda s: s.start):
+        rebuilt += [normalized.spoken[position:span.start], written[span.source_start:span.source_end]]
+        position = span.end
+    assert "".join(rebuilt) + normalized.spoken[position:] == written
+    assert normalize(spoken).spoken == spoken
 
 
 def test_every_spoken_piece_points_back_to_its_written_form():
@@ -156,17 +167,25 @@ def test_pauses_follow_the_punctuation():
 
 
 def test_the_server_normalizes_before_the_layout_unless_the_request_says_not_to(idle_server):
-    """Through a real server with a text-token model: "$5.50 on 3/5" reaches the model as the same
-    tokens as its spoken words, and as written when the request turns normalization off."""
+    """Through a real server with a text-token model: "$5.50 on 3/5" reaches the model as its spoken
+    words (the same prompt, so the same speech for the same seed), and as written when the request
+    turns normalization off."""
+    import numpy as np
+
     from audio_pipeline_client import TTSClient
 
+    engine = idle_server.engine
     with TTSClient(idle_server.target, timeout=120) as client:
-        def prompt_tokens(text, **options):
-            return client.synthesize(text, max_tokens=28, seed=1, **options).usage.prompt_tokens
+        def speak(text, **options):
+            return client.synthesize(text, max_tokens=28, seed=1, **options)
 
         written = "It costs $5.50 on 3/5/2024."
         spoken = normalize(written).spoken
         assert spoken == "It costs five dollars and fifty cents on March fifth, twenty twenty-four."
-        assert prompt_tokens(written) == prompt_tokens(spoken)
-        assert prompt_tokens(written, normalize_text=False) != prompt_tokens(spoken)
-        assert prompt_tokens(written, normalize_text=False) == prompt_tokens(written, normalize_text=False)
+        normalized, as_spoken, as_written = speak(written), speak(spoken), speak(written, normalize_text=False)
+    assert normalized.usage.prompt_tokens == as_spoken.usage.prompt_tokens
+    np.testing.assert_array_equal(normalized.samples, as_spoken.samples)
+    # Normalization off: the model's prompt is the layout's prompt of the written characters.
+    raw_prompt = engine.layout.build_prompt(engine.tokenizer, written, engine.manifest.default_voice, None)
+    assert as_written.usage.prompt_tokens == len(raw_prompt) != as_spoken.usage.prompt_tokens
+    assert not np.array_equal(as_written.samples, as_spoken.samples)

@@ -3,7 +3,10 @@ a reference recording in the request, and bad references answered with INVALID_A
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import math
+import queue
 
 import grpc
 import numpy as np
@@ -50,13 +53,16 @@ def server(tiny_model_dir, tmp_path):
 def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
     with grpc.insecure_channel(server.target) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
-        voice = stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference(audio=recording(
-            rate=44100, fmt="FLAC", channels=2)), description="Alice, cloned"), timeout=60)
+        flac = recording(rate=44100, fmt="FLAC", channels=2)
+        voice = stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference(audio=flac),
+                                                                description="Alice, cloned"), timeout=60)
         assert (voice.name, voice.registered, voice.description) == ("alice", True, "Alice, cloned")
         listed = {v.name: v for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices}
         assert listed["alice"].registered and not listed["tara"].registered
         chunks = synthesize(stub, voice="alice")
         assert chunks[-1].HasField("complete")
+        spoken = pcm(chunks)  # the recording's voice: the greedy speech of the same recording sent inline
+        assert spoken == pcm(synthesize(stub, reference=reference(audio=flac))) != pcm(synthesize(stub))
         with pytest.raises(grpc.RpcError) as taken:
             stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference()), timeout=60)
         assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS and "name" in taken.value.details()
@@ -68,7 +74,8 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
     at = context.prompt_ids.index(speech[0])
     assert context.prompt_ids[at:at + len(speech) + 2] == [*speech, END_OF_SPEECH, END_OF_AI]
     assert context.prompt_speech_codes.equal(codes)
-    assert codes.numel() % engine.layout.tokens_per_frame == 0 and codes.numel() > 0
+    # The whole recording (1 s, read at the decoder's 24 kHz) is in the voice: 12 frames of 2048 samples.
+    assert codes.numel() == math.ceil(engine.decoder.sample_rate / engine.decoder.samples_per_frame) * 7
     server.stop()
 
     # A restart with the same voices_dir knows the voice; deleting it forgets it for good.
@@ -78,6 +85,7 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
             assert "alice" in [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices]
             assert again.engine.voice_store.get("alice").prompt.codes.equal(codes)
+            assert pcm(synthesize(stub, voice="alice")) == spoken  # it speaks as it did before the restart
             stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10)
             for call in (lambda: stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10),
                          lambda: synthesize(stub, voice="alice")):
@@ -93,13 +101,26 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
         again.stop()
 
 
+def pcm(chunks):
+    return b"".join(c.audio.data for c in chunks if c.HasField("audio"))
+
+
 def test_a_reference_in_the_request_clones_for_that_request_only(server):
+    engine = server.engine
     with grpc.insecure_channel(server.target) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
         chunks = synthesize(stub, reference=reference())
+        plain = synthesize(stub)
         assert chunks[0].HasField("format") and chunks[-1].HasField("complete")
-        assert chunks[-1].complete.usage.prompt_tokens > 40  # the reference exchange is in the prompt
+        # The prompt is the reference exchange (the recording's 84 speech tokens among it), then the text ...
+        cloned = engine.create_context("Speak in the cloned voice.",
+                                       reference=engine.reference_prompt(recording(), TRANSCRIPT))
+        assert chunks[-1].complete.usage.prompt_tokens == len(cloned.prompt_ids)
+        assert chunks[-1].complete.usage.prompt_tokens >= plain[-1].complete.usage.prompt_tokens + 84
+        # ... so the greedy speech is not the default voice's; and nothing was registered.
+        assert pcm(chunks) != pcm(plain)
         assert [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices if v.registered] == []
+        assert pcm(synthesize(stub)) == pcm(plain)  # the next request speaks with the default voice again
     wait_idle(server.engine)
 
 
@@ -155,6 +176,17 @@ def test_voice_and_reference_together_are_refused(idle_server):
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and caught.value.details().startswith("voice:")
 
 
+def decoded_stream(decoder, codes, settings, prompt_codes):
+    """The chunks a DecoderStream with ``settings`` decodes from ``codes`` (all known, as at the end)."""
+    from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
+
+    stream = DecoderStream(decoder, prompt_codes=prompt_codes, **dataclasses.asdict(settings))
+    parts = []
+    while (window := stream.next_window(codes.numel(), True)) is not None:
+        parts.append(decode_windows(decoder, [(stream, window, codes[window.start:window.end])])[0].numpy())
+    return parts
+
+
 @pytest.mark.parametrize("flags", [
     ("prepend_prompt_speech_tokens=once", "buffer=14"),
     ("prepend_prompt_speech_tokens=rolling", "buffer=28"),
@@ -168,12 +200,28 @@ def test_cloned_voice_prompt_tokens_reach_the_decoder_and_no_audio_is_lost(tiny_
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
             chunks = list(stub.Synthesize(tts_pb2.SynthesizeRequest(
                 text="Cloned and streamed.", reference=reference(),
-                sampling=tts_pb2.SamplingParams(max_tokens=70, min_tokens=70)), timeout=120))
-        audio = [c.audio for c in chunks if c.HasField("audio")]
-        assert len(audio) >= 2
-        usage = chunks[-1].complete.usage
-        frames = usage.generated_tokens // 7
-        assert sum(a.num_samples for a in audio) == frames * running.engine.decoder.samples_per_frame
+                sampling=tts_pb2.SamplingParams(max_tokens=70, min_tokens=70, seed=1)), timeout=120))
+        audio = [c.audio for c in chunks if c.HasField("audio") and c.audio.num_samples]
+        # The same request in the engine, for the tokens it generated.
+        engine = running.engine
+        context = engine.create_context("Cloned and streamed.", reference=engine.reference_prompt(recording(), TRANSCRIPT),
+                                        max_tokens=70, min_tokens=70, seed=1)
+        events = queue.Queue()
+        engine.submit(context, events.put)
+        while (event := events.get(timeout=120)).kind == "audio":
+            pass
+        assert event.kind == "complete" and chunks[-1].complete.usage.generated_tokens == len(context.generated) == 70
+        codes = context.speech_codes(0, len(context.generated))
+        settings = engine.generation.streaming
+        expected = decoded_stream(engine.decoder, codes, settings, context.prompt_speech_codes)
+        # Every chunk is the decoder's chunk with the voice's prompt codes before it: none lost, none moved ...
+        assert [a.num_samples for a in audio] == [part.size for part in expected]
+        assert sum(part.size for part in expected) == 70 // 7 * engine.decoder.samples_per_frame
+        for got, want in zip(audio, expected):
+            np.testing.assert_allclose(np.frombuffer(got.data, "<i2") / 32768, want, rtol=0, atol=1.5 / 32768)
+        # ... and the prompt codes made a difference: without them the first chunk sounds otherwise.
+        alone = decoded_stream(engine.decoder, codes, settings, None)
+        assert np.abs(alone[0] - expected[0]).max() > 1e-3
         wait_idle(running.engine)
     finally:
         running.stop()
