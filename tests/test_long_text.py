@@ -61,7 +61,7 @@ def test_cancelling_a_long_text_mid_way_frees_every_segment(idle_server):
 def test_the_long_text_benchmark_speaks_a_file_through_a_real_server(tiny_model_dir, tmp_path, capsys):
     from audio_pipeline.bench.long_text import DEFAULT_FILE, main
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.pipelines.segmented import HEAD_CHARS
+    from audio_pipeline.service.segmented import HEAD_CHARS
     from audio_pipeline.text.segment import segments
 
     # The default file is one request a server with default settings takes (sampling.max_text_chars),
