@@ -313,12 +313,15 @@ class TTSEngine:
 
     def resolve_settings(self, *, voice: str | None = None, reference: VoicePrompt | None = None,
                          normalize_text: bool | None = None, speed: float | None = None,
-                         **sampling_overrides: Any) -> RequestSettings:
+                         instructions: str | None = None, **sampling_overrides: Any) -> RequestSettings:
         """A request's settings checked against this model (the voice exists, the sampling values
         and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
-        The speed's range is the caller's to check (:meth:`check_speed`)."""
+        The speed's range is the caller's to check (:meth:`check_speed`). ``instructions`` describe
+        the voice to a model whose voices are descriptions (Maya1); other models ignore them."""
         limits = self.config.limits
-        if voice and len(voice) > limits.max_voice_name_chars:
+        if self.describes_voices:
+            voice = self._voice_description(voice, instructions)
+        elif voice and len(voice) > limits.max_voice_name_chars:
             raise InvalidArgument(f"{len(voice)} characters, over the limit of {limits.max_voice_name_chars}",
                                   field="voice")
         stop_ids = sampling_overrides.get("stop_token_ids") or ()
@@ -334,7 +337,7 @@ class TTSEngine:
             raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
         if reference is None and voice and self.voice_store is not None and self.voice_store.get(voice):
             reference = self.voice_store.get(voice).prompt
-        elif reference is None:
+        elif reference is None and not self.describes_voices:
             voice = voice or self.manifest.default_voice
             names = [v.name for v in self.voices]
             if voice is not None and voice not in names:
@@ -350,6 +353,26 @@ class TTSEngine:
             voice=voice, reference=reference, speed=speed, sampling=sampling,
             normalize_text=self.config.normalize_text if normalize_text is None else normalize_text,
             explicit_max_tokens=sampling_overrides.get("max_tokens") is not None)
+
+    @property
+    def describes_voices(self) -> bool:
+        """Whether a voice is any description in words (Maya1) rather than a name from a list."""
+        return getattr(self.layout, "described_voices", False)
+
+    def _voice_description(self, voice: str | None, instructions: str | None) -> str:
+        """The description a described-voice model speaks with: the instructions where given, else
+        the voice (a preset's name stands for its description; any other text is the description),
+        else the default voice's."""
+        limit = self.config.limits.max_description_chars
+        for text, field in ((instructions, "instructions"), (voice, "voice")):
+            if text and len(text) > limit:
+                raise InvalidArgument(f"{len(text)} characters, over the limit of {limit} "
+                                      "(limits.max_description_chars)", field=field)
+        presets = {v.name: v.description for v in self.manifest.voices}
+        if instructions and instructions.strip():
+            return instructions
+        chosen = voice or self.manifest.default_voice or ""
+        return presets.get(chosen, chosen)
 
     @property
     def speaks_at_any_speed(self) -> bool:

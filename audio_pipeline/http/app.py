@@ -2,7 +2,8 @@
 
 Routes:
 - ``POST /v1/audio/speech``: OpenAI's request (``model``, ``input``, ``voice``, ``response_format``,
-  ``speed``, ``instructions``, ``stream_format``); the audio streams as it is made, in chunked
+  ``speed``, ``instructions`` (the voice's description for a Maya1 model), ``stream_format``); the
+  audio streams as it is made, in chunked
   transfer (``stream_format: audio``) or as server-sent events (``sse``: ``speech.audio.delta``
   with base64 audio, then ``speech.audio.done`` with the usage). FLAC comes as one complete file
   once the speech is done (its header holds the length, which FLAC readers such as libsndfile need);
@@ -95,7 +96,7 @@ class OpenAISpeech:
     mapped to the service's request; the values are the service's to check."""
 
     def __init__(self, body, voices: list[str], default_voice: str | None, voice_map: dict[str, str],
-                 headers=None, default_format: str = "mp3"):
+                 headers=None, default_format: str = "mp3", describes_voices: bool = False):
         if not isinstance(body, dict):
             raise InvalidArgument("the body must be a JSON object", field="body")
         text = body.get("input", "")
@@ -127,8 +128,11 @@ class OpenAISpeech:
         speed = body.get("speed")
         if speed is not None and (not isinstance(speed, (int, float)) or isinstance(speed, bool)):
             raise InvalidArgument("must be a number", field="speed")
-        if body.get("instructions"):
-            self.ignored.append("instructions")
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidArgument("must be a string", field="instructions")
+        if instructions and not describes_voices:
+            self.ignored.append("instructions")  # only a described-voice model (Maya1) speaks by them
         rate = body.get("sample_rate")  # this server's extension
         if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool)):
             raise InvalidArgument("must be a whole number of hertz", field="sample_rate")
@@ -140,6 +144,7 @@ class OpenAISpeech:
             raise InvalidArgument("must be true or false", field="normalize_text")
         self.request = SpeechRequest(
             text=text, voice=voice or None, normalize_text=normalize, speed=speed,
+            instructions=instructions if describes_voices else None,
             sampling={} if seed is None else {"seed": seed}, format=response_format,
             sample_rate=rate or default_rate(response_format, OPENAI_RATE),
             streamed=client_streams(body, headers or {}))
@@ -167,7 +172,7 @@ def create_app(running) -> Starlette:
             return error_response(400, f"the body is not JSON: {exc}", "body")
         try:
             wanted = OpenAISpeech(parsed, [v.name for v in engine.voices], engine.manifest.default_voice,
-                                  voice_map, request.headers)
+                                  voice_map, request.headers, describes_voices=engine.describes_voices)
         except RequestError as error:
             service.count("invalid")
             return request_error(error)

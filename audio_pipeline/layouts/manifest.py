@@ -10,14 +10,14 @@ from audio_pipeline.layouts import orpheus
 
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
-FAMILIES = ("orpheus", "phoneme-lpc")
+FAMILIES = ("orpheus", "maya1", "phoneme-lpc")
 #: Text front ends a phoneme-lpc model may name (``front_end``).
 FRONT_ENDS = ("espeak", "lexicon")
 #: Streaming settings a manifest may name (``streaming``), used where the configuration sets none.
 STREAMING_KEYS = ("chunk_size", "buffer", "block_causal")
 #: Streaming defaults of families whose manifest names none: SNAC decodes 28 tokens (4 frames)
 #: first for early audio, then larger chunks that cost less per token.
-FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}}
+FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}, "maya1": {"chunk_size": [28, 56, 112]}}
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class ModelManifest:
         """The manifest of ``model_dir``; Orpheus defaults (its preset voices) when there is none."""
         path = model_dir / MANIFEST_NAME
         if not path.is_file():
+            if detected_family(model_dir) == "maya1":
+                from audio_pipeline.layouts.maya1 import PRESET_VOICES
+
+                return cls(family="maya1", voices=PRESET_VOICES, default_voice=PRESET_VOICES[0].name)
             return cls(voices=tuple(VoiceInfo(v, f"Orpheus preset voice {v}") for v in orpheus.ORPHEUS_VOICES),
                        default_voice=orpheus.ORPHEUS_VOICES[0])
         try:
@@ -80,6 +84,10 @@ class ModelManifest:
         ``min_vocab_size``, ``token_range(position)``, ``token_to_code``, ``tokens_to_codes``,
         ``codes_to_tokens`` and ``build_prompt(tokenizer, text, voice)``.
         """
+        if self.family == "maya1":
+            from audio_pipeline.layouts.maya1 import Maya1Layout
+
+            return Maya1Layout()
         if self.family == "phoneme-lpc":
             from audio_pipeline.layouts.phoneme_lpc import PhonemeLPCLayout
 
@@ -89,6 +97,18 @@ class ModelManifest:
                 return PhonemeLPCLayout(front_end=LexiconFrontEnd.load(model_dir))
             return PhonemeLPCLayout()
         return orpheus.OrpheusLayout()
+
+
+def detected_family(model_dir: Path) -> str:
+    """The family of a checkpoint that comes without a manifest: Maya1 where its config.json names
+    a Maya1 checkpoint (``_name_or_path``, as transformers writes it) or its directory is named so;
+    else Orpheus."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    names = [str(config.get("_name_or_path", "")) if isinstance(config, dict) else "", Path(model_dir).name]
+    return "maya1" if any("maya1" in name.lower() for name in names) else "orpheus"
 
 
 def _declared(model_path: str) -> dict:
@@ -127,4 +147,6 @@ def declared_streaming(model_path: str) -> dict:
     streaming = data.get("streaming")
     if isinstance(streaming, dict):
         return {k: v for k, v in streaming.items() if k in STREAMING_KEYS}
-    return dict(FAMILY_STREAMING.get(data.get("family", "orpheus"), {}))
+    family = data.get("family") or (detected_family(Path(model_path).expanduser())
+                                    if not model_path.startswith("builtin:") else "orpheus")
+    return dict(FAMILY_STREAMING.get(family, {}))

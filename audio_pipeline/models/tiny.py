@@ -108,21 +108,24 @@ def random_llama_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
 
 
 def write_tiny_orpheus_model(path: str | os.PathLike, *, seed: int = 0, with_decoder: bool = True,
-                             **config_overrides) -> Path:
-    """Writes config.json, model.safetensors, the tokenizer, a random SNAC decoder and the manifest."""
+                             family: str = "orpheus", **config_overrides) -> Path:
+    """Writes config.json, model.safetensors, the tokenizer, a random SNAC decoder and the manifest
+    (of ``family``: orpheus, or maya1 with the same tokens and described voices)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = {**TINY_LLAMA_CONFIG, **config_overrides}
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_file(random_llama_state(config, seed), str(path / "model.safetensors"))
     write_tokenizer(path, config["vocab_size"])
-    manifest = {
-        "family": "orpheus",
-        "description": "tiny random test model (noise, not speech)",
-        "voices": [{"name": v, "language": "en-US", "description": f"Orpheus preset voice {v}"}
-                   for v in orpheus.ORPHEUS_VOICES],
-        "default_voice": orpheus.ORPHEUS_VOICES[0],
-    }
+    if family == "maya1":
+        from audio_pipeline.layouts.maya1 import PRESET_VOICES
+
+        voices = [{"name": v.name, "language": v.language, "description": v.description} for v in PRESET_VOICES]
+    else:
+        voices = [{"name": v, "language": "en-US", "description": f"Orpheus preset voice {v}"}
+                  for v in orpheus.ORPHEUS_VOICES]
+    manifest = {"family": family, "description": "tiny random test model (noise, not speech)",
+                "voices": voices, "default_voice": voices[0]["name"]}
     if with_decoder:
         from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 

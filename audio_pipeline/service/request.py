@@ -26,6 +26,8 @@ class SpeechRequest:
     sampling: dict = field(default_factory=dict)
     #: Speaking rate (None: 1.0).
     speed: float | None = None
+    #: How to speak: the voice's description for a model whose voices are descriptions (Maya1).
+    instructions: str | None = None
     #: Output format (audio/encoders.py's names) and rate (0: the format's default).
     format: str = "pcm"
     sample_rate: int = 0

@@ -158,7 +158,7 @@ class SpeechService:
             speed, stretch = None, speed
         settings = self.engine.resolve_settings(voice=request.voice or None, reference=reference,
                                                 normalize_text=request.normalize_text, speed=speed,
-                                                **request.sampling)
+                                                instructions=request.instructions, **request.sampling)
         return settings, stretch
 
     def _synthesis(self, stream: SpeechStream, settings: RequestSettings, stretch: float | None) -> SegmentedSynthesis:
