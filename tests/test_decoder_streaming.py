@@ -14,6 +14,7 @@ from audio_pipeline.decoders import available_audio_decoders, load_audio_decoder
 from audio_pipeline.decoders.causal_conv import CausalConvDecoder, save_random_causal_checkpoint
 from audio_pipeline.decoders.lpc import save_lpc_decoder
 from audio_pipeline.decoders.mcep import save_mcep_decoder
+from audio_pipeline.decoders.mimi import TINY_MIMI_CONFIG, save_random_mimi_checkpoint
 from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 
@@ -49,9 +50,13 @@ FACTORIES = {
     "mcep": (lambda path: save_mcep_decoder(path, np.concatenate(
         [np.random.default_rng(0).normal(0, 0.3, (64, 40)) / np.arange(1, 41),
          np.random.default_rng(1).uniform(-30, -1, (64, 4))], 1)), _lpc_codes),
+    "mimi": (save_random_mimi_checkpoint,
+             lambda frames, seed: torch.randint(0, TINY_MIMI_CONFIG["codebook_size"],
+                                                (frames * TINY_MIMI_CONFIG["num_quantizers"],),
+                                                generator=torch.Generator().manual_seed(seed))),
 }
 #: Decoders whose audio depends only on the past: block-causal streaming must equal one-shot.
-CAUSAL = {"causal-conv", "lpc", "mcep"}
+CAUSAL = {"causal-conv", "lpc", "mcep", "mimi"}
 
 
 def test_every_built_in_decoder_is_covered():
