@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,13 +10,8 @@ import torch
 
 from audio_pipeline.layouts.orpheus import OrpheusLayout
 from audio_pipeline.sampling import SamplingParams
-
-
-class StopReason(str, enum.Enum):
-    END_OF_SPEECH = "end_of_speech"
-    MAX_TOKENS = "max_tokens"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
+# The scheduler owns the stop reason; the front doors name it from here, with the request state.
+from audio_pipeline.scheduler import StopReason
 
 
 @dataclass(eq=False)
@@ -45,6 +39,7 @@ class TTSContext:
     decoded_index: int = 0
     #: Audio chunks decoded so far.
     chunks_decoded: int = 0
+    #: Why it ended; written by the scheduler alone (its update and finish).
     stop_reason: StopReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
@@ -113,18 +108,18 @@ class TTSContext:
             position % self.layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens)
         return mask
 
-    def append_token(self, token_id: int) -> None:
-        """Records a sampled token and stops the request on a stop id or when out of budget."""
+    def append_token(self, token_id: int) -> StopReason | None:
+        """Records a sampled token; returns the stop condition it meets (a stop id, which is not
+        recorded, or the end of the budget), None while generation goes on. Ending the request is
+        the scheduler's (its update)."""
         position = len(self.generated)
         may_stop = (position % self.layout.tokens_per_frame == 0 and position > 0
                     and position >= self.sampling.min_tokens)
         if token_id == self.layout.end_of_speech or (may_stop and token_id in self.stop_ids):
-            self.stop_reason = StopReason.END_OF_SPEECH
-            return
+            return StopReason.END_OF_SPEECH
         self.layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
         self.generated.append(token_id)
-        if len(self.generated) >= self.token_budget:
-            self.stop_reason = StopReason.MAX_TOKENS
+        return StopReason.MAX_TOKENS if len(self.generated) >= self.token_budget else None
 
     def forced_run(self, position: int) -> tuple[list[int], bool]:
         """The layout's one rule for forced tokens: the ids its alignment fixes from generated
@@ -148,19 +143,16 @@ class TTSContext:
         position = total_position - len(self.prompt_ids)
         return 1 + min(len(self.forced_run(position + 1)[0]), max(0, self.token_budget - position - 1))
 
-    def append_sample(self, token_id: int) -> None:
-        """Records a sampled token, then the forced run that follows it (a forced end of speech
-        ends the request)."""
-        self.append_token(token_id)
-        if self.is_done:
-            return
+    def append_sample(self, token_id: int) -> StopReason | None:
+        """Records a sampled token, then the forced run that follows it, up to the first stop
+        condition met (a forced end of speech is one), which it returns."""
+        if stop := self.append_token(token_id):
+            return stop
         run, ends = self.forced_run(len(self.generated))
         for forced in run:
-            self.append_token(forced)
-            if self.is_done:
-                return
-        if ends:
-            self.append_token(self.layout.end_of_speech)
+            if stop := self.append_token(forced):
+                return stop
+        return StopReason.END_OF_SPEECH if ends else None
 
     def speech_codes(self, start: int, end: int) -> torch.Tensor:
         """Audio codes of generated tokens [start, end) (start on a frame boundary)."""

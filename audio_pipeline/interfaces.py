@@ -13,7 +13,6 @@ if TYPE_CHECKING:
 
 ContextType = TypeVar("ContextType")
 RequestType = TypeVar("RequestType")
-RequestID = str
 
 
 class ModelInputs:
@@ -185,13 +184,9 @@ class GenerateMixin(Protocol[ContextType, RequestType]):
     @property
     def kv_managers(self) -> list[Any]: ...
 
-    def execute(self, inputs: Any) -> dict[RequestID, Any]: ...
-
     def generate(self, prompts: RequestType | list[RequestType]) -> list[Any]: ...
 
     async def generate_async(self, prompts: RequestType | list[RequestType]) -> Any: ...
-
-    def release(self, request_id: RequestID) -> None: ...
 
 
 def get_paged_manager(pipeline: Any) -> Any | None:

@@ -28,13 +28,22 @@ When a decode step cannot get a KV block, the most recently admitted other reque
 its blocks are released and it goes back to the front of the queue, to be recomputed (its prompt
 plus the tokens it generated; prefix caching makes that cheap) when memory frees up.
 
+The scheduler is the one owner of a request's progress and end. :meth:`~AudioGenerationScheduler.update`
+applies each step's sampled ids (the request's ``append_sample`` appends them with their forced
+tokens and names the stop condition they meet), and ends the requests that meet one;
+:meth:`~AudioGenerationScheduler.finish` ends a request for its caller (cancelled, failed). Both
+hand back the requests they let go (:class:`Finished`: the request, its reason, its KV blocks
+released, nothing of it in flight), so that the caller only delivers and frees its own state.
+
 Requests are duck-typed: ``request_id``, ``arrival_time``, ``all_tokens`` (prompt plus generated so
-far), ``total_length``, ``max_length`` (the most tokens it may ever hold) and ``is_done``, plus a
-writable ``processed`` (tokens whose KV is in the cache), which the scheduler resets on preemption.
+far), ``total_length``, ``max_length`` (the most tokens it may ever hold), ``is_done`` (whether
+``stop_reason`` is set) and ``append_sample(token) -> StopReason | None``, plus a writable
+``processed`` (tokens whose KV is in the cache) and ``stop_reason``, which only the scheduler writes.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,6 +54,25 @@ from audio_pipeline.kv_cache.block_manager import BlockManager
 
 class QueueFull(RuntimeError):
     """The waiting queue is at ``max_queue_size``."""
+
+
+class StopReason(str, enum.Enum):
+    """Why a request ended."""
+
+    END_OF_SPEECH = "end_of_speech"
+    MAX_TOKENS = "max_tokens"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request the scheduler let go: it ended (``reason``; ``error`` says why it failed), nothing
+    of it is in flight and its KV blocks are released."""
+
+    request: Any
+    reason: StopReason
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +127,8 @@ class _Entry:
     #: Scheduled steps whose outputs are not applied yet.
     in_flight: int = 0
     admitted_order: int = 0
+    #: Why it failed, when it did (handed back with it once it is let go).
+    error: str | None = None
 
     @property
     def request_id(self) -> str:
@@ -107,19 +137,6 @@ class _Entry:
     @property
     def unscheduled(self) -> int:
         return self.expected_len - self.next_pos
-
-
-def apply_sample(request: Any, start: int, num_tokens: int, tokens: list[int]) -> None:
-    """The one place a step's result enters a request: tokens [start, start + num_tokens) are now
-    in the KV cache, then each sampled token is appended with the forced run that follows it (the
-    same rule the scheduler plans with, ``tokens_per_sample``). A request finished meanwhile
-    (cancelled while its step ran) is left as it is."""
-    if request.is_done:
-        return
-    request.processed = start + num_tokens
-    append = getattr(request, "append_sample", None) or request.append_token
-    for token in tokens:
-        append(token)
 
 
 @dataclass
@@ -134,12 +151,6 @@ class StepResult:
     def by_request(self) -> dict[str, list[int]]:
         """Sampled ids by request id."""
         return {item.request.request_id: tokens for item, tokens in zip(self.items, self.tokens)}
-
-
-def apply_step(result: StepResult) -> None:
-    """Applies every item of ``result`` with :func:`apply_sample`."""
-    for item, tokens in zip(result.items, result.tokens):
-        apply_sample(item.request, item.start, item.num_tokens, tokens)
 
 
 class _TokenPrefix(Sequence[int]):
@@ -219,8 +230,8 @@ class SchedulerOutput:
     substeps: list[list[ScheduledItem]] = field(default_factory=list)
     #: Requests that went back to the queue this step (their KV was released).
     preempted: list[Any] = field(default_factory=list)
-    #: Requests that can never run, with the reason; the caller fails them.
-    failed: list[tuple[Any, str]] = field(default_factory=list)
+    #: Requests this scheduling ended and let go: those that can never run (FAILED).
+    finished: list[Finished] = field(default_factory=list)
     #: When idle with work waiting (ce_delay_ms), seconds until something can be scheduled.
     wait_s: float | None = None
 
@@ -311,7 +322,8 @@ class AudioGenerationScheduler:
         self._by_id[request.request_id] = entry
 
     def remove(self, request_id: str) -> Any | None:
-        """Takes a request out (finished, cancelled or failed) and releases its KV blocks."""
+        """Drops a request without ending it and releases its KV blocks: for an owner that gives
+        up on the scheduler (nothing of the request may be in flight)."""
         entry = self._by_id.pop(request_id, None)
         if entry is None:
             return None
@@ -322,37 +334,61 @@ class AudioGenerationScheduler:
         self.block_manager.release(request_id)
         return entry.request
 
-    def is_in_flight(self, request_id: str) -> bool:
-        entry = self._by_id.get(request_id)
-        return entry is not None and entry.in_flight > 0
+    def finish(self, request: Any, reason: StopReason, error: str | None = None, *,
+               stopped: bool = False) -> list[Finished]:
+        """Ends ``request`` for the caller (CANCELLED, or FAILED with ``error``). A request that
+        ended already keeps its reason, except that a failure overrides any: what it made is lost.
 
-    def update(self, output: SchedulerOutput, result: StepResult | None = None, *, last: bool = True) -> None:
-        """The one place a step's result enters its requests: ``result``'s tokens are applied
-        (:func:`apply_sample`: sampled ids, the forced tokens that follow them, and the stop
-        conditions they meet). When ``last`` (the step's final forward pass; a multi-step batch
-        has several), ``output``'s requests leave flight and the KV they wrote is committed to the
-        prefix cache. ``result`` is None for a step that failed: nothing is applied."""
+        Returns it, let go, when nothing of it is in flight (or ``stopped``: the caller has given
+        up its launched steps after a failure); otherwise the :meth:`update` that takes its last
+        step out of flight returns it. A request let go earlier that fails afterwards (while its
+        caller still delivers it) comes back with its new reason."""
+        if request.is_done and reason is not StopReason.FAILED:
+            return []
+        request.stop_reason = reason
+        entry = self._by_id.get(request.request_id)
+        if entry is None:
+            return [Finished(request, reason, error)]
+        entry.error = error
+        return [self._let_go(entry)] if stopped or not entry.in_flight else []
+
+    def update(self, output: SchedulerOutput, result: StepResult | None = None, *,
+               last: bool = True) -> list[Finished]:
+        """The one place a step's result enters its requests: each sampled id is appended with the
+        forced tokens that follow it (the request's ``append_sample``), and the stop condition they
+        meet ends the request. When ``last`` (the step's final forward pass; a multi-step batch has
+        several), ``output``'s requests leave flight and the KV they wrote is committed to the
+        prefix cache. ``result`` is None for a step that failed: nothing is applied.
+
+        Returns the requests that ended and left flight here, let go (KV blocks released): ended by
+        this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
         if result is not None:
-            apply_step(result)
+            for item, tokens in zip(result.items, result.tokens):
+                self._apply(item, tokens)
         if not last:
-            return
+            return []
+        finished = []
+        manager = self.block_manager
         for item in output.items:
             entry = self._by_id.get(item.request.request_id)
             if entry is None:
                 continue
             entry.in_flight -= 1
             request = entry.request
-            if request.request_id in self.block_manager:
-                self.block_manager.step(request.request_id, _computed_tokens(request))
+            if request.request_id in manager:
+                manager.step(request.request_id, _computed_tokens(request))
+            if request.is_done and not entry.in_flight:
+                finished.append(self._let_go(entry))
+        return finished
 
     # --- scheduling ------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         """The next step's work (possibly idle)."""
-        self._drop_done()
         config = self.config
         decode = [e for e in self._running if e.unscheduled == 1 and self._can_grow(e)]
-        prefill = [e for e in self._running if e.unscheduled > 1]
+        # Requests that ended stay in _running only while a step of them is in flight.
+        prefill = [e for e in self._running if e.unscheduled > 1 and not e.request.is_done]
         if config.enable_in_flight_batching:
             output = self._mixed(decode, prefill)
         else:
@@ -367,16 +403,31 @@ class AudioGenerationScheduler:
             # Nothing runs and the head of the queue cannot be admitted: it can never fit.
             head = self._waiting[0]
             if self.block_manager.num_used_blocks == 0 and not self._delay_left():
-                self.remove(head.request_id)
-                output.failed.append((head.request, "the request does not fit in the KV cache"))
+                output.finished += self.finish(head.request, StopReason.FAILED,
+                                               "the request does not fit in the KV cache")
         self._last_kind = output.kind
         return output
 
     # --- internals -------------------------------------------------------------------------------
 
-    def _drop_done(self) -> None:
-        for entry in [e for e in self._running if e.request.is_done and e.in_flight == 0]:
-            self.remove(entry.request_id)
+    def _let_go(self, entry: _Entry) -> Finished:
+        request = self.remove(entry.request_id)
+        return Finished(request, request.stop_reason, entry.error)
+
+    @staticmethod
+    def _apply(item: "ScheduledItem", tokens: list[int]) -> None:
+        """Tokens [start, start + num_tokens) of the item's request are now in the KV cache; its
+        sampled ids go in. A request that ended meanwhile (cancelled while its step ran) is left
+        as it is."""
+        request = item.request
+        if request.is_done:
+            return
+        request.processed = item.start + item.num_tokens
+        for token in tokens:
+            reason = request.append_sample(token)
+            if reason is not None:
+                request.stop_reason = reason
+                return
 
     def _can_grow(self, entry: _Entry) -> bool:
         return entry.expected_len < entry.request.max_length and not entry.request.is_done

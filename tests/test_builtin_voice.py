@@ -331,16 +331,16 @@ def test_the_scheduler_plans_exactly_the_forced_tokens_a_sample_brings(engine):
     what tokens_per_sample planned (the scheduler's view), up to the end of speech."""
     context = engine.create_context("Good morning, Anna.", temperature=0.0)
     context.append_sample(context.alignment.forced(0))  # the first frame's phoneme, as the first step samples it
-    samples = 0
-    while not context.is_done:
+    samples, stop = 0, None
+    while not stop:
         before = context.total_length
         planned = context.tokens_per_sample(before)
         start, _ = context.layout.token_range(len(context.generated))
-        context.append_sample(start + 1)
+        stop = context.append_sample(start + 1)
         samples += 1
-        if not context.is_done:
+        if not stop:
             assert context.total_length - before == planned
-    assert context.stop_reason.value == "end_of_speech"
+    assert stop.value == "end_of_speech"
     assert len(context.generated) == context.alignment.tokens and samples == 2 * len(context.alignment.frames)
 
 

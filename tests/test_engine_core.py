@@ -110,8 +110,12 @@ def test_shared_prompt_prefixes_hit_the_prefix_cache(tiny_model_dir):
         engine.stop()
 
 
-def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir):
-    engine = build(tiny_model_dir)
+@pytest.mark.parametrize("flags", [(), ("enable_overlap_scheduler=true", "enable_in_flight_batching=true")],
+                         ids=["plain", "overlap"])
+def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, flags):
+    """Cancelled and failed requests end with their reason and leave nothing behind, also with
+    overlap, where a step of them is still in flight when they end."""
+    engine = build(tiny_model_dir, *flags)
     try:
         events: queue.Queue = queue.Queue()
         contexts = [engine.create_context(t, temperature=0.0, max_tokens=700) for t in TEXTS]
@@ -121,9 +125,13 @@ def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir):
             threading.Event().wait(0.01)
         for context in contexts:
             engine.cancel(context.request_id)
-        kinds = [events.get(timeout=60) for _ in range(len(contexts) * 50) if not _all_done(contexts)]
+        last = {}
+        while len(last) < len(contexts):
+            event = events.get(timeout=60)
+            if event.kind != "audio":
+                last[event.request_id] = event
         assert all(c.stop_reason == StopReason.CANCELLED for c in contexts), [c.stop_reason for c in contexts]
-        assert kinds is not None
+        assert {(e.kind, e.stop_reason) for e in last.values()} == {("complete", StopReason.CANCELLED)}
         wait_idle(engine)
 
         # A step that fails (a broken decoder here) fails its requests and frees their blocks.
@@ -146,10 +154,6 @@ def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir):
         engine.stop()
 
 
-def _all_done(contexts):
-    return all(c.is_done for c in contexts)
-
-
 def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, reference_tokens):
     engine = TTSEngine(make_config(tiny_model_dir))
     pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
@@ -162,6 +166,36 @@ def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, 
     asyncio.run(pipeline.generate_async(again))
     assert [c.generated for c in again] == reference_tokens[:2]
     assert engine.scheduler.block_manager.num_used_blocks == 0
+
+
+def test_generate_plans_with_a_scheduler_and_equals_the_engine(tiny_model_dir, reference_tokens, monkeypatch):
+    """generate runs schedule -> runner -> scheduler.update as the engine does, with a scheduler of
+    its own over the same KV cache: too small for the six requests at once, it preempts and
+    recomputes, and every request's tokens and stop reason equal the engine's."""
+    from audio_pipeline.pipelines import text_generation
+
+    schedulers = []
+
+    class Recorded(text_generation.AudioGenerationScheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            schedulers.append(self)
+
+    monkeypatch.setattr(text_generation, "AudioGenerationScheduler", Recorded)
+    engine = TTSEngine(make_config(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
+                                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 512}}))
+    pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
+    contexts = [engine.create_context(t, **GREEDY) for t in TEXTS]
+    outputs = pipeline.generate(contexts)
+    assert schedulers[0].num_preemptions > 0
+    assert [c.generated for c in contexts] == reference_tokens
+    assert [o.final_status for o in outputs] == [c.stop_reason for c in contexts]
+    assert {o.final_status for o in outputs} <= {StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS}
+    for output, context in zip(outputs, contexts):  # every sampled id: the tokens, then the stop id that ended them
+        ended_by_stop_id = output.final_status == StopReason.END_OF_SPEECH
+        assert output.tokens[:len(context.generated)] == context.generated
+        assert len(output.tokens) == len(context.generated) + ended_by_stop_id
+    assert engine.scheduler.block_manager.sequences == [] and engine.scheduler.block_manager.num_used_blocks == 0
 
 
 def test_stop_token_ids_end_the_speech(tiny_model_dir):

@@ -13,7 +13,7 @@ import torch
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.pipelines.model_runner import ModelRunner
 from audio_pipeline.sampling import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
-from audio_pipeline.scheduler import ScheduledItem, apply_step
+from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
 from conftest import make_config
 from sync_guard import HostSync, no_host_sync
 from test_engine_core import build, run
@@ -39,37 +39,31 @@ def contexts_for(engine, prefix="r"):
 
 
 def drive(engine, runner, contexts, steps, *, guard=True, ahead=False):
-    """Runs ``steps`` steps of every context as the scheduler plans them (its unprocessed tokens,
-    then a sample), each launched inside the host-sync guard, and applies each result in order.
-    With ``ahead`` step n + 1 is launched before step n's result is read: its first tokens are then
-    step n's samples, on the device."""
-    manager = engine.scheduler.block_manager
-    # The scheduler's view: where each request's known tokens end once every launched step is
-    # applied, and where the last launched step's computed tokens end.
-    expected, computed = {}, {}
+    """Runs ``steps`` steps of the contexts as a scheduler plans them (every request in every step:
+    the prompts, then one sample each with its forced tokens), each launched inside the host-sync
+    guard, and applies each result in order through the scheduler's update. With ``ahead`` step
+    n + 1 is launched before step n's result is read: its first tokens are then step n's samples,
+    on the device."""
+    scheduler = AudioGenerationScheduler(
+        SchedulerConfig(max_batch_size=len(contexts), enable_in_flight_batching=True, max_num_steps=1),
+        engine.scheduler.block_manager)
     for context in contexts:
-        context.processed = computed[context.request_id] = manager.claim(context.request_id, context.all_tokens)
-        expected[context.request_id] = context.total_length
+        scheduler.add(context)
     pending = []
     try:
         for _ in range(steps):
-            items = []
-            for context in contexts:
-                request_id = context.request_id
-                manager.alloc(request_id, expected[request_id])
-                items.append(ScheduledItem(context, computed[request_id], expected[request_id] - computed[request_id],
-                                           True))
-                computed[request_id] = expected[request_id]
-                expected[request_id] += context.tokens_per_sample(expected[request_id])
+            output = scheduler.schedule()
             with no_host_sync() if guard else nullcontext():
-                pending.append(runner.launch(items))
+                pending.append((output, runner.launch(output.items)))
             if not ahead or len(pending) > 1:
-                apply_step(pending.pop(0).result())
+                output, launched = pending.pop(0)
+                scheduler.update(output, launched.result())
         while pending:
-            apply_step(pending.pop(0).result())
+            output, launched = pending.pop(0)
+            scheduler.update(output, launched.result())
     finally:
         for context in contexts:
-            manager.release(context.request_id)
+            scheduler.remove(context.request_id)
 
 
 @pytest.mark.parametrize("buckets", [(), (4, 8)], ids=["exact", "padded"])

@@ -39,9 +39,9 @@ def test_sampling_only_produces_valid_frames_even_from_adversarial_logits():
     context = make_context(temperature=1.0, seed=1, max_tokens=70, min_tokens=70, repetition_penalty=1.0)
     logits = torch.zeros(1, VOCAB)
     logits[0, :128266] = 50.0  # the model prefers text ids; they must never come out
-    while not context.is_done:
-        context.append_token(sample_next_tokens(logits, [context])[0])
-    assert context.stop_reason == StopReason.MAX_TOKENS and len(context.generated) == 70
+    while not (stop := context.append_token(sample_next_tokens(logits, [context])[0])):
+        pass
+    assert stop == StopReason.MAX_TOKENS and len(context.generated) == 70
     LAYOUT.tokens_to_codes(context.generated)  # raises on any slot mismatch
 
 
@@ -49,15 +49,15 @@ def test_end_of_speech_only_on_frame_boundaries_and_after_min_tokens():
     logits = torch.zeros(1, VOCAB)
     logits[0, orpheus.END_OF_SPEECH] = 100.0
     context = make_context(temperature=0.0, min_tokens=10, max_tokens=70)
-    while not context.is_done:
-        context.append_token(sample_next_tokens(logits, [context])[0])
-    assert context.stop_reason == StopReason.END_OF_SPEECH and len(context.generated) == 14
+    while not (stop := context.append_token(sample_next_tokens(logits, [context])[0])):
+        pass
+    assert stop == StopReason.END_OF_SPEECH and len(context.generated) == 14
 
 
 def test_max_tokens_rounds_down_to_whole_frames():
     context = make_context(temperature=0.0, max_tokens=20)
-    while not context.is_done:
-        context.append_token(sample_next_tokens(torch.zeros(1, VOCAB), [context])[0])
+    while not context.append_token(sample_next_tokens(torch.zeros(1, VOCAB), [context])[0]):
+        pass
     assert len(context.generated) == 14
 
 

@@ -35,13 +35,13 @@ def test_every_sampled_token_is_valid_for_its_slot_even_with_wild_logits():
     c = context(temperature=2.0, top_p=1.0, seed=3)
     for step in range(70):
         token = sample_next_tokens(logits(1, seed=step) * 10, [c])[0]
-        c.append_token(token)
-        if c.is_done:
+        stop = c.append_token(token)
+        if stop:
             break
         assert LAYOUT.is_valid_token(c.generated[-1], len(c.generated) - 1)
     # These draws never stop it: ten whole frames, every code in its own slot (tokens_to_codes
     # raises on a token of another slot).
-    assert not c.is_done and len(c.generated) == 10 * LAYOUT.tokens_per_frame
+    assert not stop and len(c.generated) == 10 * LAYOUT.tokens_per_frame
     assert LAYOUT.tokens_to_codes(c.generated).numel() == len(c.generated)
 
 
@@ -49,11 +49,9 @@ def test_end_of_speech_only_on_frame_boundaries_and_after_min_tokens():
     scores = logits(1)
     scores[0, LAYOUT.end_of_speech] = 1e6  # the model wants to stop at once
     c = context(temperature=0.0, min_tokens=14)
-    for _ in range(14):
-        c.append_token(sample_next_tokens(scores, [c])[0])
-    assert len(c.generated) == 14 and not c.is_done
-    c.append_token(sample_next_tokens(scores, [c])[0])
-    assert c.stop_reason == StopReason.END_OF_SPEECH
+    assert [c.append_token(sample_next_tokens(scores, [c])[0]) for _ in range(14)] == [None] * 14
+    assert len(c.generated) == 14
+    assert c.append_token(sample_next_tokens(scores, [c])[0]) == StopReason.END_OF_SPEECH
 
 
 def test_a_requests_tokens_do_not_depend_on_its_batch_mates():

@@ -1,7 +1,8 @@
 """AudioGenerationScheduler (torch-free): every knob, chunked prefill, in-flight batching, preemption.
 
 Requests here are plain objects with the scheduler's documented duck type; ``run_step`` plays the
-pipeline's part (tokens computed, one token sampled where the step samples).
+model runner's part (one id sampled where the step samples) and hands each result to the
+scheduler's update, which applies it.
 """
 
 from dataclasses import dataclass, field
@@ -9,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from audio_pipeline.kv_cache.block_manager import BlockManager
-from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerConfig
+from audio_pipeline.scheduler import (AudioGenerationScheduler, Finished, QueueFull, SchedulerConfig, StepResult,
+                                      StopReason)
 
 
 @dataclass(eq=False)
@@ -20,7 +22,15 @@ class Request:
     arrival_time: float = 0.0
     generated: list[int] = field(default_factory=list)
     processed: int = 0
-    stop: bool = False
+    stop_reason: StopReason | None = None
+    #: A sampled id that ends the speech (not recorded).
+    stop_id: int | None = None
+
+    def append_sample(self, token):
+        if token == self.stop_id:
+            return StopReason.END_OF_SPEECH
+        self.generated.append(token)
+        return StopReason.MAX_TOKENS if len(self.generated) >= self.budget else None
 
     @property
     def all_tokens(self):
@@ -36,7 +46,7 @@ class Request:
 
     @property
     def is_done(self):
-        return self.stop or len(self.generated) >= self.budget
+        return self.stop_reason is not None
 
 
 class Clock:
@@ -53,20 +63,23 @@ def make(blocks=64, block_size=4, prefix=True, clock=None, **knobs):
 
 
 def run_step(scheduler, output):
-    """What the engine does with a step: KV written, tokens sampled, for each of its forward passes
-    in order (a multi-step decode has several); then the scheduler is told."""
-    for items in output.steps:
+    """What the engine does with a step, for each of its forward passes in order (a multi-step
+    decode has several): the runner computes the items of requests still going and samples
+    1000 + (tokens generated) where an item samples; the scheduler's update applies the result.
+    Returns what the updates let go."""
+    finished = []
+    for index, items in enumerate(output.steps):
+        items = [item for item in items if not item.request.is_done]  # the runner skips ended requests
         for item in items:
             request = item.request
-            if request.is_done:  # finished in an earlier pass of the same output
-                continue
             assert item.start == request.processed, "a step must start where the KV cache ends"
-            request.processed = item.start + item.num_tokens
-            assert request.processed <= request.total_length
+            assert item.start + item.num_tokens <= request.total_length
             if item.sample:
-                assert request.processed == request.total_length, "samples only at the end of the known tokens"
-                request.generated.append(1000 + len(request.generated))
-    scheduler.update(output)
+                assert item.start + item.num_tokens == request.total_length, \
+                    "samples only at the end of the known tokens"
+        result = StepResult(items, [[1000 + len(i.request.generated)] if i.sample else [] for i in items])
+        finished += scheduler.update(output, result, last=index == output.num_steps - 1)
+    return finished
 
 
 def drain(scheduler, limit=500):
@@ -294,17 +307,79 @@ def test_cancel_works_for_queued_and_running_requests():
     assert scheduler.remove("a") is None
 
 
-def test_a_request_finished_elsewhere_is_dropped_once_out_of_flight():
+def test_update_returns_the_requests_that_finished_with_their_reasons_and_frees_their_blocks():
+    scheduler, manager = make(max_num_steps=1)
+    eos = Request("eos", prompt(4), stop_id=1001)  # its second sample is its end of speech
+    full = Request("max", prompt(4, 10), budget=2)
+    cancelled, failed, going = (Request(name, prompt(4, base)) for name, base in
+                                [("cancelled", 20), ("failed", 30), ("going", 40)])
+    for r in (eos, full, cancelled, failed, going):
+        scheduler.add(r)
+    assert run_step(scheduler, scheduler.schedule()) == []  # prefill: everyone samples a first token
+    # Between steps nothing is in flight: a cancellation or a failure lets go at once.
+    assert scheduler.finish(cancelled, StopReason.CANCELLED) == [Finished(cancelled, StopReason.CANCELLED)]
+    assert scheduler.finish(failed, StopReason.FAILED, "decoder exploded") == [
+        Finished(failed, StopReason.FAILED, "decoder exploded")]
+    assert manager.sequences == ["eos", "max", "going"]
+    assert run_step(scheduler, scheduler.schedule()) == [Finished(eos, StopReason.END_OF_SPEECH),
+                                                         Finished(full, StopReason.MAX_TOKENS)]
+    assert eos.generated == [1000] and full.generated == [1000, 1001]
+    assert manager.sequences == ["going"] and scheduler.running == [going]
+    assert [r.stop_reason for r in (eos, full, cancelled, failed, going)] == [
+        StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS, StopReason.CANCELLED, StopReason.FAILED, None]
+    # An ended request keeps its reason, except that a failure (its audio lost) overrides it.
+    assert scheduler.finish(eos, StopReason.CANCELLED) == [] and eos.stop_reason == StopReason.END_OF_SPEECH
+    assert scheduler.finish(eos, StopReason.FAILED, "late") == [Finished(eos, StopReason.FAILED, "late")]
+    assert eos.stop_reason == StopReason.FAILED
+
+
+def test_a_request_ended_while_in_flight_is_let_go_by_the_update_that_ends_its_flight():
     scheduler, manager = make()
     r = Request("a", prompt(4))
     scheduler.add(r)
     output = scheduler.schedule()
-    r.stop = True  # e.g. end of speech in the batch that is still in flight
-    assert scheduler.schedule().items == []
-    assert "a" in scheduler  # still in flight: its blocks stay until the batch is done
-    run_step(scheduler, output)
-    scheduler.schedule()
-    assert "a" not in scheduler and manager.num_used_blocks == 0
+    assert scheduler.finish(r, StopReason.CANCELLED) == []  # its step runs: its blocks stay until it is done
+    assert r.stop_reason == StopReason.CANCELLED and "a" in scheduler and scheduler.schedule().items == []
+    assert run_step(scheduler, output) == [Finished(r, StopReason.CANCELLED)]
+    assert r.generated == [] and "a" not in scheduler and manager.num_used_blocks == 0
+
+
+def test_overlapping_steps_let_a_finished_request_go_with_its_last_step_in_flight():
+    """With overlap the next step is planned before the previous one is applied: a request whose
+    end of speech comes in the first is let go by the update of the second."""
+    scheduler, manager = make(max_num_steps=1)
+    r = Request("a", prompt(4), stop_id=1001)
+    scheduler.add(r)
+    first, second = scheduler.schedule(), scheduler.schedule()
+    assert run_step(scheduler, first) == []
+    third = scheduler.schedule()  # planned while the second is in flight
+    assert run_step(scheduler, second) == []  # ends the speech; the third step is still in flight
+    assert r.stop_reason == StopReason.END_OF_SPEECH and "a" in scheduler
+    assert run_step(scheduler, third) == [Finished(r, StopReason.END_OF_SPEECH)]
+    assert r.generated == [1000] and manager.sequences == []
+
+
+def test_a_failure_after_a_failed_step_lets_go_at_once():
+    """After a failed step the caller gives up what it launched: ``stopped`` lets the request go
+    though the scheduler still counts a step of it in flight, and that step's late update is a no-op."""
+    scheduler, manager = make()
+    r = Request("a", prompt(4))
+    scheduler.add(r)
+    output = scheduler.schedule()
+    assert scheduler.finish(r, StopReason.FAILED, "generation failed: boom", stopped=True) == [
+        Finished(r, StopReason.FAILED, "generation failed: boom")]
+    assert "a" not in scheduler and manager.sequences == []
+    assert scheduler.update(output) == []
+
+
+def test_a_request_that_can_never_fit_is_failed_by_schedule():
+    scheduler, manager = make(blocks=4, block_size=4, kvcache_ce_watermark=0.5)
+    r = Request("big", prompt(12), budget=2)  # 4 blocks: within the cache, never within the watermark
+    scheduler.add(r)
+    output = scheduler.schedule()
+    assert output.items == [] and output.finished == [
+        Finished(r, StopReason.FAILED, "the request does not fit in the KV cache")]
+    assert r.stop_reason == StopReason.FAILED and "big" not in scheduler and manager.sequences == []
 
 
 def test_overlap_scheduling_plans_the_next_step_before_the_previous_is_applied():

@@ -4,6 +4,11 @@ One background thread owns the scheduler, the model, the KV cache and the decode
 a sink (a thread-safe callback) and receive AudioEvents through it; cancel() may come from any
 thread. Every request ends with exactly one `complete` or `error` event, and whatever it held is
 released before that event is sent.
+
+The scheduler ends requests (their tokens' stop conditions in its update; cancellations and
+failures through its finish, at the start of a round or where the failure happens) and hands back
+the ones it let go; the engine only delivers their last events, once their audio is decoded, and
+frees what it holds of them (decoder stream, model runner state, sink).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.context import TTSContext
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.chunker import DecodeWindow
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
@@ -28,7 +33,8 @@ from audio_pipeline.metrics import EngineMetrics
 from audio_pipeline.runtime import configure_cpu_runtime
 from audio_pipeline.pipelines.model_runner import PendingStep
 from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
-from audio_pipeline.scheduler import AudioGenerationScheduler, QueueFull, SchedulerOutput, StepResult
+from audio_pipeline.scheduler import (AudioGenerationScheduler, Finished, QueueFull, SchedulerOutput, StepResult,
+                                      StopReason)
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +90,8 @@ class _Request:
     sink: Sink
     stream: DecoderStream
     audio_samples: int = 0
-    #: Why it failed, when it did (sent with its error event once nothing of it is in flight).
-    error: str | None = None
+    #: How it ended, once the scheduler let it go (sent with its last event once its audio is decoded).
+    finished: Finished | None = None
 
 
 #: Consecutive failed rounds of the engine loop after which it stops and reports unhealthy.
@@ -111,6 +117,8 @@ class AudioGenerationEngine:
         #: steps nor holds them up (its output comes back to the host on this stream alone).
         self.decode_stream = decode_stream
         self._requests: dict[str, _Request] = {}
+        #: The requests the scheduler let go, until their last event is sent.
+        self._ended: dict[str, _Request] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Condition()
         self._accepting = False
@@ -259,15 +267,14 @@ class AudioGenerationEngine:
             started = time.perf_counter()
             output = self.scheduler.schedule()
             self.pipeline.timer.add("schedule", time.perf_counter() - started)
-            for request, reason in output.failed:
-                request.stop_reason = StopReason.FAILED
-                self._finish(self._requests[request.request_id], event_kind="error", error=reason)
+            self._take_ended(output.finished)
+            self._deliver_ended()
             self._update_load()
         if output.preempted:
             self.metrics.preemptions.inc(len(output.preempted))
         if not output.items and not self._pending and not self._decode_ready():
             with self._lock:
-                if not self._finish_ready() and not self._cancelled:
+                if not self._deliver_ended() and not self._cancelled:
                     self._lock.wait(timeout=output.wait_s or 0.005)
             return True
         self._step(output)
@@ -290,30 +297,32 @@ class AudioGenerationEngine:
                 self.metrics.decode_step_seconds.inc(sum(seconds.values()))
 
     def _apply_cancellations(self) -> None:
-        for request_id in list(self._cancelled):
+        for request_id in self._cancelled:
             request = self._requests.get(request_id)
-            if request is not None and not request.context.is_done:
-                request.context.stop_reason = StopReason.CANCELLED
+            if request is not None:
+                self._take_ended(self.scheduler.finish(request.context, StopReason.CANCELLED))
         self._cancelled.clear()
-        self._finish_ready()
 
-    def _finish_ready(self) -> bool:
-        """Finishes done requests that have nothing in flight; True if any finished."""
-        finished = False
-        for request in list(self._requests.values()):
+    def _take_ended(self, finished: list[Finished]) -> None:
+        """Takes the requests the scheduler let go; _deliver_ended sends their last events."""
+        for done in finished:
+            request = self._requests.get(done.request.request_id)
+            if request is not None:
+                request.finished = done
+                self._ended[done.request.request_id] = request
+
+    def _deliver_ended(self) -> bool:
+        """Sends the last event of each ended request whose audio is all decoded and frees what
+        it held; True if any."""
+        delivered = False
+        for request in list(self._ended.values()):
             context = request.context
-            if not context.is_done or self.scheduler.is_in_flight(context.request_id):
-                continue
-            if context.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) and \
+            if request.finished.reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) and \
                     context.decoded_index < len(context.generated):
                 continue  # audio still to decode
-            self.scheduler.remove(context.request_id)
-            if request.error is not None:
-                self._finish(request, event_kind="error", error=request.error)
-            else:
-                self._finish(request, event_kind="complete")
-            finished = True
-        return finished
+            self._finish(request)
+            delivered = True
+        return delivered
 
     def _step(self, output: SchedulerOutput) -> None:
         if output.items:
@@ -346,14 +355,14 @@ class AudioGenerationEngine:
             self._recover_from_failure(batch, exc)
             return
         with self._lock:
-            self._finish_ready()
+            self._deliver_ended()
             self._update_load()
 
     def _run_model(self, output: SchedulerOutput) -> list[StepResult]:
         """Launches ``output``'s forward passes (a multi-step decode's back to back: each takes what
         the one before sampled from the device) and applies the results that are due through the
         scheduler's update, the one writer of requests: these passes' own, or with overlap the
-        previous round's, while these run. Returns the results applied."""
+        previous round's, while these run. Takes what the updates let go; returns the results applied."""
         # Everything launched stays in _pending until applied, so that a failure anywhere leaves
         # nothing running unseen (_drop_pending waits for it).
         due = len(self._pending)
@@ -368,8 +377,8 @@ class AudioGenerationEngine:
         for _ in range(due):
             step, pending, last = self._pending[0]
             result = pending.result()
-            with self.pipeline.timer.phase("update"):
-                self.scheduler.update(step, result, last=last)
+            with self.pipeline.timer.phase("update"), self._lock:
+                self._take_ended(self.scheduler.update(step, result, last=last))
             self._pending.pop(0)
             applied.append(result)
         return applied
@@ -385,7 +394,7 @@ class AudioGenerationEngine:
             except Exception:  # noqa: BLE001 - a failed pass's result is the failure being handled
                 pass
             if last:
-                self.scheduler.update(step)
+                self._take_ended(self.scheduler.update(step))
                 outputs.append(step)
         return outputs
 
@@ -394,8 +403,8 @@ class AudioGenerationEngine:
         with self._lock:
             self._drop_pending()
             for request in list(self._requests.values()):
-                request.context.stop_reason = StopReason.FAILED
-                self._finish(request, event_kind="error", error=error)
+                self._take_ended(self.scheduler.finish(request.context, StopReason.FAILED, error, stopped=True))
+            self._deliver_ended()
             self._update_load()
 
     def _give_up(self) -> None:
@@ -413,12 +422,10 @@ class AudioGenerationEngine:
             for failed in self._drop_pending():
                 batch.extend(item.request for item in failed.items)
             for context in batch:
-                request = self._requests.get(context.request_id)
-                if request is None:
-                    continue
-                context.stop_reason = StopReason.FAILED
-                self.scheduler.remove(context.request_id)
-                self._finish(request, event_kind="error", error=f"generation failed: {exc}")
+                if context.request_id in self._requests:
+                    self._take_ended(self.scheduler.finish(context, StopReason.FAILED, f"generation failed: {exc}",
+                                                           stopped=True))
+            self._deliver_ended()
             self._update_load()
 
     def _decode_ready(self) -> bool:
@@ -446,9 +453,9 @@ class AudioGenerationEngine:
                 return
             request = jobs[0][0]
             logger.warning("request %s: audio decoding failed: %s", request.context.request_id, exc)
-            with self._lock:
-                request.context.stop_reason = StopReason.FAILED
-                request.error = f"audio decoding failed: {exc}"
+            with self._lock:  # let go once no step of it is in flight
+                self._take_ended(self.scheduler.finish(request.context, StopReason.FAILED,
+                                                       f"audio decoding failed: {exc}"))
             return
         started = time.perf_counter()
         for (request, window), wave in zip(jobs, waves):
@@ -483,22 +490,24 @@ class AudioGenerationEngine:
         self._prefix_seen = (stats.queried_tokens, stats.hit_tokens)
         metrics.prefix_cache_hit_rate.set(stats.hit_rate)
 
-    def _finish(self, request: _Request, *, event_kind: str, error: str | None = None) -> None:
-        context = request.context
+    def _finish(self, request: _Request) -> None:
+        """Frees what the engine holds of an ended request and sends its last event."""
+        context, done = request.context, request.finished
         request.stream.close()
         self._requests.pop(context.request_id, None)
-        self.scheduler.remove(context.request_id)
+        self._ended.pop(context.request_id, None)
         self.pipeline.forget(context.request_id)
         context.finish_time = time.monotonic()
-        self.stop_reasons[context.stop_reason] += 1
-        self.metrics.requests.labels(context.stop_reason.value if context.stop_reason else "unknown").inc()
+        self.stop_reasons[done.reason] += 1
+        self.metrics.requests.labels(done.reason.value).inc()
         first_audio = context.first_audio_time or context.finish_time
         usage = Usage(prompt_tokens=len(context.prompt_ids), generated_tokens=len(context.generated),
                       audio_samples=request.audio_samples,
                       time_to_first_audio_seconds=first_audio - context.arrival_time,
                       generation_seconds=context.finish_time - context.arrival_time)
-        self._deliver(request, AudioEvent(event_kind, context.request_id, usage=usage,
-                                          stop_reason=context.stop_reason, error=error))
+        kind = "error" if done.reason is StopReason.FAILED else "complete"
+        self._deliver(request, AudioEvent(kind, context.request_id, usage=usage, stop_reason=done.reason,
+                                          error=done.error))
 
     def _deliver(self, request: _Request, event: AudioEvent) -> None:
         try:

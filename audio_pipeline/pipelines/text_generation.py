@@ -5,9 +5,9 @@ A step takes scheduled items (a context, the tokens to compute from ``start``, a
 sample after them): prefill chunks and decode tokens run in one ragged batch on the paged KV
 cache, then every item that reached the end of its known tokens samples its next speech token. The
 pipeline's :class:`~audio_pipeline.pipelines.model_runner.ModelRunner` launches a step and hands back
-what it sampled, as plain data, when asked; it never writes a request. The engine applies results
-through ``scheduler.update``, the one place tokens enter requests; ``execute`` and ``generate``
-(for use without an engine) apply them with the same rule (:func:`~audio_pipeline.scheduler.apply_step`).
+what it sampled, as plain data, when asked; it never writes a request. Results enter requests only
+through the scheduler's update: the engine's loop and ``generate`` (for use without an engine) both
+run schedule -> runner -> update.
 
 With overlap (``OverlapTextGenerationPipeline``, ``enable_overlap_scheduler``) the engine launches
 step n + 1 before it reads step n's result: the runner takes the tokens step n sampled from the
@@ -17,15 +17,17 @@ device. On CUDA the device runs ahead by itself; on the CPU the runner's worker 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from audio_pipeline.context import StopReason, TTSContext
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
+from audio_pipeline.kv_cache.block_manager import KVCacheFull
 from audio_pipeline.pipelines.model_runner import ModelRunner
 from audio_pipeline.pipelines.step_timing import StepTimer
-from audio_pipeline.scheduler import ScheduledItem, apply_step
+from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,30 +37,16 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class TextGenerationInputs:
-    """One forward pass's items (from the scheduler)."""
-
-    items: list[ScheduledItem] = field(default_factory=list)
-
-    @classmethod
-    def from_contexts(cls, contexts: Sequence[TTSContext]) -> "TextGenerationInputs":
-        """Every context's unprocessed tokens, each followed by a sample."""
-        return cls([ScheduledItem(c, c.processed, c.total_length - c.processed, True) for c in contexts])
-
-    @property
-    def batch(self) -> list[TTSContext]:
-        return [item.request for item in self.items]
-
-
-@dataclass
 class TextGenerationOutput:
+    """What ``generate`` made of one context: every id it sampled, and why it ended."""
+
     request_id: str
     tokens: list[int] = field(default_factory=list)
     final_status: StopReason | None = None
 
 
 class TextGenerationPipeline:
-    """Steps of the speech-token LM: ``execute`` runs and applies one, ``runner`` launches them."""
+    """Steps of the speech-token LM: ``runner`` launches them, ``generate`` runs contexts to the end."""
 
     #: Whether the engine launches the next step before reading this one's result.
     overlap_active = False
@@ -108,27 +96,6 @@ class TextGenerationPipeline:
     def kv_managers(self) -> list:
         return [self.kv_manager]
 
-    # --- execution --------------------------------------------------------------------------------
-
-    def execute(self, inputs: TextGenerationInputs) -> dict[str, TextGenerationOutput]:
-        """Runs ``inputs``, applies the result to its contexts and returns it by request id (the
-        seed's GenerateMixin; the engine launches through ``runner`` and applies through its
-        scheduler's update instead)."""
-        items = [item for item in inputs.items if not item.request.is_done and item.num_tokens > 0]
-        if not items:
-            return {}
-        result = self.runner(items[0].request.layout).launch(items).result()
-        apply_step(result)
-        return {item.request.request_id: TextGenerationOutput(item.request.request_id, list(tokens),
-                                                              item.request.stop_reason)
-                for item, tokens in zip(result.items, result.tokens)}
-
-    def release(self, request_id: str) -> None:
-        """Frees what the request holds: its KV cache (the scheduler normally does this) and the
-        model runner's state of it."""
-        self.kv_manager.release(request_id)
-        self.forget(request_id)
-
     def forget(self, request_id: str) -> None:
         """Frees the model runner's state of a finished request (its repetition counts)."""
         if self._runner is not None:
@@ -142,34 +109,43 @@ class TextGenerationPipeline:
     # --- GenerateMixin ----------------------------------------------------------------------------
 
     def generate(self, prompts: TTSContext | list[TTSContext]) -> list[TextGenerationOutput]:
-        """Runs contexts to completion in one batch (greedy or sampled per their settings).
-
-        Blocks come from the KV manager's block manager as the engine's scheduler would take them
-        (claim with prefix caching, allocate before each step, commit after it, release at the end).
-        """
+        """Runs contexts to completion together (greedy or sampled per their settings), as the
+        engine runs them: a scheduler of their own over the KV cache's blocks plans each step (with
+        the configured knobs: prefix caching, chunked prefill, multi-step decode, preemption), the
+        runner computes it, and the scheduler's update applies it and ends the requests."""
         contexts = [prompts] if isinstance(prompts, TTSContext) else list(prompts)
+        if not contexts:
+            return []
         manager = self.kv_manager.block_manager
-        ids = []
+        for context in contexts:
+            if context.request_id in manager:
+                raise ValueError(f"request {context.request_id!r} is already running")
+        config = SchedulerConfig.from_config(self._pipeline_config, max_batch_size=len(contexts),
+                                             max_queue_size=len(contexts))
+        # Every prompt is here from the start: waiting for others to join a prefill would only stall.
+        scheduler = AudioGenerationScheduler(dataclasses.replace(config, ce_delay_ms=0.0), manager)
+        runner = self.runner(contexts[0].layout)
+        results = {c.request_id: TextGenerationOutput(c.request_id) for c in contexts}
         try:
             for context in contexts:
-                if context.request_id in manager:
-                    raise ValueError(f"request {context.request_id!r} is already running")
-                context.processed = manager.claim(context.request_id, context.all_tokens)
-                ids.append(context.request_id)
-            results = {c.request_id: TextGenerationOutput(c.request_id) for c in contexts}
-            while active := [c for c in contexts if not c.is_done]:
-                for context in active:
-                    manager.alloc(context.request_id, context.total_length)
-                outputs = self.execute(TextGenerationInputs.from_contexts(active))
-                for context in active:
-                    manager.step(context.request_id, context.all_tokens[:context.processed])
-                for request_id, output in outputs.items():
-                    results[request_id].tokens.extend(output.tokens)
-                    results[request_id].final_status = output.final_status
+                scheduler.add(context)
+            while scheduler.num_waiting or scheduler.num_running:
+                output = scheduler.schedule()
+                finished = list(output.finished)
+                if not output.items and not finished:  # nothing runs and nothing changes: it never will
+                    raise KVCacheFull("the KV cache has no room for the next step of these requests")
+                for index, items in enumerate(output.steps):
+                    result = runner.launch(items).result()
+                    for item, tokens in zip(result.items, result.tokens):
+                        results[item.request.request_id].tokens.extend(tokens)
+                    finished += scheduler.update(output, result, last=index == output.num_steps - 1)
+                for done in finished:
+                    results[done.request.request_id].final_status = done.reason
             return [results[c.request_id] for c in contexts]
         finally:
-            for request_id in ids:
-                self.release(request_id)
+            for context in contexts:  # what an error left behind
+                scheduler.remove(context.request_id)
+                self.forget(context.request_id)
 
     async def generate_async(self, prompts: TTSContext | list[TTSContext]) -> list[TextGenerationOutput]:
         """``generate`` on a worker thread, for use from an event loop."""
