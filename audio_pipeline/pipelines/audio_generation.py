@@ -339,7 +339,6 @@ class AudioGenerationEngine:
                     request = self._requests.get(request_id)
                     if request is None or not tokens:
                         continue
-                    self.metrics.output_tokens.inc(len(tokens))
                     if request.context.first_token_time is None:
                         request.context.first_token_time = now
                         self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
@@ -377,8 +376,12 @@ class AudioGenerationEngine:
         for _ in range(due):
             step, pending, last = self._pending[0]
             result = pending.result()
+            contexts = {id(item.request): item.request for item in step.items}.values()
+            before = sum(len(context.generated) for context in contexts)
             with self.pipeline.timer.phase("update"), self._lock:
                 self._take_ended(self.scheduler.update(step, result, last=last))
+            # What the update kept: a pass may sample for a request that has already finished.
+            self.metrics.output_tokens.inc(sum(len(context.generated) for context in contexts) - before)
             self._pending.pop(0)
             applied.append(result)
         return applied
