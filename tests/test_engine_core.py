@@ -13,6 +13,7 @@ import torch
 
 from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
+from audio_pipeline.layouts import orpheus
 from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
 from conftest import make_config, wait_idle
@@ -99,10 +100,12 @@ def test_sampled_requests_do_not_depend_on_their_batch(tiny_model_dir):
 def test_shared_prompt_prefixes_hit_the_prefix_cache(tiny_model_dir):
     engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 8}})
     try:
-        run(engine, ["The same fairly long preamble text, then one."], **GREEDY)
-        run(engine, ["The same fairly long preamble text, then two."], **GREEDY)
+        first, second = (run(engine, [text], **GREEDY)[0].prompt_ids for text in
+                         ("The same fairly long preamble text, then one.", "The same fairly long preamble text, then two."))
+        shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
         stats = engine.scheduler.block_manager.prefix_stats
-        assert stats.hit_tokens >= 32 and 0 < stats.hit_rate < 1
+        # The second prompt reuses every full page of the first it shares, and only those.
+        assert stats.hit_tokens == shared // 8 * 8 >= 32 and 0 < stats.hit_rate < 1
         rendered = engine.metrics.render().decode()
         assert f"tts_prefix_cache_hit_rate {stats.hit_rate}" in rendered
         wait_idle(engine)
@@ -112,7 +115,7 @@ def test_shared_prompt_prefixes_hit_the_prefix_cache(tiny_model_dir):
 
 @pytest.mark.parametrize("flags", [(), ("enable_overlap_scheduler=true", "enable_in_flight_batching=true")],
                          ids=["plain", "overlap"])
-def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, flags):
+def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, flags, reference_tokens):
     """Cancelled and failed requests end with their reason and leave nothing behind, also with
     overlap, where a step of them is still in flight when they end."""
     engine = build(tiny_model_dir, *flags)
@@ -148,8 +151,8 @@ def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, fl
         finally:
             engine.decoder.decode_batch = original
         wait_idle(engine)
-        # ... and the engine goes on serving.
-        assert run(engine, ["still alive"], **GREEDY)[0].generated
+        # ... and the engine goes on serving: the same tokens as before the failure.
+        assert run(engine, TEXTS[:1], **GREEDY)[0].generated == reference_tokens[0]
     finally:
         engine.stop()
 
@@ -159,8 +162,10 @@ def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, 
     pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
     contexts = [engine.create_context(t, **GREEDY) for t in TEXTS[:3]]
     outputs = pipeline.generate(contexts)
-    assert [o.tokens[: len(r)] for o, r in zip(outputs, reference_tokens)] == [
-        r + ([] if len(o.tokens) == len(r) else o.tokens[len(r):]) for o, r in zip(outputs, reference_tokens)]
+    for output, reference in zip(outputs, reference_tokens):
+        # The sampled ids: the speech, then the end of speech where it stopped before max_tokens.
+        assert output.tokens[:len(reference)] == reference
+        assert output.tokens[len(reference):] in ([], [orpheus.END_OF_SPEECH])
     assert [c.generated for c in contexts] == reference_tokens[:3]
     again = [engine.create_context(t, **GREEDY) for t in TEXTS[:2]]
     asyncio.run(pipeline.generate_async(again))
@@ -294,7 +299,11 @@ def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dty
         assert {t.dtype for t in manager.cache.keys + manager.cache.values} == {expected}
         assert manager.backend.name == "torch"
         [context] = run(engine, ["Hello there."], **GREEDY)
-        assert context.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) and context.generated
+        assert context.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS)
+        # Whole frames of speech tokens, each in its slot, that decode to their frames' audio.
+        codes = engine.layout.tokens_to_codes(context.generated)
+        assert codes.numel() >= engine.layout.tokens_per_frame and codes.numel() % engine.layout.tokens_per_frame == 0
+        assert engine.decoder.decode(codes).numel() == codes.numel() // 7 * engine.decoder.samples_per_frame
     finally:
         engine.stop()
     with pytest.raises(ValueError, match="attention_kernel=native"):

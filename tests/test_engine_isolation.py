@@ -69,6 +69,11 @@ def test_a_decoder_failure_fails_only_its_own_request(engine, monkeypatch):
     assert [ended[c.request_id] for c in contexts if c is not contexts[1]] == ["complete"] * 3
     wait_idle(engine)  # its KV blocks and state are released too
     assert engine.generation.healthy
+    # The others spoke exactly what they speak when nothing fails beside them.
+    monkeypatch.undo()
+    again, events = submit_all(engine, TEXTS)
+    assert set(outcomes(events, len(again))[0].values()) == {"complete"}
+    assert [c.generated for i, c in enumerate(contexts) if i != 1] == [c.generated for i, c in enumerate(again) if i != 1]
 
 
 def test_one_loop_failure_fails_the_requests_held_and_the_loop_goes_on(engine, monkeypatch):

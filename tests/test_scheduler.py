@@ -112,11 +112,14 @@ def test_prefill_then_decode_until_every_request_finishes_and_frees_its_blocks()
 
 
 def test_max_batch_size_caps_every_step():
-    scheduler, _ = make(max_batch_size=2, max_num_steps=1)
-    for i in range(5):
-        scheduler.add(Request(f"r{i}", prompt(6, 10 * i)))
+    scheduler, manager = make(max_batch_size=2, max_num_steps=1)
+    requests = [Request(f"r{i}", prompt(6, 10 * i)) for i in range(5)]
+    for request in requests:
+        scheduler.add(request)
     outputs = drain(scheduler)
     assert max(o.batch_size for o in outputs) == 2
+    # Capped, not starved: every request reached its budget, and nothing is held afterwards.
+    assert all(len(r.generated) == r.budget for r in requests) and manager.num_used_blocks == 0
 
 
 def test_chunked_prefill_splits_long_prompts_across_steps():
@@ -146,16 +149,20 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_all_of_it(
 
 
 def test_in_flight_batching_mixes_prefill_into_decode_steps():
-    scheduler, _ = make(enable_in_flight_batching=True, max_batch_input_tokens=6)
+    scheduler, manager = make(enable_in_flight_batching=True, max_batch_input_tokens=6)
     first_request = Request("a", prompt(4), budget=20)
     scheduler.add(first_request)
     run_step(scheduler, scheduler.schedule())
-    scheduler.add(Request("b", prompt(12, 100), budget=4))
+    second = Request("b", prompt(12, 100), budget=4)
+    scheduler.add(second)
     mixed = scheduler.schedule()
     assert mixed.kind == "mixed"
     assert [(i.request.request_id, i.num_tokens) for i in mixed.items] == [("a", 1), ("b", 5)]
     run_step(scheduler, mixed)
     drain(scheduler)
+    # "a" kept decoding while "b" prefilled: both reached their budgets and freed their blocks.
+    assert len(first_request.generated) == 20 and len(second.generated) == 4
+    assert manager.num_used_blocks == 0 and manager.sequences == []
 
 
 def test_alternating_mode_keeps_prefill_and_decode_apart():
@@ -277,9 +284,13 @@ def test_preemption_recomputes_and_every_request_still_finishes():
     assert scheduler.num_preemptions > 0
     assert any(o.preempted for o in outputs)
     assert all(len(r.generated) == 8 for r in requests)
-    # The preempted request recomputed its prompt plus what it had generated.
-    recomputes = [i for o in outputs for i in o.items if i.num_tokens > 1 and i.start == 0 and o.kind == "ce"]
-    assert len(recomputes) > len(requests)
+    # A preempted request prefills again from position 0: its prompt plus what it had generated.
+    prefilled, recomputes = set(), []
+    for item in (i for o in outputs for i in o.items if i.start == 0 and o.kind == "ce"):
+        (recomputes if item.request in prefilled else []).append(item)
+        prefilled.add(item.request)
+    assert recomputes
+    assert all(len(i.request.prompt) < i.num_tokens < len(i.request.prompt) + i.request.budget for i in recomputes)
     assert manager.num_used_blocks == 0 and manager.sequences == []
 
 
