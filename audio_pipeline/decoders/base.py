@@ -98,6 +98,21 @@ class AudioDecoder(ABC):
         """
         raise NotImplementedError(f"block_causal: audio decoder {self.name!r} cannot decode block-causally")
 
+    def check_code_values(self, codes: torch.Tensor, codebook_size: int, where=None) -> None:
+        """Raises ValueError unless ``codes`` is an integer tensor of whole frames (check_codes)
+        with every code in [0, codebook_size); ``where(position)`` names a bad code's place."""
+        if not isinstance(codes, torch.Tensor):
+            raise ValueError(f"codes must be a tensor, got {type(codes).__name__}")
+        self.check_codes(codes)
+        if codes.dtype == torch.bool or codes.is_floating_point() or codes.is_complex():
+            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
+        bad = (codes < 0) | (codes >= codebook_size)
+        if bool(bad.any()):
+            position = int(bad.nonzero()[0, 0])
+            place = where(position) if where is not None else f"frame {position // self.tokens_per_frame}"
+            raise ValueError(f"code {int(codes[position])} at position {position} ({place}) is outside "
+                             f"[0, {codebook_size})")
+
     def check_codes(self, codes: torch.Tensor) -> None:
         """Raises ValueError unless ``codes`` is 1-D, whole frames and non-empty."""
         if codes.dim() != 1:

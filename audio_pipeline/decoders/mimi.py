@@ -301,16 +301,9 @@ class MimiDecoder(AudioDecoder):
 
     def _validate(self, codes: torch.Tensor) -> torch.Tensor:
         """Checked codes as (codebooks, frames) on the device."""
-        if not isinstance(codes, torch.Tensor):
-            raise ValueError(f"codes must be a tensor, got {type(codes).__name__}")
-        self.check_codes(codes)
-        if codes.dtype == torch.bool or codes.is_floating_point() or codes.is_complex():
-            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
-        bad = (codes < 0) | (codes >= self.codebook_size)
-        if bool(bad.any()):
-            pos = int(bad.nonzero()[0, 0])
-            raise ValueError(f"code {int(codes[pos])} at position {pos} (frame {pos // self.tokens_per_frame}, "
-                             f"codebook {pos % self.tokens_per_frame}) is outside [0, {self.codebook_size})")
+        frame = self.tokens_per_frame
+        self.check_code_values(codes, self.codebook_size,
+                               lambda pos: f"frame {pos // frame}, codebook {pos % frame}")
         return codes.to(device=self.device, dtype=torch.long).view(-1, self.tokens_per_frame).T
 
     def _audio(self, wave: torch.Tensor) -> torch.Tensor:

@@ -500,18 +500,9 @@ class SNACDecoder(AudioDecoder):
     # ---- decoding ------------------------------------------------------------------------
 
     def _validate(self, codes: torch.Tensor) -> torch.Tensor:
-        if not isinstance(codes, torch.Tensor):
-            raise ValueError(f"codes must be a tensor, got {type(codes).__name__}")
-        self.check_codes(codes)
-        if codes.dtype == torch.bool or codes.is_floating_point() or codes.is_complex():
-            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
-        bad = (codes < 0) | (codes >= self.codebook_size)
-        if bool(bad.any()):
-            pos = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"code {int(codes[pos])} at position {pos} (frame {pos // TOKENS_PER_FRAME}, slot "
-                f"{pos % TOKENS_PER_FRAME}, codebook {FRAME_SLOT_CODEBOOK[pos % TOKENS_PER_FRAME]}) "
-                f"is outside [0, {self.codebook_size})")
+        self.check_code_values(codes, self.codebook_size, lambda pos: (
+            f"frame {pos // TOKENS_PER_FRAME}, slot {pos % TOKENS_PER_FRAME}, "
+            f"codebook {FRAME_SLOT_CODEBOOK[pos % TOKENS_PER_FRAME]}"))
         if self.attn_window_size is not None:
             latents = codes.numel() // TOKENS_PER_FRAME * self.model_config["vq_strides"][0]
             if latents % self.attn_window_size:
