@@ -11,6 +11,7 @@ import sys
 import time
 
 import grpc
+import numpy as np
 import pytest
 import soundfile as sf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -54,10 +55,23 @@ def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
     result = run_cli("synthesize", "--text", "Hello there.", "--output", str(out), "--max-tokens", "70",
                      "--seed", "3", "--sample-rate", "16000")
     assert result.returncode == 0, result.stderr
-    audio, rate = sf.read(out)
+    audio, rate = sf.read(out, dtype="float32")
     # The built-in voice: 4 tokens per 20 ms frame at 16 kHz, so 70 tokens make 17 whole frames.
-    assert rate == 16000 and len(audio) == 17 * 320 and abs(audio).max() > 0
+    assert rate == 16000 and len(audio) == 17 * 320
     assert "max_tokens" in result.stderr
+    # The same speech as the built-in model's engine makes in this process for the same request
+    # (one sentence: one segment, spoken with the seed as given).
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+
+    engine = TTSEngine(AudioGenerationConfig.load())
+    engine.start()
+    try:
+        reference = engine.synthesize("Hello there.", seed=3, max_tokens=70)
+    finally:
+        engine.stop(0.0)
+    assert reference.sample_rate == 16000
+    np.testing.assert_allclose(audio, reference.samples, rtol=0, atol=1.5 / 32768)  # the WAV's PCM16
 
 
 def test_synthesize_reports_a_missing_model_directory(tmp_path, capsys):
@@ -90,10 +104,20 @@ def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
                 text="A longer sentence to keep the server busy.",
                 sampling=tts_pb2.SamplingParams(max_tokens=700, min_tokens=700)), timeout=300)
             assert next(stream).HasField("format")
-            assert next(stream).HasField("audio")
+            first = next(stream)
+            assert first.HasField("audio")
             server.send_signal(signal.SIGTERM)
             rest = list(stream)
         assert rest[-1].HasField("complete") and rest[-1].complete.usage.generated_tokens == 700
+        # All its audio came: a frame of samples for each 7 tokens of the tiny model's SNAC decoder.
+        import math
+
+        from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG
+
+        samples_per_frame = math.prod(TINY_SNAC_CONFIG["encoder_rates"]) * TINY_SNAC_CONFIG["vq_strides"][0]
+        assert samples_per_frame == 2048
+        audio = [m.audio for m in [first, *rest[:-1]]]
+        assert sum(a.num_samples for a in audio) == sum(len(a.data) // 2 for a in audio) == 700 // 7 * samples_per_frame
         assert server.wait(timeout=60) == 0
     finally:
         if server.poll() is None:

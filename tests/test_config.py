@@ -143,11 +143,6 @@ def test_field_validation_names_the_field(fields, field_name):
         make(**fields)
 
 
-def test_valid_edges_are_accepted():
-    config = make(kvcache_ce_watermark=1.0, max_num_steps=3, model={"device": "cuda:1"}, sampling={"top_k": 1})
-    assert config.kvcache_ce_watermark == 1.0 and config.model.device == "cuda:1"
-
-
 def test_assignment_is_validated():
     config = make()
     with pytest.raises(ValueError, match="buffer"):
@@ -438,11 +433,38 @@ def test_resolve_rules(fields, message):
         make(**fields)
 
 
-def test_resolve_accepts_consistent_settings():
-    config = make(chunk_size=[28, 56, 112], buffer=14, max_batch_size=4, min_batch_size_tg=2, max_queue_size_tg=4,
-                  max_length=2048, sampling={"max_tokens": 1000, "min_tokens": 10})
-    assert config.resolve() is config
-    assert make(audio_decoder=Frame1Decoder.name, chunk_size=[3, 5], buffer=1).chunk_size == [3, 5]
+#: (the last settings a rule or field accepts, the first it refuses, what the refusal names).
+EDGES = [
+    ({"chunk_size": [7, 14]}, {"chunk_size": [7, 15]}, r"chunk_size \[7, 15\]"),
+    ({"audio_decoder": Frame1Decoder.name, "chunk_size": [3, 5], "buffer": 1},
+     {"audio_decoder": Frame1Decoder.name, "chunk_size": [3, 0], "buffer": 1}, "chunk_size"),
+    ({"buffer": 7}, {"buffer": 8}, r"buffer \(8\) must be a multiple"),
+    ({"prepend_prompt_speech_tokens": "rolling", "buffer": 7}, {"prepend_prompt_speech_tokens": "rolling"},
+     "rolling needs buffer > 0"),
+    ({"max_batch_size": 8192}, {"max_batch_size": 8193}, r"max_batch_size \(8193\) exceeds max_batch_input_tokens"),
+    ({"max_batch_size": 4, "min_batch_size_tg": 4}, {"max_batch_size": 4, "min_batch_size_tg": 5},
+     "min_batch_size_tg"),
+    ({"max_batch_size": 4, "max_queue_size_tg": 4}, {"max_batch_size": 4, "max_queue_size_tg": 3},
+     "max_queue_size_tg"),
+    ({"enable_overlap_scheduler": True, "max_num_steps": 1}, {"enable_overlap_scheduler": True, "max_num_steps": 2},
+     r"max_num_steps \(2\) must be -1 or 1 with enable_overlap_scheduler"),
+    ({"sampling": {"max_tokens": 4096}}, {"sampling": {"max_tokens": 4097}}, "exceeds sampling.max_tokens_limit"),
+    ({"sampling": {"min_tokens": 40, "max_tokens": 40}}, {"sampling": {"min_tokens": 41, "max_tokens": 40}},
+     r"sampling\.min_tokens \(41\)"),
+    ({"max_length": 2048, "model": {"max_length": 2048}}, {"max_length": 2048, "model": {"max_length": 2049}},
+     "differ"),
+    ({"max_length": 1201}, {"max_length": 1200}, "leaves no room"),
+    ({"kvcache_ce_watermark": 1.0}, {"kvcache_ce_watermark": 1.001}, "kvcache_ce_watermark"),
+    ({"sampling": {"top_k": 1}}, {"sampling": {"top_k": 0}}, "top_k"),
+    ({"model": {"device": "cuda:1"}}, {"model": {"device": "cuda:x"}}, "device"),
+]
+
+
+@pytest.mark.parametrize("accepted, refused, message", EDGES)
+def test_each_rule_accepts_up_to_its_edge_and_refuses_past_it(accepted, refused, message):
+    make(**accepted)  # raises if the rule (or field) is stricter than it says
+    with pytest.raises(ValueError, match=message):
+        make(**refused)
 
 
 def test_resolve_lists_every_broken_rule():
@@ -456,7 +478,7 @@ def test_assignment_checks_the_field_and_resolve_the_rules():
     with pytest.raises(ValueError, match="buffer"):
         config.resolve()
     config.buffer = 7
-    assert config.resolve() is config
+    config.resolve()  # the rules read the fields as they are now: the fixed value passes
 
 
 # --- only fields that act are accepted -------------------------------------------------------------
@@ -508,11 +530,54 @@ def test_the_models_streaming_defaults_sit_below_every_source(tmp_path):
     assert AudioGenerationConfig.load(env={}, audio_flags=["block_causal=false"]).block_causal is False
 
 
-def test_acting_values_are_accepted():
-    config = make(prometheus_metrics_mode="launch_server", ce_delay_ms=5.0, enable_prioritize_first_decode=True,
-                  max_num_steps=4, voices_dir="/voices", grace_period_s=1.5, audio_decoder_weights="/w",
-                  model={"served_model_name": "tts", "kv_cache": {"kv_cache_memory_bytes": 1 << 20}})
-    assert config.prometheus_metrics_mode is PrometheusMetricsMode.LAUNCH_SERVER
+@pytest.mark.slow
+def test_acting_values_take_effect_in_a_server(tiny_model_dir, tmp_path):
+    """kv_cache_memory_bytes sizes the cache's blocks, voices_dir keeps the registered voices, and
+    grace_period_s is how long a stopping server lets a stream run on before cutting it. (Where the
+    other fields act, they are tested there: model.served_model_name in test_http,
+    prometheus_metrics_mode in test_metrics, ce_delay_ms and enable_prioritize_first_decode in
+    test_scheduler, max_num_steps and audio_decoder_weights in test_engine_core.)"""
+    import io
+    import time
+
+    import grpc
+    import numpy as np
+    import soundfile
+
+    from audio_pipeline.models.tiny import TINY_LLAMA_CONFIG
+    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline_client import TTSClient
+    from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+    from conftest import make_config
+
+    tiny = TINY_LLAMA_CONFIG  # float32 keys and values of every layer, per token:
+    token_bytes = 2 * tiny["num_hidden_layers"] * tiny["num_key_value_heads"] * (
+        tiny["hidden_size"] // tiny["num_attention_heads"]) * 4
+    voices = tmp_path / "voices"
+    config = make_config(tiny_model_dir, "grace_period_s=0.5", voices_dir=str(voices),
+                         model={"kv_cache": {"kv_cache_page_size": 16,
+                                             "kv_cache_memory_bytes": 300 * 16 * token_bytes}})
+    server = BackgroundServer(config).start()
+    try:
+        assert server.engine.scheduler.block_manager.total_num_blocks == 300
+        t = np.arange(16000) / 16000
+        wav = io.BytesIO()
+        soundfile.write(wav, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 16000, format="WAV")
+        with TTSClient(server.target, timeout=120) as client:
+            client.register_voice("alice", wav.getvalue(), "This is my voice, please copy it.")
+        assert json.loads((voices / "alice" / "voice.json").read_text())["name"] == "alice"
+        with grpc.insecure_channel(server.target) as channel:
+            stream = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(
+                text="A long one.", sampling=tts_pb2.SamplingParams(max_tokens=4000, min_tokens=4000)), timeout=120)
+            next(stream), next(stream)  # format, first audio: the stream is under way
+            started = time.monotonic()
+            server.stop()  # lets the stream run on for grace_period_s, then cuts it
+            stopped = time.monotonic() - started
+            with pytest.raises(grpc.RpcError):
+                list(stream)
+        assert 0.5 <= stopped < 4.0  # make_config's grace would be 5 s; the stream needs longer
+    finally:
+        server.stop()
 
 
 # --- display and logging --------------------------------------------------------------------------
@@ -545,7 +610,7 @@ def test_log_basic_config_to_a_given_logger(caplog):
 
 def test_pipeline_config_alone_needs_no_decoder():
     config = PipelineConfig(max_batch_size=2)
-    assert config.max_batch_size == 2 and "audio_decoder" not in config.to_display_dict()
+    assert "audio_decoder" not in config.to_display_dict()
     with pytest.raises(ValueError, match="buffer"):
         PipelineConfig(buffer=7)
 

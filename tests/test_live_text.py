@@ -60,12 +60,17 @@ def test_the_first_sentence_is_spoken_before_the_text_ends(idle_server):
 
 
 def test_flush_speaks_an_unfinished_sentence(idle_server):
+    """The text before FLUSH is spoken as a piece of its own, then (after a pause) the rest: the
+    stream is the two pieces' own speech with silence between."""
     with TTSClient(idle_server.target, timeout=300) as client:
-        flushed = list(client.stream_text(["No full stop here", FLUSH, " and more after"], temperature=0.0))
-        plain = list(client.stream("No full stop here", temperature=0.0))
-    assert audio_of(flushed)[:len(audio_of(plain))].shape == audio_of(plain).shape
-    np.testing.assert_allclose(audio_of(flushed)[:len(audio_of(plain))], audio_of(plain), atol=2 / 32768)
-    assert len(audio_of(flushed)) > len(audio_of(plain))  # the words after the flush came too
+        flushed = audio_of(list(client.stream_text(["No full stop here", FLUSH, " and more after"],
+                                                   temperature=0.0)))
+        before = audio_of(list(client.stream("No full stop here", temperature=0.0)))
+        after = audio_of(list(client.stream("and more after", temperature=0.0)))
+    assert flushed.size > before.size + after.size
+    np.testing.assert_allclose(flushed[:before.size], before, atol=2 / 32768)
+    np.testing.assert_allclose(flushed[-after.size:], after, atol=2 / 32768)
+    assert not flushed[before.size:-after.size].any()  # the pause between them
 
 
 def test_the_async_client_streams_text_from_an_async_source(idle_server):
@@ -79,7 +84,11 @@ def test_the_async_client_streams_text_from_an_async_source(idle_server):
             return [c async for c in client.stream_text(source(), temperature=0.0)]
 
     chunks = asyncio.run(run())
-    assert chunks[-1].final and len(audio_of(chunks)) > 0
+    assert chunks[-1].final
+    with TTSClient(idle_server.target, timeout=300) as client:  # the sentence sent whole, sync
+        whole = audio_of(list(client.stream(SENTENCES[0], temperature=0.0)))
+    assert audio_of(chunks).shape == whole.shape
+    np.testing.assert_allclose(audio_of(chunks), whole, atol=2 / 32768)
 
 
 def test_a_cancel_mid_sentence_frees_everything(idle_server):
@@ -139,11 +148,12 @@ def test_tts_client_live_reads_its_input_line_by_line(idle_server, tmp_path, mon
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(lines.encode())))
     assert tts_client(["--server", idle_server.target, "--input", "-", "--live", "--output", str(out),
                        "--temperature", "0", "--quiet"]) == 0
-    audio, _ = sf.read(out)
+    audio, rate = sf.read(out, dtype="float32")
     with TTSClient(idle_server.target, timeout=300) as client:
         expected = audio_of(list(client.stream_text(["First one here. ", "Second one ", FLUSH, "there. "],
                                                     temperature=0.0)))
-    assert len(audio) == len(expected)
+    assert rate == 24000 and audio.shape == expected.shape
+    np.testing.assert_allclose(audio, expected, atol=2 / 32768)  # PCM16 both: the same samples
 
 
 def test_the_live_text_benchmark_runs_against_a_real_server(tiny_model_dir, capsys):

@@ -72,16 +72,31 @@ def test_same_seed_same_audio_and_different_seed_different_audio(stub):
     assert audio(5) == audio(5) != audio(6)
 
 
+def float32_speech(stub, **fields):
+    messages = list(stub.Synthesize(request(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32, **fields), timeout=60))
+    samples = np.concatenate([np.frombuffer(m.audio.data, dtype="<f4") for m in messages if m.HasField("audio")])
+    return messages, samples.astype(np.float64)
+
+
 def test_resampled_float32_stream(stub):
-    messages = list(stub.Synthesize(request(seed=2, max_tokens=70, sample_rate=16000,
-                                            encoding=tts_pb2.AUDIO_ENCODING_FLOAT32), timeout=60))
+    """16 kHz is the native 24 kHz speech resampled: it equals an independent resampler's
+    (scipy's polyphase filter) below both filters' transition bands."""
+    from scipy import signal
+
+    messages, samples = float32_speech(stub, seed=2, max_tokens=70, sample_rate=16000)
     assert messages[0].format.sample_rate == 16000
     assert messages[0].format.encoding == tts_pb2.AUDIO_ENCODING_FLOAT32
-    samples = np.concatenate([np.frombuffer(m.audio.data, dtype="<f4") for m in messages if m.HasField("audio")])
-    native = 10 * SAMPLES_PER_FRAME
-    assert abs(samples.size - native * 16000 / 24000) <= 2
-    assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0 and np.abs(samples).max() > 0
+    _, native = float32_speech(stub, seed=2, max_tokens=70)
+    assert native.size == 10 * SAMPLES_PER_FRAME
+    expected = signal.resample_poly(native, 2, 3)
+    assert abs(samples.size - expected.size) <= 2
     assert messages[-1].complete.usage.audio_seconds == pytest.approx(samples.size / 16000)
+    size = min(samples.size, expected.size)
+    below = signal.butter(8, 6500, fs=16000, output="sos")  # both resamplers pass this band whole
+    heard, wanted = (signal.sosfiltfilt(below, x[:size])[100:-100] for x in (samples, expected))
+    varying = wanted - wanted.mean()  # the SNR of the speech, not of the DC this model sits on
+    snr = 10 * np.log10(np.sum(varying ** 2) / np.sum((heard - wanted) ** 2))
+    assert snr > 40  # measured 56 dB; another seed's speech is about 16 dB off
 
 
 def test_list_voices(stub):
@@ -90,11 +105,45 @@ def test_list_voices(stub):
     assert "tara" in names and voices[0].is_default and sum(v.is_default for v in voices) == 1
 
 
-def test_voice_changes_the_prompt(stub):
-    def usage(voice):
-        return list(stub.Synthesize(request(voice=voice, max_tokens=7, seed=0), timeout=60))[-1].complete.usage
+def engine_speech(engine, context) -> np.ndarray:
+    """The audio the engine makes of ``context`` (run in-process on the server's engine)."""
+    import queue
 
-    assert usage("leo").prompt_tokens == usage("tara").prompt_tokens - 1  # "leo" is one byte shorter
+    events = queue.Queue()
+    engine.submit(context, events.put)
+    pieces = []
+    while (event := events.get(timeout=60)).kind == "audio":
+        pieces.append(event.samples)
+    assert event.kind == "complete", event.error
+    return np.concatenate(pieces)
+
+
+def test_the_voice_is_the_prefix_of_the_prompt(idle_server, stub):
+    """The voice name prefixes the text in Orpheus's prompt (the layout's build_prompt): the
+    server's speech for a voice is the engine's speech of that prompt, and differs by voice."""
+    import uuid
+
+    from audio_pipeline.context import TTSContext
+    from audio_pipeline.layouts import orpheus
+
+    engine, text = idle_server.engine, "Hello world."
+
+    def grpc_speech(voice):
+        messages = list(stub.Synthesize(request(text, voice=voice, max_tokens=28, seed=0), timeout=60))
+        return np.concatenate([pcm16(m) for m in messages if m.HasField("audio")]), messages[-1].complete.usage
+
+    spoken = {}
+    for voice in ("tara", "leo"):
+        prompt = [orpheus.START_OF_HUMAN, *engine.tokenizer(f"{voice}: {text}").input_ids, orpheus.END_OF_TEXT,
+                  orpheus.END_OF_HUMAN, orpheus.START_OF_AI, orpheus.START_OF_SPEECH]
+        assert engine.layout.build_prompt(engine.tokenizer, text, voice) == prompt
+        spoken[voice], usage = grpc_speech(voice)
+        assert usage.prompt_tokens == len(prompt)
+        sampling = engine.resolve_settings(voice=voice, seed=0, max_tokens=28).sampling
+        expected = engine_speech(engine, TTSContext(request_id=uuid.uuid4().hex, prompt_ids=prompt,
+                                                    sampling=sampling, layout=engine.layout, voice=voice))
+        np.testing.assert_allclose(spoken[voice] / 32768, expected, rtol=0, atol=1.5 / 32768)
+    assert not np.array_equal(spoken["tara"], spoken["leo"])
 
 
 BAD_REQUESTS = [
@@ -121,20 +170,63 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize("fields, code, field", BAD_REQUESTS, ids=[f"{c.name}-{f}" for _, c, f in BAD_REQUESTS])
 def test_bad_requests_are_answered_with_the_field_and_the_server_keeps_serving(stub, fields, code, field):
+    def speech():
+        messages = list(stub.Synthesize(request(max_tokens=14, seed=11), timeout=60))
+        return b"".join(m.audio.data for m in messages if m.HasField("audio")), messages[-1].complete
+
+    before = speech()
     text = fields.pop("text", "Hello.")
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Synthesize(request(text, **fields), timeout=30))
     assert caught.value.code() == code
     assert caught.value.details().startswith(f"{field}:"), caught.value.details()
-    ok = list(stub.Synthesize(request(max_tokens=7), timeout=60))
-    assert ok[-1].HasField("complete")
+    after = speech()  # the same speech as before the bad request
+    assert after[0] == before[0] and len(after[0]) == 2 * 2 * SAMPLES_PER_FRAME
+    assert after[1].usage.generated_tokens == before[1].usage.generated_tokens == 14
 
 
-def test_every_sampling_override_is_accepted(stub):
-    messages = list(stub.Synthesize(request(temperature=0.8, top_p=0.9, top_k=100, min_p=0.05, repetition_penalty=1.2,
-                                            frequency_penalty=0.5, presence_penalty=0.3, max_tokens=28, min_tokens=7,
-                                            seed=3, stop_token_ids=[128009]), timeout=60))
-    assert messages[-1].HasField("complete")
+def synthesized(stub, **fields):
+    """(PCM16 samples, completion) of one request."""
+    messages = list(stub.Synthesize(request(**fields), timeout=60))
+    return np.concatenate([pcm16(m) for m in messages if m.HasField("audio")]), messages[-1].complete
+
+
+#: Sampling overrides, each one that changes the seeded speech of the tiny model. Its random
+#: weights make every code about equally likely (within a factor of a few), so a min_p below
+#: about 0.2 cuts nothing (0.5 does), and a small change of the repetition penalty shows only
+#: once a code has come twice in its frame slot (70 tokens do that).
+OVERRIDES = [dict(temperature=0.8), dict(top_p=0.9), dict(top_k=100), dict(min_p=0.5), dict(repetition_penalty=1.2),
+             dict(frequency_penalty=0.5), dict(presence_penalty=0.3), dict(max_tokens=56)]
+
+
+def test_every_sampling_override_changes_the_seeded_speech(stub):
+    base = dict(seed=3, max_tokens=70)
+    plain, _ = synthesized(stub, **base)
+    assert np.array_equal(synthesized(stub, **base)[0], plain)  # the seed alone fixes the speech
+    for override in OVERRIDES:
+        changed, complete = synthesized(stub, **{**base, **override})
+        assert complete.usage.generated_tokens == override.get("max_tokens", 70)
+        assert changed.shape != plain.shape or not np.array_equal(changed, plain), override
+
+
+def test_a_stop_token_ends_the_speech_once_min_tokens_are_out(idle_server, stub):
+    """A stop id ends the speech where it is chosen on a frame boundary, not before min_tokens.
+    The stop id is the greedy speech's own token at the second frame's start (the random model
+    never picks one stop id by itself)."""
+    import uuid
+
+    engine = idle_server.engine
+    context = engine.create_context("Hello world.", temperature=0.0, max_tokens=28, request_id=uuid.uuid4().hex)
+    greedy = engine_speech(engine, context)
+    stop = context.generated[7]
+    heard, complete = synthesized(stub, temperature=0.0, max_tokens=28)
+    np.testing.assert_allclose(heard / 32768, greedy, rtol=0, atol=1.5 / 32768)
+    assert complete.stop_reason == tts_pb2.STOP_REASON_MAX_TOKENS
+    stopped, complete = synthesized(stub, temperature=0.0, max_tokens=28, stop_token_ids=[stop])
+    assert complete.stop_reason == tts_pb2.STOP_REASON_END_OF_SPEECH
+    assert complete.usage.generated_tokens == 7 and stopped.size == SAMPLES_PER_FRAME
+    held, complete = synthesized(stub, temperature=0.0, max_tokens=28, stop_token_ids=[stop], min_tokens=8)
+    assert complete.usage.generated_tokens > 7
 
 
 def test_client_cancel_mid_stream_ends_generation(idle_server, stub):
