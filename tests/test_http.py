@@ -382,7 +382,7 @@ def test_grpc_streams_every_encoded_format(idle, name):
         rate = reference.sample_rate
         result = grpc_client.synthesize(TEXT, seed=6, encoding=name)
         chunks = list(grpc_client.stream(TEXT, seed=6, encoding=name))
-    assert result.sample_rate == rate and result.data
+    assert result.sample_rate == (48000 if name == "opus" else rate) and result.data
     streamed = b"".join(c.data for c in chunks[:-1])
     if name == "opus":  # each Ogg stream has its own random serial number: the same audio inside
         np.testing.assert_array_equal(decode(streamed, "opus")[0], decode(result.data, "opus")[0])
@@ -397,14 +397,11 @@ def test_grpc_streams_every_encoded_format(idle, name):
         assert_g711_copy(decode_g711(result.data, name), reference.samples)
     else:  # the client cannot decode AAC (PyAV can); it decodes Opus at its own 48 kHz
         decoded, decoded_rate = (decode(result.data, "aac") if name == "aac"
-                                 else (result.samples, 48000 if name == "opus" else rate))
+                                 else (result.samples, result.sample_rate))
         assert decoded.size / decoded_rate == pytest.approx(reference.duration_seconds, abs=0.11)
         assert_lossy_copy(idle, decoded, decoded_rate, name, seed=6)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: TTSClient.synthesize(encoding='opus') decodes the Ogg/Opus stream at "
-                                        "Opus's 48 kHz but reports the request's 24 kHz as result.sample_rate, so "
-                                        "duration_seconds (and a file written at sample_rate) is twice the speech's")
 def test_a_decoded_opus_result_says_the_rate_of_its_samples(idle):
     reference = grpc_result(idle, seed=6)
     result = grpc_result(idle, seed=6, encoding="opus")

@@ -84,7 +84,10 @@ class BackgroundServer:
 
     def stop(self) -> None:
         if self._loop is not None and self._thread.is_alive() and self._options.stop_event is not None:
-            self._loop.call_soon_threadsafe(self._options.stop_event.set)
+            try:
+                self._loop.call_soon_threadsafe(self._options.stop_event.set)
+            except RuntimeError:  # the server thread closed its loop meanwhile (a failed start): nothing to stop
+                pass
         self._thread.join()
 
     def __enter__(self) -> "BackgroundServer":

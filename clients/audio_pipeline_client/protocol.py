@@ -266,15 +266,15 @@ class StreamReader:
                                 num_samples=frames.num_samples)
 
 
-def decode_stream(data: bytes, name: str, total_samples: int = 0) -> np.ndarray:
-    """Float samples of a whole encoded stream (G.711 here; WAV, FLAC, MP3 and Ogg/Opus through
-    soundfile); empty where this client cannot decode it (AAC). ``total_samples``: the samples the
-    stream was made from (a streamed FLAC header leaves its length unknown, which soundfile cannot
-    read: it is written in)."""
+def decode_stream(data: bytes, name: str, sample_rate: int, total_samples: int = 0) -> tuple[np.ndarray, int]:
+    """(float samples, their rate) of a whole encoded stream of ``sample_rate`` (G.711 here; WAV,
+    FLAC, MP3 and Ogg/Opus through soundfile: Opus decodes at its own 48 kHz); no samples where this
+    client cannot decode it (AAC). ``total_samples``: the samples the stream was made from (a
+    streamed FLAC header leaves its length unknown, which soundfile cannot read: it is written in)."""
     if name in ("mulaw", "alaw"):
-        return g711_decode(np.frombuffer(data, dtype=np.uint8), name)
+        return g711_decode(np.frombuffer(data, dtype=np.uint8), name), sample_rate
     if name == "aac" or not data:
-        return np.zeros(0, dtype=np.float32)
+        return np.zeros(0, dtype=np.float32), sample_rate
     import io
 
     import soundfile
@@ -286,15 +286,17 @@ def decode_stream(data: bytes, name: str, total_samples: int = 0) -> np.ndarray:
         patched[22:26] = (total_samples & 0xFFFFFFFF).to_bytes(4, "big")
         data = bytes(patched)
     if name == "wav":  # a streaming header (sizes 0xFFFFFFFF): the samples follow its 44 bytes
-        return np.frombuffer(data[44:len(data) - (len(data) - 44) % 2], dtype="<i2").astype(np.float32) / 32768
+        return (np.frombuffer(data[44:len(data) - (len(data) - 44) % 2], dtype="<i2").astype(np.float32) / 32768,
+                sample_rate)
     with soundfile.SoundFile(io.BytesIO(data)) as sound:
+        rate = sound.samplerate
         blocks = []
         while True:
             block = sound.read(65536, dtype="float32")
             if not len(block):
                 break
             blocks.append(block.reshape(-1))
-    return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
+    return (np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)), rate
 
 
 def g711_decode(codes: np.ndarray, name: str) -> np.ndarray:
@@ -317,12 +319,13 @@ def result_from_chunks(chunks: list[AudioStreamChunk], encoding: int | None = No
     final = chunks[-1]
     data = b"".join(chunk.data for chunk in chunks[:-1])
     name = next((n for n, e in STREAM_ENCODINGS.items() if e == encoding), None)
+    rate = final.sample_rate
     if name is not None:
-        samples = decode_stream(data, name, sum(chunk.num_samples for chunk in chunks[:-1]))
+        samples, rate = decode_stream(data, name, rate, sum(chunk.num_samples for chunk in chunks[:-1]))
     else:
         audio = [chunk.samples for chunk in chunks[:-1]]
         samples = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
-    return SynthesisResult(samples=samples, sample_rate=final.sample_rate, usage=final.usage,
+    return SynthesisResult(samples=samples, sample_rate=rate, usage=final.usage,
                            stop_reason=final.stop_reason, request_id=final.request_id,
                            words=tuple(word for chunk in chunks[:-1] for word in chunk.words),
                            data=data if name is not None else b"")

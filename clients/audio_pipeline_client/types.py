@@ -92,6 +92,7 @@ class SynthesisResult:
     """The whole audio of one synthesis: float32 mono samples in [-1, 1] whatever the wire encoding."""
 
     samples: np.ndarray
+    #: The rate of ``samples``: the stream's, except Opus, which decodes at its own 48 kHz.
     sample_rate: int
     usage: Usage
     stop_reason: str
