@@ -306,14 +306,15 @@ def test_a_reference_streams_cloned_audio_with_its_codes_before_the_decoders_inp
 @pytest.mark.slow
 def test_cloned_requests_batched_together_sound_as_they_do_alone(model_dir, tmp_path):
     """Four requests at once (two references, the shipped voice, a registered voice) each give
-    the audio they give alone, every one exactly its generated frames' samples. They sample with
+    the audio they give alone, every one exactly its generated frames' samples; HTTP's speech
+    route speaks the registered voice as gRPC does. They sample with
     the family's defaults (temperature 1, top 50, as the reference implementation); the
     configuration's own (top_p 0.95 over all 65,536 codes of a random model's nearly flat
     distribution) would let a batch's other rounding of the logits move a draw."""
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
     from audio_pipeline.server.background import BackgroundServer
 
-    server = BackgroundServer(make_config(model_dir, voices_dir=str(tmp_path / "voices"))).start()
+    server = BackgroundServer(make_config(model_dir, voices_dir=str(tmp_path / "voices")), http_port=0).start()
     try:
         with grpc.insecure_channel(server.target) as channel:
             registered = tts_pb2_grpc.TextToSpeechStub(channel).RegisterVoice(tts_pb2.RegisterVoiceRequest(
@@ -343,6 +344,14 @@ def test_cloned_requests_batched_together_sound_as_they_do_alone(model_dir, tmp_
             assert heard.shape == same.shape and np.abs(heard - same).max() <= 1  # batched kernels round otherwise
             prompts.add(usage.prompt_tokens)
         assert len(prompts) > 1  # four voices, four prompts
+        import httpx
+
+        body = {"input": "Sentence number 3.", "voice": "amy", "response_format": "pcm", "seed": 3}
+        response = httpx.post(f"{server.http_url}/v1/audio/speech", json=body, timeout=120)
+        assert response.status_code == 200 and "x-ignored-fields" not in response.headers
+        heard = np.frombuffer(response.content, "<i2").astype(int)
+        same = np.concatenate(audio_of(synthesize(server.target, "Sentence number 3.", seed=3, voice="amy"))).astype(int)
+        assert heard.shape == same.shape and np.abs(heard - same).max() <= 1
         wait_idle(server.engine)
     finally:
         server.stop()
