@@ -1,6 +1,6 @@
 """Engine configuration (after MAX's `config` module): PipelineConfig, AudioGenerationConfig, their parts.
 
-Values come from, later winning: field defaults < the model's streaming defaults < ``config_file``
+Values come from, later winning: field defaults < the model's streaming and sampling defaults < ``config_file``
 < ``AUDIO_PIPELINE_*`` environment variables < keyword arguments < ``NAME=VALUE`` audio flags.
 ``AudioGenerationConfig.load`` reads all of them (the sources are in ``config_sources``);
 ``resolve()`` checks the rules that span fields, once construction is done. Every field acts:
@@ -141,7 +141,8 @@ MAXModelConfig = ModelConfig
 
 
 class SamplingConfig(BaseModel):
-    """Server-wide sampling defaults; a request may override each of them."""
+    """Server-wide sampling defaults; a request may override each of them. A model family may
+    default some otherwise (layouts/manifest.py FAMILY_SAMPLING), below every source."""
 
     model_config = _SETTINGS
     temperature: float = Field(0.6, ge=0, description="Softmax temperature; 0 is greedy.")
@@ -172,8 +173,8 @@ class SamplingConfig(BaseModel):
 class PipelineConfig(BaseSettings):
     """Configuration of a pipeline: model, batching, scheduling, sampling defaults.
 
-    Construction reads the keyword arguments over ``config_file`` (and the model's streaming
-    defaults), not the environment: a configuration built in code stays what the code says.
+    Construction reads the keyword arguments over ``config_file`` (and the model's streaming and
+    sampling defaults), not the environment: a configuration built in code stays what the code says.
     ``load`` adds the environment and flags. Construction then runs ``resolve()``. Assignment
     checks the field alone: call ``resolve()`` after changing fields. ``model_validate`` neither
     reads ``config_file`` nor resolves: construct instead.
@@ -229,7 +230,7 @@ class PipelineConfig(BaseSettings):
              env: Mapping[str, str] | None = None, audio_flags: Iterable[str] = (), **overrides: Any) -> Self:
         """Builds the configuration from every source; later sources win.
 
-        defaults < the model's streaming defaults < config file < ``AUDIO_PIPELINE_*`` variables of
+        defaults < the model's streaming and sampling defaults < config file < ``AUDIO_PIPELINE_*`` variables of
         ``env`` (default ``os.environ``) < ``config_file``/``section_name``/``overrides`` (nested
         dicts) < ``audio_flags`` (NAME=VALUE strings). The file is the one named by the highest
         source that names one. An unknown key in any source is refused, naming the key and source.
@@ -372,7 +373,8 @@ class AudioGenerationConfig(PipelineConfig):
     block_causal: bool = Field(False, description="Context tokens may not see the current block; when not "
                                                   "set, the model's streaming default, else false.")
     prepend_prompt_speech_tokens: PrependPromptSpeechTokens = Field(
-        PrependPromptSpeechTokens.NEVER, description="Whether voice-prompt speech tokens are decoder context.")
+        PrependPromptSpeechTokens.NEVER, description="Whether voice-prompt speech tokens are decoder context; "
+                                                     "when not set, the model's streaming default, else never.")
     prepend_prompt_speech_tokens_causal: bool = Field(
         False, description="Prepended prompt tokens may not see the current block.")
     prometheus_metrics_mode: PrometheusMetricsMode = Field(
@@ -412,18 +414,21 @@ class AudioGenerationConfig(PipelineConfig):
 
     @classmethod
     def _model_defaults(cls, chosen: Mapping[str, Any]) -> dict[str, Any]:
-        """The model's streaming defaults (chunk_size, buffer, block_causal from its manifest, or its
-        family's), below every source: a setting any source makes, even to none, is kept. They are
-        made for the model's own decoder: with another audio_decoder there are none."""
-        from audio_pipeline.layouts.manifest import declared_audio_decoder, declared_streaming
+        """The model's streaming defaults (chunk_size, buffer, block_causal, prepend from its
+        manifest, or its family's) and its family's sampling defaults, below every source: a
+        setting any source makes, even to none, is kept. The streaming ones are made for the
+        model's own decoder: with another audio_decoder there are none."""
+        from audio_pipeline.layouts.manifest import declared_audio_decoder, declared_sampling, declared_streaming
 
         model = chosen.get("model")
         path = getattr(model, "model_path", None) if not isinstance(model, Mapping) else model.get("model_path")
         path = path or DEFAULT_MODEL
+        sampling = declared_sampling(path)
+        defaults = {"sampling": sampling} if sampling else {}
         decoder = chosen.get("audio_decoder")
         if decoder and decoder != (declared_audio_decoder(path) or cls.model_fields["audio_decoder"].default):
-            return {}
-        return dict(declared_streaming(path))
+            return defaults
+        return {**defaults, **declared_streaming(path)}
 
     def to_display_dict(self) -> dict[str, Any]:
         """Every field, with audio_decoder as resolved (the decoder the model names, if not set)."""

@@ -28,7 +28,7 @@ from audio_pipeline.text.normalize import NormalizedText, normalize
 from audio_pipeline.text.timings import word_timings
 from audio_pipeline.text.segment import segments
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
-                                   read_reference_audio)
+                                   codes_file, read_reference_audio, read_voice_entry)
 from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
 from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
 from audio_pipeline.runtime import default_num_threads
@@ -135,11 +135,11 @@ class TTSEngine:
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
         self.num_threads = config.model.num_threads or default_num_threads(device)
         hf_config = AutoConfig.from_pretrained(self.model_dir)
-        self.layout = self.manifest.make_layout(self.model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
         if hf_config.vocab_size < self.layout.min_vocab_size:
             raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "
                              f"speech tokens of the {self.manifest.family} layout (needs {self.layout.min_vocab_size})")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         #: The decoder in use: audio_decoder as configured, else the one the model's manifest names.
         self.decoder_name = config.resolved_audio_decoder
         # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
@@ -160,6 +160,9 @@ class TTSEngine:
         if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
             raise ValueError(f"audio_decoder: {self.decoder_name!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")
+        check_decoder = getattr(self.layout, "check_decoder", None)
+        if check_decoder is not None:
+            check_decoder(self.decoder)
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
         self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
         if config.enable_overlap_scheduler:
@@ -173,6 +176,8 @@ class TTSEngine:
             scheduler_config = dataclasses.replace(scheduler_config, max_num_steps=1)
         self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
         self.voice_store = self._open_voice_store()
+        #: Preset voices spoken as a clone of a reference the model directory ships.
+        self.preset_prompts = self._preset_prompts()
         self.generation = AudioGenerationEngine(pipeline, self.decoder, StreamSettings.from_config(config),
                                                 self.scheduler, metrics=self.metrics, num_threads=self.num_threads,
                                                 decode_stream=torch.cuda.Stream(device) if device.type == "cuda" else None)
@@ -206,6 +211,34 @@ class TTSEngine:
         if skipped:
             logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
         return store
+
+    def _preset_prompts(self) -> dict[str, VoicePrompt]:
+        """The voice prompts of the preset voices whose reference the model directory ships, in
+        ``voices/NAME/`` as registered voices are kept (voice.json's transcript, the decoder's
+        codes or reference.flac). A layout that speaks only as a reference needs one for each preset
+        voice: ValueError naming the voice otherwise."""
+        prompts = {}
+        encode = self._encode if self.voice_store is not None else None  # the decoder can encode
+        for voice in self.manifest.voices:
+            entry = self.model_dir / "voices" / voice.name
+            if (entry / "voice.json").is_file():
+                meta, codes, _ = read_voice_entry(entry, self.decoder_name, self.decoder.sample_rate, encode)
+                frame, codebook = self.layout.tokens_per_frame, self.layout.codebook_size
+                whole = codes.dim() == 1 and codes.numel() > 0 and codes.numel() % frame == 0
+                if not whole or not 0 <= int(codes.min()) <= int(codes.max()) < codebook:
+                    raise ValueError(f"{entry}: the reference's codes must be whole {frame}-code frames of codes "
+                                     f"in [0, {codebook})")
+                prompts[voice.name] = VoicePrompt(meta["transcript"], codes)
+            elif self.clones_only:
+                raise ValueError(f"model.model_path: preset voice {voice.name!r} of the {self.manifest.family} "
+                                 f"model needs its reference: {entry}/voice.json with the transcript, and "
+                                 f"{codes_file(self.decoder_name)} or reference.flac")
+        return prompts
+
+    @property
+    def clones_only(self) -> bool:
+        """Whether every request speaks as a reference recording (the layout's requires_reference)."""
+        return getattr(self.layout, "requires_reference", False)
 
     def _encode(self, samples: np.ndarray) -> torch.Tensor:
         with torch.inference_mode():
@@ -342,6 +375,11 @@ class TTSEngine:
             names = [v.name for v in self.voices]
             if voice is not None and voice not in names:
                 raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
+            reference = self.preset_prompts.get(voice)
+        if reference is None and self.clones_only:
+            raise InvalidArgument(f"this model ({self.manifest.family} layout) speaks only in the voice of a reference "
+                                  "recording and has no default voice: give a reference with its transcript, or a "
+                                  "registered voice", field="reference")
         sampling = self.sampling_defaults.with_overrides(
             max_tokens_limit=self.config.sampling.max_tokens_limit,
             tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
@@ -445,8 +483,11 @@ class TTSEngine:
         """
         started = time.monotonic()
         segments("Warm up. Done.")
+        # A model that speaks only as a reference and has no default voice: any codes will do.
+        reference = (VoicePrompt("warm up", torch.zeros(2 * self.layout.tokens_per_frame, dtype=torch.long))
+                     if self.clones_only and self.manifest.default_voice is None else None)
         self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
-                        request_id=f"warmup-{uuid.uuid4().hex[:8]}")
+                        request_id=f"warmup-{uuid.uuid4().hex[:8]}", reference=reference)
         gc.collect()
         gc.freeze()
         return time.monotonic() - started

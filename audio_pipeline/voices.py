@@ -118,6 +118,31 @@ def check_voice_fields(name: str, description: str, limits: LimitsConfig) -> Non
                               "(limits.max_description_chars)", field="description")
 
 
+def codes_file(decoder_name: str) -> str:
+    """The file name of a voice's speech codes for a decoder (the name made safe for a file)."""
+    return f"codes.{re.sub(r'[^a-zA-Z0-9_.-]', '_', decoder_name)}.npy"
+
+
+def read_voice_entry(entry: Path, decoder_name: str, sample_rate: int,
+                     encode: Callable[[np.ndarray], torch.Tensor] | None) -> tuple[dict, torch.Tensor, bool]:
+    """(voice.json's fields, speech codes, whether they were encoded now) of a voice directory in the
+    registered-voice format: its codes for ``decoder_name``, else its reference.flac encoded
+    (at ``sample_rate``) with ``encode``; ValueError naming the file when neither can be had."""
+    meta = json.loads((entry / "voice.json").read_text())
+    if not isinstance(meta, dict) or not isinstance(meta.get("transcript"), str):
+        raise ValueError(f"{entry / 'voice.json'}: needs a transcript (the words of the reference recording)")
+    codes_path = entry / codes_file(decoder_name)
+    if codes_path.is_file():
+        return meta, torch.from_numpy(np.load(codes_path)).long(), False
+    if encode is None or not (entry / "reference.flac").is_file():
+        raise ValueError(f"{entry}: no {codes_path.name}, nor a reference.flac for the {decoder_name!r} decoder "
+                         "to encode")
+    samples, rate = sf.read(entry / "reference.flac", dtype="float32")
+    if rate != sample_rate:
+        samples = soxr.resample(samples, rate, sample_rate).astype(np.float32)
+    return meta, encode(samples), True
+
+
 def directory_bytes(path: Path) -> int:
     """Bytes of the files under ``path`` (what a registered voice takes on disk)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -134,7 +159,7 @@ class VoiceStore:
     def __init__(self, directory: Path, decoder_name: str, sample_rate: int,
                  encode: Callable[[np.ndarray], torch.Tensor]):
         self.directory = Path(directory)
-        self.decoder_name = re.sub(r"[^a-zA-Z0-9_.-]", "_", decoder_name)
+        self.decoder_name = decoder_name
         self.sample_rate = sample_rate
         self.encode = encode
         self._voices: dict[str, RegisteredVoice] = {}
@@ -159,16 +184,9 @@ class VoiceStore:
         return skipped
 
     def _read(self, entry: Path) -> RegisteredVoice:
-        meta = json.loads((entry / "voice.json").read_text())
-        codes_path = entry / f"codes.{self.decoder_name}.npy"
-        if codes_path.is_file():
-            codes = torch.from_numpy(np.load(codes_path)).long()
-        else:  # registered under another decoder: encode the kept recording again
-            samples, rate = sf.read(entry / "reference.flac", dtype="float32")
-            if rate != self.sample_rate:
-                samples = soxr.resample(samples, rate, self.sample_rate).astype(np.float32)
-            codes = self.encode(samples)
-            np.save(codes_path, codes.numpy())
+        meta, codes, encoded = read_voice_entry(entry, self.decoder_name, self.sample_rate, self.encode)
+        if encoded:  # registered under another decoder: kept for the next start
+            np.save(entry / codes_file(self.decoder_name), codes.numpy())
         return RegisteredVoice(meta["name"], meta.get("description", ""), VoicePrompt(meta["transcript"], codes),
                                meta.get("language", "en-US"))
 
@@ -229,7 +247,7 @@ class VoiceStore:
             staging.mkdir(parents=True)
             try:
                 sf.write(staging / "reference.flac", samples, self.sample_rate)
-                np.save(staging / f"codes.{self.decoder_name}.npy", codes.numpy())
+                np.save(staging / codes_file(self.decoder_name), codes.numpy())
                 (staging / "voice.json").write_text(json.dumps(
                     {"name": name, "description": description, "transcript": transcript,
                      "language": voice.language}, indent=2))

@@ -1,12 +1,12 @@
-"""Our Llama implementation against transformers' own forward, on a tiny random checkpoint."""
+"""Our Llama implementation against transformers' own forward, on tiny random checkpoints: Llama
+(tied, untied with llama3 RoPE) and Qwen2 (biased q/k/v projections, as NeuTTS Air's backbone)."""
 
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig
-from transformers import LlamaForCausalLM as ReferenceLlama
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from audio_pipeline.config import KVCacheConfig
 from audio_pipeline.kv_cache import PagedKVCacheManager
@@ -35,9 +35,13 @@ def load_ours(model_dir):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=["tied", "untied_llama3_rope"])
+@pytest.fixture(scope="module", params=["tied", "untied_llama3_rope", "qwen2"])
 def model_dir(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
+    if request.param == "qwen2":
+        from tests.neutts_model import write_tiny_qwen2
+
+        return write_tiny_qwen2(path, vocab_size=150000, seed=3)
     overrides = {}
     if request.param == "untied_llama3_rope":
         overrides = dict(tie_word_embeddings=False, max_position_embeddings=16384,
@@ -50,7 +54,7 @@ def model_dir(request, tmp_path_factory):
 def test_logits_match_transformers_for_a_ragged_batch(model_dir, attention_kernel):
     """Both attention forms (the native kernel that auto picks on CPU, and the torch form)."""
     ours = load_ours(model_dir)
-    reference = ReferenceLlama.from_pretrained(model_dir, dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(0, 150000, (n,), generator=generator) for n in (5, 17, 2, 9)]
     splits = [len(s) - min(3, len(s) - 1) for s in sequences]  # both passes non-empty
@@ -75,6 +79,28 @@ def test_logits_match_transformers_for_a_ragged_batch(model_dir, attention_kerne
                 got[i].append(logits[start:start + length])
     for want, parts in zip(expected, got):
         torch.testing.assert_close(torch.cat(parts), want, atol=LOGITS_ATOL, rtol=0)
+
+
+def test_qwen2_biases_load_under_their_checkpoint_names(tmp_path):
+    """Qwen2's q/k/v projections have biases and its output projection none, as the file says."""
+    from tests.neutts_model import write_tiny_qwen2
+
+    model_dir = write_tiny_qwen2(tmp_path, vocab_size=300, seed=1)
+    stored = load_file(str(model_dir / "model.safetensors"))
+    ours = load_ours(model_dir)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        key = f"model.layers.1.self_attn.{name}.bias"
+        assert torch.equal(ours.state_dict()[key], stored[key]) and stored[key].abs().sum() > 0
+    assert "model.layers.0.self_attn.o_proj.bias" not in stored and ours.model.layers[0].self_attn.o_proj.bias is None
+
+
+def test_sliding_window_attention_is_refused_naming_the_field(tmp_path):
+    from tests.neutts_model import write_tiny_qwen2
+
+    model_dir = write_tiny_qwen2(tmp_path, vocab_size=300, use_sliding_window=True, sliding_window=16,
+                                 max_window_layers=0)
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        load_ours(model_dir)
 
 
 def test_sharded_checkpoint_loads_identically(model_dir, tmp_path):

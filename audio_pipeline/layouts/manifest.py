@@ -10,14 +10,23 @@ from audio_pipeline.layouts import orpheus
 
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
-FAMILIES = ("orpheus", "maya1", "phoneme-lpc")
+FAMILIES = ("orpheus", "maya1", "phoneme-lpc", "neutts")
 #: Text front ends a phoneme-lpc model may name (``front_end``).
 FRONT_ENDS = ("espeak", "lexicon")
 #: Streaming settings a manifest may name (``streaming``), used where the configuration sets none.
-STREAMING_KEYS = ("chunk_size", "buffer", "block_causal")
-#: Streaming defaults of families whose manifest names none: SNAC decodes 28 tokens (4 frames)
-#: first for early audio, then larger chunks that cost less per token.
-FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}, "maya1": {"chunk_size": [28, 56, 112]}}
+STREAMING_KEYS = ("chunk_size", "buffer", "block_causal", "prepend_prompt_speech_tokens")
+#: Streaming defaults of families whose manifest names none. SNAC decodes 28 tokens (4 frames)
+#: first for early audio, then larger chunks that cost less per token. NeuCodec is not causal:
+#: every chunk is decoded after a second of left context (50 frames), the voice's reference codes
+#: where the speech has less (rolling), from 15 frames (0.3 s) first, then 25 and 50; the chunk's
+#: last frames are decoded without the frames after them, where streamed audio differs most from
+#: the whole utterance decoded at once.
+FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}, "maya1": {"chunk_size": [28, 56, 112]},
+                    "neutts": {"chunk_size": [15, 25, 50], "buffer": 50, "prepend_prompt_speech_tokens": "rolling"}}
+#: Sampling defaults of families whose reference implementation samples otherwise than the
+#: configuration's defaults: NeuTTS draws from the 50 most likely codes at temperature 1, with
+#: no nucleus and no repetition penalty.
+FAMILY_SAMPLING = {"neutts": {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}}
 
 
 @dataclass(frozen=True)
@@ -77,13 +86,25 @@ class ModelManifest:
             raise ValueError(f"{path}: default_voice {manifest.default_voice!r} is not one of its voices {names}")
         return manifest
 
-    def make_layout(self, model_dir: Path) -> "orpheus.OrpheusLayout":
-        """The speech-token layout of this model's family (prompt format, token ids <-> codes).
+    def make_layout(self, model_dir: Path, tokenizer=None) -> "orpheus.OrpheusLayout":
+        """The speech-token layout of this model's family (prompt format, token ids <-> codes);
+        ``tokenizer`` is the model's own (read from ``model_dir`` where a family needs it and none
+        is given).
 
         A layout provides: ``tokens_per_frame``, ``codebook_size``, ``end_of_speech``,
         ``min_vocab_size``, ``token_range(position)``, ``token_to_code``, ``tokens_to_codes``,
-        ``codes_to_tokens`` and ``build_prompt(tokenizer, text, voice)``.
+        ``codes_to_tokens`` and ``build_prompt(tokenizer, text, voice)``. It may also provide
+        ``requires_reference`` (every request speaks as a reference recording) and
+        ``check_decoder(decoder)`` (ValueError for a decoder that does not speak its codes).
         """
+        if self.family == "neutts":
+            from audio_pipeline.layouts.neutts import NeuTTSLayout
+
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            return NeuTTSLayout.from_tokenizer(tokenizer, model_dir)
         if self.family == "maya1":
             from audio_pipeline.layouts.maya1 import Maya1Layout
 
@@ -140,6 +161,19 @@ def declared_audio_decoder(model_path: str) -> str | None:
     return decoder if isinstance(decoder, str) and decoder else None
 
 
+def declared_family(model_path: str) -> str:
+    """The family of the model at ``model_path``: its manifest's, else what its files say."""
+    family = _declared(model_path).get("family")
+    if isinstance(family, str) and family:
+        return family
+    return detected_family(Path(model_path).expanduser()) if not model_path.startswith("builtin:") else "orpheus"
+
+
+def declared_sampling(model_path: str) -> dict:
+    """The sampling defaults of the model at ``model_path``: its family's, else none."""
+    return dict(FAMILY_SAMPLING.get(declared_family(model_path), {}))
+
+
 def declared_streaming(model_path: str) -> dict:
     """The streaming defaults of the model at ``model_path``: its manifest's ``streaming``, else
     its family's (Orpheus-layout models stream from 28 tokens), else none."""
@@ -147,6 +181,4 @@ def declared_streaming(model_path: str) -> dict:
     streaming = data.get("streaming")
     if isinstance(streaming, dict):
         return {k: v for k, v in streaming.items() if k in STREAMING_KEYS}
-    family = data.get("family") or (detected_family(Path(model_path).expanduser())
-                                    if not model_path.startswith("builtin:") else "orpheus")
-    return dict(FAMILY_STREAMING.get(family, {}))
+    return dict(FAMILY_STREAMING.get(declared_family(model_path), {}))

@@ -1,6 +1,8 @@
 """Llama-family decoder-only LM in plain torch, run over a ragged batch of sequences with KV caches.
 
-Parameter names follow the Hugging Face checkpoint layout, so a safetensors state dict loads as is.
+Llama and Qwen2 checkpoints (``model_type`` llama or qwen2): the same blocks, but Qwen2's query,
+key and value projections carry biases and its output projection does not. Parameter names follow
+the Hugging Face checkpoint layout, so a safetensors state dict loads as is.
 """
 
 from __future__ import annotations
@@ -52,6 +54,26 @@ def rope_inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float
     return inv_freq.float(), float(scaling)
 
 
+def projection_biases(config) -> tuple[bool, bool]:
+    """Whether the (query, key, value) projections and the output projection carry biases.
+
+    Qwen2 fixes it in its architecture (its config has no switch): q/k/v yes, output no. A Llama
+    config's ``attention_bias`` sets all four.
+    """
+    if getattr(config, "model_type", None) == "qwen2":
+        return True, False
+    bias = bool(getattr(config, "attention_bias", False))
+    return bias, bias
+
+
+def check_supported(config) -> None:
+    """ValueError naming the config field this implementation does not run."""
+    if getattr(config, "use_sliding_window", False):
+        # Every layer here attends over the whole sequence; a windowed layer would see less.
+        raise ValueError("use_sliding_window: sliding-window attention is not supported (the model config "
+                         "sets use_sliding_window=true)")
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     return torch.cat((-second, first), dim=-1)
@@ -64,11 +86,11 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        bias = bool(getattr(config, "attention_bias", False))
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        qkv_bias, output_bias = projection_biases(config)
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=output_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         tokens = x.shape[0]
@@ -122,6 +144,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        check_supported(config)
         self.config = config
         self.model = LlamaBackbone(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))

@@ -1,4 +1,5 @@
-"""eSpeak NG as a text front-end: the phonemes of a text and how long each one lasts.
+"""eSpeak NG as a text front-end: the phonemes of a text and how long each one lasts, and the IPA
+of a text for models that read phonemes (NeuTTS).
 
 Runs the eSpeak NG C library through ctypes, from the ``espeakng-loader`` wheel (a PyPI package
 that ships the library and its data) or else a system ``libespeak-ng`` (Debian: ``espeak-ng``).
@@ -28,6 +29,8 @@ EVENT_LIST_TERMINATED, EVENT_WORD, EVENT_PHONEME = 0, 1, 7
 POS_CHARACTER = 1
 CHARS_UTF8 = 1
 PARAM_RATE = 1
+#: espeak_TextToPhonemes' phoneme mode: IPA, no separator between a word's phonemes.
+PHONEMES_IPA = 0x02
 
 #: The pause phoneme; phonemes missing from a model's inventory fall back to it.
 PAUSE = "_"
@@ -97,6 +100,8 @@ class ESpeak:
         self._words: list[tuple[int, int, int]] = []
         self._callback = _CALLBACK(self._on_audio)  # kept alive as long as the engine
         self.lib.espeak_SetSynthCallback(self._callback)
+        self.lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        self.lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
 
     def _on_audio(self, wav, count, events) -> int:
         if count > 0:
@@ -128,6 +133,17 @@ class ESpeak:
             self._chunks, self._events, self._words = [], [], []
         samples = (np.concatenate(chunks).astype(np.float32) / 32768) if chunks else np.zeros(0, np.float32)
         return Utterance(samples, self.sample_rate, length, events, words)
+
+
+    def ipa(self, text: str) -> str:
+        """The IPA of ``text``, stress marked, words apart by spaces (thread-safe). eSpeak reads
+        punctuation (it ends a clause) but writes none: :func:`ipa_with_punctuation` keeps it."""
+        pointer = ctypes.c_char_p(text.encode("utf-8"))
+        clauses = []
+        with self._lock:
+            while pointer.value:  # each call reads one clause and moves the pointer past it (NULL at the end)
+                clauses.append(self.lib.espeak_TextToPhonemes(ctypes.byref(pointer), CHARS_UTF8, PHONEMES_IPA))
+        return " ".join(c.decode("utf-8", "replace") for c in clauses if c)
 
 
 _ENGINE: ESpeak | None = None
@@ -270,3 +286,21 @@ def text_alignment(text: str, frame_rate: int) -> TextAlignment:
 def text_phoneme_frames(text: str, frame_rate: int) -> tuple[tuple[str, int], ...]:
     """(phoneme, frames) of ``text`` (see :func:`text_alignment`)."""
     return text_alignment(text, frame_rate).phonemes
+
+
+#: Punctuation kept between the phonemes (with the spaces around it): the marks the ``phonemizer``
+#: package keeps with ``preserve_punctuation``, which phoneme-trained models (NeuTTS) were fed.
+_PUNCTUATION = re.compile(r'(\s*[;:,.!?¡¿—…"«»“”(){}\[\]]+\s*)+')
+
+
+@functools.lru_cache(maxsize=4096)
+def ipa_with_punctuation(text: str) -> str:
+    """eSpeak NG's IPA of ``text``, stress marked, its punctuation in place and spaces collapsed:
+    what ``phonemizer``'s eSpeak backend gives with ``with_stress`` and ``preserve_punctuation``
+    ("Hello, world." -> "həlˈoʊ, wˈɜːld.")."""
+    engine, pieces, start = espeak(), [], 0
+    for mark in _PUNCTUATION.finditer(text):
+        pieces += [engine.ipa(text[start:mark.start()]), mark.group()]
+        start = mark.end()
+    pieces.append(engine.ipa(text[start:]))
+    return " ".join("".join(pieces).split())
