@@ -24,7 +24,11 @@ TEXT = "Hello there, world."
 def server(tiny_model_dir):
     from audio_pipeline.server.background import BackgroundServer
 
-    server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64",
+    # top_k: the tiny random model's next-token distribution is nearly flat over 4096 codes, so
+    # top_p sampling lands near a boundary between near-equal candidates often enough that the
+    # last-bit differences of another batch's logits change a draw in a long text; from 50
+    # candidates that is rare enough for the tests comparing one request's runs.
+    server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64", "sampling.top_k=50",
                                           model={"served_model_name": "tiny-tts"}), http_port=0).start()
     yield server
     server.stop()
