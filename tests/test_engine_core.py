@@ -73,9 +73,10 @@ def test_concurrent_greedy_requests_equal_the_same_requests_one_at_a_time(tiny_m
 
 
 def test_preemption_recomputes_and_gives_the_same_tokens(tiny_model_dir, reference_tokens):
-    # 12 blocks of 16 tokens: the six requests (prompt + 70 tokens each) cannot all stay resident.
+    # 12 blocks of 16 tokens (256 bytes a token: the tiny model's 16-bit cache): the six requests
+    # (prompt + 70 tokens each) cannot all stay resident.
     engine = build(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
-                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 512}})
+                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 256}})
     try:
         assert engine.scheduler.block_manager.total_num_blocks == 12
         contexts = run(engine, TEXTS, **GREEDY)
@@ -188,7 +189,7 @@ def test_generate_plans_with_a_scheduler_and_equals_the_engine(tiny_model_dir, r
 
     monkeypatch.setattr(text_generation, "AudioGenerationScheduler", Recorded)
     engine = TTSEngine(make_config(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
-                                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 512}}))
+                                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 256}}))
     pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
     contexts = [engine.create_context(t, **GREEDY) for t in TEXTS]
     outputs = pipeline.generate(contexts)
@@ -234,7 +235,7 @@ def test_logits_constraint_never_emits_a_broken_frame(tiny_model_dir):
 def test_a_request_larger_than_the_whole_cache_is_refused(tiny_model_dir):
     from audio_pipeline.errors import InvalidArgument
 
-    engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 4 * 16 * 512}})
+    engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 4 * 16 * 256}})
     try:
         context = engine.create_context("too long for this cache", temperature=0.0, max_tokens=140)
         with pytest.raises(InvalidArgument, match="sampling.max_tokens: .*more than the whole cache"):
@@ -289,12 +290,35 @@ def test_missing_decoder_weights_are_refused_before_the_language_model_loads(tmp
         TTSEngine(make_config(model_dir, **overrides))
 
 
-@pytest.mark.parametrize("cache_dtype,expected,backend", [("bfloat16", torch.bfloat16, "native"),
+def test_auto_cache_dtype_is_float16_where_the_native_kernel_reads_a_float32_models_cache():
+    """model.kv_cache.cache_dtype=auto: float16 for a float32 model on CPU whose attention runs in
+    the native kernel (measured faster through the server), else the model's own dtype."""
+    from audio_pipeline.config import KVCacheConfig
+    from audio_pipeline.models.llama_model import resolve_cache_dtype
+    from audio_pipeline_kernels import native_attention
+
+    cpu, cuda, f32 = torch.device("cpu"), torch.device("cuda"), torch.float32
+    native = native_attention() is not None
+    assert resolve_cache_dtype(KVCacheConfig(), f32, cpu) == (torch.float16 if native else f32)
+    assert resolve_cache_dtype(KVCacheConfig(attention_kernel="native"), f32, cpu) == (torch.float16 if native
+                                                                                        else f32)
+    assert resolve_cache_dtype(KVCacheConfig(attention_kernel="torch"), f32, cpu) == f32
+    assert resolve_cache_dtype(KVCacheConfig(), torch.bfloat16, cpu) == torch.bfloat16
+    assert resolve_cache_dtype(KVCacheConfig(), f32, cuda) == f32
+    assert resolve_cache_dtype(KVCacheConfig(), torch.bfloat16, cuda) == torch.bfloat16
+    assert resolve_cache_dtype(KVCacheConfig(cache_dtype="float32"), f32, cpu) == f32
+    assert resolve_cache_dtype(KVCacheConfig(cache_dtype="bfloat16"), f32, cpu) == torch.bfloat16
+
+
+@pytest.mark.parametrize("cache_dtype,expected,backend", [("auto", torch.float16, "native"),
+                                                           ("float32", torch.float32, "native"),
+                                                           ("bfloat16", torch.bfloat16, "native"),
                                                            ("float16", torch.float16, "native"),
                                                            ("fp8_e4m3", torch.float8_e4m3fn, "torch")])
 def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dtype, expected, backend):
-    """model.kv_cache.cache_dtype takes effect: the cache holds that dtype (the CPU kernel reads 16-bit
-    caches, widening them as it loads; fp8 goes to the torch form) and requests run to the end."""
+    """model.kv_cache.cache_dtype takes effect: the cache holds that dtype (auto: float16 for this
+    float32 model on CPU; the CPU kernel reads 16-bit caches, widening them as it loads; fp8 goes to
+    the torch form) and requests run to the end."""
     engine = build(tiny_model_dir, model={"kv_cache": {"cache_dtype": cache_dtype}})
     try:
         manager = engine.model.kv_manager
