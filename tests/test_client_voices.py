@@ -87,12 +87,15 @@ def test_cli_register_synthesize_with_reference_and_delete(idle_server, referenc
 
 #: Sampling options that each change the tiny model's speech for the same seed (so reaching the sampler shows).
 OPTIONS = dict(min_p=0.5, frequency_penalty=0.5, presence_penalty=0.2, stop_token_ids=[128009])
+#: A seed at which each does, over a float32 and a float16 KV cache alike (an extra stop id only
+#: shifts the draws a little: at seed 1 it changed nothing over the float16 cache).
+SEED = 7
 
 
 def test_every_sampling_option_goes_through_library_and_cli(idle_server, tmp_path, capsys):
     with TTSClient(idle_server.target, timeout=60) as client:
         def speak(**options):
-            return client.synthesize("Options.", max_tokens=28, seed=1, **options).samples
+            return client.synthesize("Options.", max_tokens=28, seed=SEED, **options).samples
 
         plain = speak()
         for name, value in OPTIONS.items():  # each option alone reaches the sampler: other speech
@@ -104,7 +107,7 @@ def test_every_sampling_option_goes_through_library_and_cli(idle_server, tmp_pat
     out = tmp_path / "o.wav"
     assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out), "--min-p", "0.5",
                        "--frequency-penalty", "0.5", "--presence-penalty", "0.2", "--stop-token-id", "128009",
-                       "--max-tokens", "28", "--seed", "1", "--quiet"]) == 0
+                       "--max-tokens", "28", "--seed", str(SEED), "--quiet"]) == 0
     # The CLI sends the same options: the same speech as the library's.
     np.testing.assert_array_equal(sf.read(out, dtype="int16")[0], float_to_pcm16(result))
     assert tts_client(["--server", idle_server.target, "--text", "Options.", "--output", str(out),

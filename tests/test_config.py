@@ -550,9 +550,9 @@ def test_acting_values_take_effect_in_a_server(tiny_model_dir, tmp_path):
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
     from conftest import make_config
 
-    tiny = TINY_LLAMA_CONFIG  # float32 keys and values of every layer, per token:
+    tiny = TINY_LLAMA_CONFIG  # float16 keys and values of every layer (a float32 model's cache on CPU), per token:
     token_bytes = 2 * tiny["num_hidden_layers"] * tiny["num_key_value_heads"] * (
-        tiny["hidden_size"] // tiny["num_attention_heads"]) * 4
+        tiny["hidden_size"] // tiny["num_attention_heads"]) * 2
     voices = tmp_path / "voices"
     config = make_config(tiny_model_dir, "grace_period_s=0.5", voices_dir=str(voices),
                          model={"kv_cache": {"kv_cache_page_size": 16,

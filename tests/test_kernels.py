@@ -1,11 +1,13 @@
 """Paged attention: the step metadata builder against a plain reader of its format, and every
 backend available here against plain causal attention over each sequence's contiguous keys/values."""
 
+import platform
+
 import numpy as np
 import pytest
 import torch
 
-from audio_pipeline_kernels import (StepMetadata, allocate_paged_cache, causal_attention_reference,
+from audio_pipeline_kernels import (NativeBackend, StepMetadata, allocate_paged_cache, causal_attention_reference,
                                     paged_attention_reference, read_sequence_kv, select_attention_backend,
                                     write_paged_kv)
 
@@ -125,21 +127,90 @@ def test_every_backend_equals_contiguous_attention(backend, page_size, heads, kv
     torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
 
 
+#: How far attention over a 16-bit cache may be from attention over the float32 keys and values
+#: it holds rounded (max abs difference of outputs; random normal queries, keys and values). Measured
+#: on the cases below: bfloat16 (8 significant bits) 8.3e-3, float16 (11) 1.0e-3; the bounds are
+#: 2.5-3 times that.
+CACHE_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
+CACHE_DTYPES = pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16],
+                                       ids=["float32", "bfloat16", "float16"])
+
+
+def _rounded(contiguous, dtype):
+    """Each sequence's keys and values as a cache of ``dtype`` holds them, back in float32."""
+    return [(k.to(dtype).float(), v.to(dtype).float()) for k, v in contiguous]
+
+
+@CACHE_DTYPES
 @pytest.mark.parametrize("dim", [32, 48, 64, 96, 128, 40])
 @pytest.mark.parametrize("page_size", [4, 128])
-def test_native_kernel_at_real_head_sizes(dim, page_size):
-    """The native kernel unrolls the common head sizes (32 ... 128) and loops over any other (40):
-    both equal contiguous attention on a mixed ragged step with forced-token rows."""
+def test_native_kernel_at_real_head_sizes(dim, page_size, cache_dtype):
+    """The native kernel unrolls the common head sizes (32 ... 128) into vector loads and loops over
+    any other (40), widening a 16-bit cache to float32 as it reads it: each equals contiguous
+    float32 attention over the keys and values the cache holds (float32 rounding: the widening is
+    exact), on a mixed ragged step with forced-token rows. The new keys and values go in through
+    write_paged_kv, which rounds them to the cache's dtype."""
     if "native" not in available_backends():
         pytest.skip("the native kernel cannot be built here (no C++ compiler)")
     generator = torch.Generator().manual_seed(dim + page_size)
     lengths, new = [50, 13, 2, 29, 300, 130], [1, 13, 2, 3, 2, 1]
     key_cache, value_cache, metadata, query, contiguous = _ragged_case(
-        generator, heads=4, kv_heads=2, page_size=page_size, lengths=lengths, new=new, dim=dim)
+        generator, heads=4, kv_heads=2, page_size=page_size, lengths=lengths, new=new, dim=dim, dtype=cache_dtype)
+    assert key_cache.dtype == value_cache.dtype == cache_dtype
     backend = select_attention_backend("native", torch.device("cpu"), torch.float32, num_heads=4, num_kv_heads=2,
-                                       head_dim=dim, page_size=page_size)
+                                       head_dim=dim, page_size=page_size, cache_dtype=cache_dtype)
     got = backend.plan(metadata).attend(query, key_cache, value_cache)
-    torch.testing.assert_close(got, _contiguous_attention(query, contiguous, new), atol=1e-5, rtol=1e-5)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, _contiguous_attention(query, _rounded(contiguous, cache_dtype), new),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_native_kernel_over_a_16_bit_cache_is_within_its_tolerance(mix, page_size, cache_dtype):
+    """Against attention over the unrounded float32 keys and values, a 16-bit cache costs at most
+    CACHE_TOLERANCE[dtype], at the built-in voice's head size (the vector loads) and at 8 (the
+    portable loops), for every ragged mix; over the rounded ones it is exact to float32 rounding."""
+    if "native" not in available_backends():
+        pytest.skip("the native kernel cannot be built here (no C++ compiler)")
+    lengths, new = MIXES[mix]
+    for dim in (48, 8):
+        generator = torch.Generator().manual_seed(page_size * 10 + dim)
+        key_cache, value_cache, metadata, query, contiguous = _ragged_case(
+            generator, heads=4, kv_heads=2, page_size=page_size, lengths=lengths, new=new, dim=dim,
+            dtype=cache_dtype)
+        backend = select_attention_backend("native", torch.device("cpu"), torch.float32, num_heads=4,
+                                           num_kv_heads=2, head_dim=dim, page_size=page_size, cache_dtype=cache_dtype)
+        got = backend.plan(metadata).attend(query, key_cache, value_cache)
+        torch.testing.assert_close(got, _contiguous_attention(query, _rounded(contiguous, cache_dtype), new),
+                                   atol=1e-5, rtol=1e-5)
+        tolerance = CACHE_TOLERANCE[cache_dtype]
+        torch.testing.assert_close(got, _contiguous_attention(query, contiguous, new), atol=tolerance, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 instruction sets")
+@pytest.mark.parametrize("target", [["-march=x86-64"], ["-march=x86-64", "-mavx2", "-mfma", "-mf16c"]],
+                         ids=["portable", "avx2"])
+def test_native_kernel_builds_for_other_instruction_sets(target):
+    """The kernel built for a baseline x86-64 (no F16C or AVX2: the portable loops ARM builds too)
+    and for AVX2 with FMA and F16C (where this machine may have AVX-512) reads each cache dtype as
+    the default build does: contiguous attention over the keys and values the cache holds."""
+    from audio_pipeline_kernels.native_paged_attention import build_native_attention
+
+    if "native" not in available_backends():
+        pytest.skip("the native kernel cannot be built here (no C++ compiler)")
+    kernel = build_native_attention(target)
+    lengths, new = [50, 13, 2, 29, 300, 130], [1, 13, 2, 3, 2, 1]
+    for cache_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dim in (48, 128, 40):
+            generator = torch.Generator().manual_seed(dim)
+            key_cache, value_cache, metadata, query, contiguous = _ragged_case(
+                generator, heads=4, kv_heads=2, page_size=16, lengths=lengths, new=new, dim=dim, dtype=cache_dtype)
+            got = NativeBackend(kernel, dim ** -0.5).plan(metadata).attend(query, key_cache, value_cache)
+            torch.testing.assert_close(got, _contiguous_attention(query, _rounded(contiguous, cache_dtype), new),
+                                       atol=1e-5, rtol=1e-5)
 
 
 def test_torch_form_needs_no_mask_when_nothing_needs_one():
@@ -160,11 +231,22 @@ def test_backend_choice_names_the_setting():
     with pytest.raises(ValueError, match="attention_kernel=flashinfer runs on CUDA only"):
         select_attention_backend("flashinfer", cpu, torch.float32, num_heads=4, num_kv_heads=2, head_dim=8,
                                  page_size=4)
-    with pytest.raises(ValueError, match="attention_kernel=native.*float32"):
+    with pytest.raises(ValueError, match="attention_kernel=native.*float32 model"):
         select_attention_backend("native", cpu, torch.bfloat16, num_heads=4, num_kv_heads=2, head_dim=8,
                                  page_size=4)
     assert select_attention_backend("auto", cpu, torch.bfloat16, num_heads=4, num_kv_heads=2, head_dim=8,
                                     page_size=4).name == "torch"
+    # A float32 model with a 16-bit cache: the native kernel, asked for or not; an fp8 cache: the torch form.
+    if "native" in available_backends():
+        for name in ("auto", "native"):
+            for cache_dtype in (torch.bfloat16, torch.float16):
+                assert select_attention_backend(name, cpu, torch.float32, num_heads=4, num_kv_heads=2, head_dim=8,
+                                                page_size=4, cache_dtype=cache_dtype).name == "native"
+    with pytest.raises(ValueError, match="attention_kernel=native.*float16 or bfloat16 cache"):
+        select_attention_backend("native", cpu, torch.float32, num_heads=4, num_kv_heads=2, head_dim=8,
+                                 page_size=4, cache_dtype=torch.float8_e4m3fn)
+    assert select_attention_backend("auto", cpu, torch.float32, num_heads=4, num_kv_heads=2, head_dim=8,
+                                    page_size=4, cache_dtype=torch.float8_e4m3fn).name == "torch"
 
 
 def test_the_attention_benchmark_times_every_backend_at_every_page_size(capsys):
@@ -181,3 +263,28 @@ def test_the_attention_benchmark_times_every_backend_at_every_page_size(capsys):
         torch.set_num_threads(threads)
     rows = re.findall(r"^\s+(\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", capsys.readouterr().out, re.M)
     assert {(name, int(page)) for name, page, *_ in rows} == {(b, p) for b in available_backends() for p in (16, 128)}
+
+
+def test_the_attention_benchmark_compares_cache_dtypes_against_the_read_floor(capsys):
+    """python -m audio_pipeline.bench.attention --cache-dtypes: a row per cache dtype and batch, with
+    the bytes it reads, its rate and its time over the read-bandwidth floor (never asserted)."""
+    import re
+
+    from audio_pipeline.bench.attention import main
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--device", "cpu", "--cache-dtypes", "float32,bfloat16,float16", "--batches", "1,2",
+                     "--context", "40", "--page-sizes", "16", "--rounds", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert re.search(r"^read-bandwidth floor: [\d.]+ GB/s", out, re.M)
+    rows = re.findall(r"^\s*(\w+)\s+(\w+)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+\([\d.-]+\)\s+[\d.]+\s+[\d.]+$", out, re.M)
+    assert [(dtype, int(batch)) for dtype, _, batch, _ in rows] == [
+        (dtype, batch) for dtype in ("float32", "bfloat16", "float16") for batch in (1, 2)]
+    # 4 layers x keys and values x 40 tokens x 4 kv heads x 48 per sequence, at each dtype's width.
+    assert [float(mb) for *_, mb in rows] == [round(b * 2 * 4 * 40 * 4 * 48 * width / 1e6, 2)
+                                              for width in (4, 2, 2) for b in (1, 2)]
+    if "native" in available_backends():
+        assert {backend for _, backend, *_ in rows} == {"native"}

@@ -1,7 +1,8 @@
 """Attention backends behind one interface: a backend plans a step once (from its host metadata)
 and the plan attends every layer.
 
-- ``native``: the C++ CPU kernel (float32), reading the cache in place; the CPU default.
+- ``native``: the C++ CPU kernel (float32 models; a float32, float16 or bfloat16 cache), reading the
+  cache in place; the CPU default.
 - ``flashinfer``: FlashInfer's paged kernels on CUDA (see flashinfer_attention.py); the CUDA default
   where the package is installed.
 - ``torch``: gather + ``scaled_dot_product_attention``; runs on any device and dtype.
@@ -68,8 +69,12 @@ class NativePlan:
         return self.kernel(query, key_cache, value_cache, *self.args, self.scale)
 
 
+#: Cache dtypes the native kernel reads (a 16-bit one widened to float32 as it is loaded).
+NATIVE_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 class NativeBackend:
-    """The C++ CPU kernel (float32 caches)."""
+    """The C++ CPU kernel (float32 queries; a cache of NATIVE_CACHE_DTYPES)."""
 
     name = "native"
 
@@ -101,15 +106,17 @@ def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype
         logger.warning("attention on CUDA uses the torch form (slow): %s", reason)
     if name == "flashinfer":
         raise ValueError("model.kv_cache.attention_kernel=flashinfer runs on CUDA only; use auto, native or torch")
-    if device.type == "cpu" and name in ("auto", "native") and dtype == torch.float32 and cache_dtype == dtype:
+    if (device.type == "cpu" and name in ("auto", "native") and dtype == torch.float32
+            and cache_dtype in NATIVE_CACHE_DTYPES):
         kernel = native_attention()
         if kernel is not None:
             return NativeBackend(kernel, scale)
     if name == "native":
-        raise ValueError("model.kv_cache.attention_kernel=native: the native kernel runs on CPU with float32 "
-                         "and needs a C++ compiler (see the log); use auto or torch")
+        raise ValueError("model.kv_cache.attention_kernel=native: the native kernel runs on CPU with a float32 "
+                         "model and a float32, float16 or bfloat16 cache, and needs a C++ compiler (see the log); "
+                         "use auto or torch")
     return TorchBackend(device, dtype, scale)
 
 
-__all__ = ["BACKENDS", "AttentionBackend", "AttentionPlan", "NativeBackend", "TorchBackend",
-           "select_attention_backend"]
+__all__ = ["BACKENDS", "NATIVE_CACHE_DTYPES", "AttentionBackend", "AttentionPlan", "NativeBackend",
+           "TorchBackend", "select_attention_backend"]
