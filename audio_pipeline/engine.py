@@ -153,6 +153,11 @@ class TTSEngine:
         self.decoder_device = device
         kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes,
                                                 reserve_bytes=self._activation_reserve())
+        # What "auto" settings became (the configuration's own log line shows them as set).
+        logger.info("KV cache: %d pages of %d tokens (%.0f MiB), %s, attention %s", kv_manager.total_num_blocks,
+                    kv_manager.page_size, kv_manager.total_num_blocks * kv_manager.page_size
+                    * self.model.kv_params.bytes_per_token / 2**20,
+                    str(self.model.cache_dtype).removeprefix("torch."), kv_manager.backend.name)
         for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
             if getattr(config, name) and not self.decoder.supports_block_causal:
                 raise ValueError(f"{name}: the loaded {self.decoder_name!r} checkpoint does not support "
