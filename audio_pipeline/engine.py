@@ -228,11 +228,10 @@ class TTSEngine:
             entry = self.model_dir / "voices" / voice.name
             if (entry / "voice.json").is_file():
                 meta, codes, _ = read_voice_entry(entry, self.decoder_name, self.decoder.sample_rate, encode)
-                frame, codebook = self.layout.tokens_per_frame, self.layout.codebook_size
-                whole = codes.dim() == 1 and codes.numel() > 0 and codes.numel() % frame == 0
-                if not whole or not 0 <= int(codes.min()) <= int(codes.max()) < codebook:
-                    raise ValueError(f"{entry}: the reference's codes must be whole {frame}-code frames of codes "
-                                     f"in [0, {codebook})")
+                try:
+                    self.decoder.check_code_values(codes, self.layout.codebook_size)
+                except ValueError as exc:
+                    raise ValueError(f"{entry}: the reference's codes: {exc}") from None
                 prompts[voice.name] = VoicePrompt(meta["transcript"], codes)
             elif self.clones_only:
                 raise ValueError(f"model.model_path: preset voice {voice.name!r} of the {self.manifest.family} "

@@ -66,7 +66,8 @@ class EngineMetrics:
                                    registry=r)
         self.input_tokens = Counter("tts_input_tokens", "Tokens computed in prefill (prompt and recompute)",
                                     registry=r)
-        self.output_tokens = Counter("tts_output_tokens", "Speech tokens generated", registry=r)
+        self.output_tokens = Counter("tts_output_tokens", "Speech tokens generated, counted when each request ends",
+                                     registry=r)
         self.time_to_first_token = Histogram("tts_time_to_first_token_seconds", "Arrival to first speech token",
                                              buckets=LATENCY_BUCKETS, registry=r)
         self.time_to_first_audio = Histogram("tts_time_to_first_audio_seconds", "Arrival to first audio chunk",

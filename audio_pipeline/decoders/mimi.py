@@ -68,6 +68,7 @@ from transformers.models.mimi.modeling_mimi import (
 
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
+from audio_pipeline.models.weights import load_strict
 
 __all__ = ["TINY_MIMI_CONFIG", "MimiDecoder", "MimiState", "save_random_mimi_checkpoint"]
 
@@ -139,19 +140,6 @@ def _read_tensors(files: Sequence[Path], prefix: str, parts: set[str]) -> dict[s
         raise ValueError(f"{len(unknown)} tensors in {files[0].parent} are not part of a Mimi codec, "
                          f"e.g. {unknown[:4]}")
     return out
-
-
-def _load_into(module: nn.Module, tensors: dict[str, torch.Tensor], what: str, source: Path) -> None:
-    """Strict load that names what is missing or unexpected (a config that does not fit the weights)."""
-    ours = module.state_dict()
-    missing = sorted(set(ours) - set(tensors))
-    unexpected = sorted(set(tensors) - set(ours))
-    wrong = sorted(k for k in set(ours) & set(tensors) if ours[k].shape != tensors[k].shape)
-    if missing or unexpected or wrong:
-        raise ValueError(f"{source}: the Mimi {what} tensors do not fit its config: {len(missing)} missing "
-                         f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}, {len(wrong)} of another "
-                         f"shape {wrong[:3]}")
-    module.load_state_dict(tensors, strict=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,8 +277,8 @@ class MimiDecoder(AudioDecoder):
         quantizer = MimiSplitResidualVectorQuantizer(model_config)
         decoder = MimiDecoderModel(model_config.decoder_config)
         tensors = _read_tensors(files, prefix, {"quantizer", "decoder"})
-        _load_into(quantizer, tensors["quantizer"], "quantizer", directory)
-        _load_into(decoder, tensors["decoder"], "decoder", directory)
+        load_strict(quantizer, tensors["quantizer"], f"{directory}: the Mimi quantizer")
+        load_strict(decoder, tensors["decoder"], f"{directory}: the Mimi decoder")
         device = torch.device(device)
         for module in (quantizer, decoder):
             module.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -435,7 +423,7 @@ class MimiDecoder(AudioDecoder):
             if self._encoder_model is None:
                 encoder = MimiEncoderModel(self.config.encoder_config)
                 tensors = _read_tensors(self._files, self._prefix, {"encoder"})["encoder"]
-                _load_into(encoder, tensors, "encoder", self._files[0].parent)
+                load_strict(encoder, tensors, f"{self._files[0].parent}: the Mimi encoder")
                 self._encoder_model = encoder.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
             return self._encoder_model
 

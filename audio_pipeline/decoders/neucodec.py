@@ -46,6 +46,7 @@ from transformers.models.neucodec.modeling_neucodec import (
 
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
+from audio_pipeline.models.weights import load_strict
 
 __all__ = ["TINY_NEUCODEC_CONFIG", "NeuCodecDecoder", "save_random_neucodec_checkpoint"]
 
@@ -95,15 +96,7 @@ def _load_parts(container: nn.Module, files: list[Path], parts: tuple[str, ...])
             for key in f.keys():
                 if key.split(".", 1)[0] in parts:
                     tensors[key] = f.get_tensor(key)
-    ours = container.state_dict()
-    missing = sorted(set(ours) - set(tensors))
-    unexpected = sorted(set(tensors) - set(ours))
-    wrong = sorted(k for k in set(ours) & set(tensors) if ours[k].shape != tensors[k].shape)
-    if missing or unexpected or wrong:
-        raise ValueError(f"{files[0].parent}: the NeuCodec {', '.join(parts)} tensors do not fit its config: "
-                         f"{len(missing)} missing {missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}, "
-                         f"{len(wrong)} of another shape {wrong[:3]}")
-    container.load_state_dict(tensors, strict=True)
+    load_strict(container, tensors, f"{files[0].parent}: the NeuCodec {', '.join(parts)}")
 
 
 @register_audio_decoder

@@ -60,3 +60,16 @@ def load_safetensors_into(module: nn.Module, model_dir: Path, dtype: torch.dtype
     tie = getattr(module, "tie_weights", None)
     if tie is not None:
         tie()
+
+
+def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Loads ``tensors`` into ``module`` exactly; ValueError naming ``what`` and the tensors that
+    are missing, unexpected or of another shape (a config that does not fit its weights)."""
+    ours = module.state_dict()
+    missing = sorted(set(ours) - set(tensors))
+    unexpected = sorted(set(tensors) - set(ours))
+    wrong = sorted(k for k in set(ours) & set(tensors) if ours[k].shape != tensors[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(f"{what} tensors do not fit its config: {len(missing)} missing {missing[:3]}, "
+                         f"{len(unexpected)} unexpected {unexpected[:3]}, {len(wrong)} of another shape {wrong[:3]}")
+    module.load_state_dict(tensors, strict=True)

@@ -376,12 +376,8 @@ class AudioGenerationEngine:
         for _ in range(due):
             step, pending, last = self._pending[0]
             result = pending.result()
-            contexts = {id(item.request): item.request for item in step.items}.values()
-            before = sum(len(context.generated) for context in contexts)
             with self.pipeline.timer.phase("update"), self._lock:
                 self._take_ended(self.scheduler.update(step, result, last=last))
-            # What the update kept: a pass may sample for a request that has already finished.
-            self.metrics.output_tokens.inc(sum(len(context.generated) for context in contexts) - before)
             self._pending.pop(0)
             applied.append(result)
         return applied
@@ -503,6 +499,8 @@ class AudioGenerationEngine:
         context.finish_time = time.monotonic()
         self.stop_reasons[done.reason] += 1
         self.metrics.requests.labels(done.reason.value).inc()
+        # Counted once, from what the updates kept (a pass may sample for a request already finished).
+        self.metrics.output_tokens.inc(len(context.generated))
         first_audio = context.first_audio_time or context.finish_time
         usage = Usage(prompt_tokens=len(context.prompt_ids), generated_tokens=len(context.generated),
                       audio_samples=request.audio_samples,

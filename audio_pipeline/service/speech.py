@@ -148,7 +148,7 @@ class SpeechService:
             output.release()
             raise
         self._labels.add(label)
-        return SpeechStream(self, request_id, label, output)
+        return (LiveSpeechStream if live else SpeechStream)(self, request_id, label, output)
 
     def _settings(self, request: SpeechRequest, reference) -> tuple[RequestSettings, float | None]:
         """The request's settings checked against the model, and the speed to time-stretch the
@@ -196,11 +196,11 @@ class SpeechService:
         with self._refusals():
             stream = self._stream(request, live=True)
             with _closed_on_error(stream):
-                synthesis = self._synthesis(stream, *self._settings(request, None))
+                stream.synthesis = self._synthesis(stream, *self._settings(request, None))
         config = self.engine.config
-        return LiveSpeechStream(stream, synthesis, LiveText(
-            synthesis, max_chars=config.sampling.max_text_chars, max_segment_chars=config.max_segment_chars,
-            executor=self.frontend))
+        stream.text = LiveText(stream.synthesis, max_chars=config.sampling.max_text_chars,
+                               max_segment_chars=config.max_segment_chars, executor=self.frontend)
+        return stream
 
 
 @contextlib.contextmanager
@@ -332,10 +332,7 @@ class LiveSpeechStream(SpeechStream):
     """A stream fed with text as it comes: ``text.add(...)``, ``text.flush()``, ``text.end()``
     (service/live_text.py), ``fail(error)`` to end it with an error after the audio under way."""
 
-    def __init__(self, stream: SpeechStream, synthesis: SegmentedSynthesis, text: LiveText):
-        super().__init__(stream.service, stream.request_id, stream.label, stream.output)
-        self.synthesis = synthesis
-        self.text = text
+    text: LiveText
 
     def fail(self, error: BaseException) -> None:
         self.synthesis.fail(error)
