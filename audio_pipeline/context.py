@@ -33,6 +33,11 @@ class TTSContext:
     words: list | None = None
     #: Generated speech-token ids (end-of-speech not included).
     generated: list[int] = field(default_factory=list)
+    #: Layouts whose positions carry whole frames (``codes_per_token`` > 1): the frame of each
+    #: generated position, and the prompt's frames ([prompt, codes] with -1 rows for text positions;
+    #: None when the prompt has none).
+    frames: list[list[int]] = field(default_factory=list)
+    prompt_frames: torch.Tensor | None = None
     #: Tokens (prompt, then generated) whose keys and values are in the KV cache.
     processed: int = 0
     #: Generated tokens already turned into audio.
@@ -56,10 +61,24 @@ class TTSContext:
         plan = getattr(self.layout, "alignment", None)
         if self.alignment is None and plan is not None:
             self.alignment = plan(self.prompt_ids)
+        # What identifies each position's keys and values for the prefix cache: its token id, or
+        # where the position is a frame, the frame (many frames share one token id).
+        self.cache_prompt: list = self.prompt_ids
+        self.cache_generated: list = self.generated
+        if self.prompt_frames is not None:
+            self.cache_prompt = [tuple(row) if row[0] >= 0 else token
+                                 for token, row in zip(self.prompt_ids, self.prompt_frames.tolist())]
+        if self.layout.codes_per_token > 1:
+            self.cache_generated = [tuple(frame) for frame in self.frames]
 
     @property
     def all_tokens(self) -> list[int]:
         return self.prompt_ids + self.generated
+
+    @property
+    def cache_keys(self) -> list:
+        """Prompt then generated positions as the prefix cache compares them (see __post_init__)."""
+        return self.cache_prompt + self.cache_generated
 
     @property
     def total_length(self) -> int:
@@ -80,6 +99,8 @@ class TTSContext:
     @property
     def stop_ids(self) -> tuple[int, ...]:
         """Ids that end the speech: the layout's end-of-speech, then the request's extra stop ids."""
+        if not self.layout.stops_by_token:  # the frame ends the speech: no id is a stop candidate
+            return (self.layout.end_of_speech,)
         extra = tuple(t for t in self.sampling.stop_token_ids if t != self.layout.end_of_speech)
         return (self.layout.end_of_speech, *extra)
 
@@ -105,19 +126,34 @@ class TTSContext:
         mask = torch.zeros(width, dtype=torch.bool)
         mask[: self.layout.codebook_size] = True
         mask[self.layout.codebook_size: self.layout.codebook_size + stops] = (
-            position % self.layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens)
+            self.layout.stops_by_token and self.may_stop(position))
         return mask
 
-    def append_token(self, token_id: int) -> StopReason | None:
-        """Records a sampled token; returns the stop condition it meets (a stop id, which is not
-        recorded, or the end of the budget), None while generation goes on. Ending the request is
-        the scheduler's (its update)."""
+    def may_stop(self, position: int) -> bool:
+        """Whether the speech may end at generated ``position``: on a frame boundary, after
+        min_tokens."""
+        return position % self.layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens
+
+    def append_token(self, token_id: int, frame: list[int] | None = None) -> StopReason | None:
+        """Records a sampled token (with its frame, for layouts whose positions carry frames);
+        returns the stop condition it meets (a stop id or a stop frame, which are not recorded, or
+        the end of the budget), None while generation goes on. Ending the request is the
+        scheduler's (its update)."""
         position = len(self.generated)
-        may_stop = (position % self.layout.tokens_per_frame == 0 and position > 0
-                    and position >= self.sampling.min_tokens)
-        if token_id == self.layout.end_of_speech or (may_stop and token_id in self.stop_ids):
+        may_stop = self.may_stop(position)
+        layout = self.layout
+        if layout.stops_by_token:
+            if token_id == layout.end_of_speech or (may_stop and token_id in self.stop_ids):
+                return StopReason.END_OF_SPEECH
+        elif may_stop and frame is not None and layout.ends_speech(frame):
             return StopReason.END_OF_SPEECH
-        self.layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
+        layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
+        if layout.codes_per_token > 1:
+            if frame is None or len(frame) != layout.codes_per_token or frame[0] != token_id:
+                raise ValueError(f"position {position}: a {layout.codes_per_token}-code frame starting with "
+                                 f"{token_id} was expected, got {frame!r}")
+            self.frames.append(list(frame))
+            self.cache_generated.append(tuple(frame))
         self.generated.append(token_id)
         return StopReason.MAX_TOKENS if len(self.generated) >= self.token_budget else None
 
@@ -143,10 +179,10 @@ class TTSContext:
         position = total_position - len(self.prompt_ids)
         return 1 + min(len(self.forced_run(position + 1)[0]), max(0, self.token_budget - position - 1))
 
-    def append_sample(self, token_id: int) -> StopReason | None:
-        """Records a sampled token, then the forced run that follows it, up to the first stop
-        condition met (a forced end of speech is one), which it returns."""
-        if stop := self.append_token(token_id):
+    def append_sample(self, token_id: int, frame: list[int] | None = None) -> StopReason | None:
+        """Records a sampled token (and its frame), then the forced run that follows it, up to the
+        first stop condition met (a forced end of speech is one), which it returns."""
+        if stop := self.append_token(token_id, frame):
             return stop
         run, ends = self.forced_run(len(self.generated))
         for forced in run:
@@ -154,6 +190,15 @@ class TTSContext:
                 return stop
         return StopReason.END_OF_SPEECH if ends else None
 
+    @property
+    def speech_code_count(self) -> int:
+        """Audio codes generated so far (the decoder's unit: codes_per_token per position)."""
+        return len(self.generated) * self.layout.codes_per_token
+
     def speech_codes(self, start: int, end: int) -> torch.Tensor:
-        """Audio codes of generated tokens [start, end) (start on a frame boundary)."""
+        """Audio codes [start, end) of the generated speech, frame-major (start on a frame boundary)."""
+        per_token = self.layout.codes_per_token
+        if per_token > 1:
+            frames = self.frames[start // per_token:end // per_token]
+            return torch.tensor(frames, dtype=torch.long).reshape(-1)
         return self.layout.tokens_to_codes(self.generated[start:end], first_position=start)

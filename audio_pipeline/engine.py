@@ -144,9 +144,11 @@ class TTSEngine:
         self.decoder_name = config.resolved_audio_decoder
         # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
         decoder_weights = self._decoder_weights()
-        self.model = LlamaPipelineModel(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
-                                        kv_cache_config=config.model.kv_cache,
-                                        random_weights=self.manifest.random_weights)
+        model_class = LlamaPipelineModel
+        if self.layout.codes_per_token > 1:  # a backbone pass per frame, then a depth decoder (CSM)
+            from audio_pipeline.models.csm import CsmPipelineModel as model_class
+        self.model = model_class(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
+                                 kv_cache_config=config.model.kv_cache, random_weights=self.manifest.random_weights)
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
         self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
                                           config.audio_decoder_config, device=device)
@@ -162,9 +164,9 @@ class TTSEngine:
             if getattr(config, name) and not self.decoder.supports_block_causal:
                 raise ValueError(f"{name}: the loaded {self.decoder_name!r} checkpoint does not support "
                                  "block-causal decoding")
-        if self.decoder.tokens_per_frame != self.layout.tokens_per_frame:
+        if self.decoder.tokens_per_frame != self.layout.codes_per_frame:
             raise ValueError(f"audio_decoder: {self.decoder_name!r} takes {self.decoder.tokens_per_frame}-code "
-                             f"frames; the {self.manifest.family} layout makes {self.layout.tokens_per_frame}-token frames")
+                             f"frames; the {self.manifest.family} layout makes {self.layout.codes_per_frame}-code frames")
         check_decoder = getattr(self.layout, "check_decoder", None)
         if check_decoder is not None:
             check_decoder(self.decoder)
@@ -445,7 +447,8 @@ class TTSEngine:
         reference = settings.reference
         return TTSContext(request_id=request_id, prompt_ids=prompt, sampling=sampling,
                           layout=self.layout, voice=settings.voice, alignment=alignment, words=words,
-                          prompt_speech_codes=reference.codes if reference is not None else None)
+                          prompt_speech_codes=reference.codes if reference is not None else None,
+                          prompt_frames=self.layout.prompt_frames(prompt, reference))
 
     @staticmethod
     def check_speed(speed: float) -> None:
@@ -488,7 +491,7 @@ class TTSEngine:
         started = time.monotonic()
         segments("Warm up. Done.")
         # A model that speaks only as a reference and has no default voice: any codes will do.
-        reference = (VoicePrompt("warm up", torch.zeros(2 * self.layout.tokens_per_frame, dtype=torch.long))
+        reference = (VoicePrompt("warm up", torch.zeros(2 * self.layout.codes_per_frame, dtype=torch.long))
                      if self.clones_only and self.manifest.default_voice is None else None)
         self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
                         request_id=f"warmup-{uuid.uuid4().hex[:8]}", reference=reference)

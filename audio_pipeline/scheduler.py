@@ -147,6 +147,8 @@ class StepResult:
 
     items: list[Any] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
+    #: Layouts whose positions carry frames: per item, the frame of each sampled id (else None).
+    frames: list[list[list[int]]] | None = None
 
     def by_request(self) -> dict[str, list[int]]:
         """Sampled ids by request id."""
@@ -178,10 +180,18 @@ class _TokenPrefix(Sequence[int]):
 
 def _computed_tokens(request: Any) -> Sequence[int]:
     """The tokens of ``request`` whose KV is in the cache (its first ``processed``)."""
-    prompt, generated = getattr(request, "prompt_ids", None), getattr(request, "generated", None)
+    prompt = getattr(request, "cache_prompt", getattr(request, "prompt_ids", None))
+    generated = getattr(request, "cache_generated", getattr(request, "generated", None))
     if isinstance(prompt, list) and isinstance(generated, list):
         return _TokenPrefix(prompt, generated, request.processed)
-    return request.all_tokens[:request.processed]
+    return _cache_keys(request)[:request.processed]
+
+
+def _cache_keys(request: Any) -> Sequence:
+    """What the prefix cache compares of ``request``'s positions: ``cache_keys`` where the request
+    has them (positions that are frames), else its tokens."""
+    keys = getattr(request, "cache_keys", None)
+    return keys if keys is not None else request.all_tokens
 
 
 def _tokens_per_sample(request: Any, position: int) -> int:
@@ -363,8 +373,9 @@ class AudioGenerationScheduler:
         Returns the requests that ended and left flight here, let go (KV blocks released): ended by
         this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
         if result is not None:
-            for item, tokens in zip(result.items, result.tokens):
-                self._apply(item, tokens)
+            frames = result.frames or [None] * len(result.items)
+            for item, tokens, item_frames in zip(result.items, result.tokens, frames):
+                self._apply(item, tokens, item_frames)
         if not last:
             return []
         finished = []
@@ -415,7 +426,7 @@ class AudioGenerationScheduler:
         return Finished(request, request.stop_reason, entry.error)
 
     @staticmethod
-    def _apply(item: "ScheduledItem", tokens: list[int]) -> None:
+    def _apply(item: "ScheduledItem", tokens: list[int], frames: list[list[int]] | None = None) -> None:
         """Tokens [start, start + num_tokens) of the item's request are now in the KV cache; its
         sampled ids go in. A request that ended meanwhile (cancelled while its step ran) is left
         as it is."""
@@ -423,8 +434,9 @@ class AudioGenerationScheduler:
         if request.is_done:
             return
         request.processed = item.start + item.num_tokens
-        for token in tokens:
-            reason = request.append_sample(token)
+        for index, token in enumerate(tokens):
+            reason = (request.append_sample(token, frames[index]) if frames is not None
+                      else request.append_sample(token))
             if reason is not None:
                 request.stop_reason = reason
                 return
@@ -496,7 +508,7 @@ class AudioGenerationScheduler:
                    and len(self._running) < self.config.admission_limit):
                 entry = self._waiting[0]
                 request = entry.request
-                tokens = request.all_tokens
+                tokens = _cache_keys(request)
                 cached = manager.claim(request.request_id, tokens)
                 entry.next_pos = cached
                 entry.expected_len = len(tokens)

@@ -10,7 +10,7 @@ from audio_pipeline.layouts import orpheus
 
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
-FAMILIES = ("orpheus", "maya1", "phoneme-lpc", "neutts")
+FAMILIES = ("orpheus", "maya1", "phoneme-lpc", "neutts", "csm")
 #: Text front ends a phoneme-lpc model may name (``front_end``).
 FRONT_ENDS = ("espeak", "lexicon")
 #: Streaming settings a manifest may name (``streaming``), used where the configuration sets none.
@@ -22,7 +22,14 @@ STREAMING_KEYS = ("chunk_size", "buffer", "block_causal", "prepend_prompt_speech
 #: last frames are decoded without the frames after them, where streamed audio differs most from
 #: the whole utterance decoded at once.
 FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}, "maya1": {"chunk_size": [28, 56, 112]},
-                    "neutts": {"chunk_size": [15, 25, 50], "buffer": 50, "prepend_prompt_speech_tokens": "rolling"}}
+                    "neutts": {"chunk_size": [15, 25, 50], "buffer": 50, "prepend_prompt_speech_tokens": "rolling"},
+                    # Mimi is causal and keeps its streaming state: each chunk's frames are decoded as
+                    # they come (block-causal), the first after 2 frames (160 ms of audio), then 4, 8.
+                    # Counted in codes: 32 per frame for CSM-1B.
+                    "csm": {"chunk_size": [64, 128, 256], "block_causal": True}}
+#: The audio decoder of families whose checkpoint carries its own, and where its weights are
+#: (relative to the model directory): CSM's Mimi codec is in the checkpoint (``codec_model.*``).
+FAMILY_DECODERS = {"csm": ("mimi", ".")}
 #: Sampling defaults of families whose reference implementation samples otherwise than the
 #: configuration's defaults: NeuTTS draws from the 50 most likely codes at temperature 1, with
 #: no nucleus and no repetition penalty.
@@ -61,6 +68,12 @@ class ModelManifest:
         """The manifest of ``model_dir``; Orpheus defaults (its preset voices) when there is none."""
         path = model_dir / MANIFEST_NAME
         if not path.is_file():
+            if detected_family(model_dir) == "csm":
+                from audio_pipeline.layouts.csm import DEFAULT_SPEAKERS
+
+                decoder, weights = FAMILY_DECODERS["csm"]
+                return cls(family="csm", voices=tuple(VoiceInfo(v, f"CSM speaker {v}") for v in DEFAULT_SPEAKERS),
+                           default_voice=DEFAULT_SPEAKERS[0], audio_decoder=decoder, audio_decoder_weights=weights)
             if detected_family(model_dir) == "maya1":
                 from audio_pipeline.layouts.maya1 import PRESET_VOICES
 
@@ -105,6 +118,13 @@ class ModelManifest:
 
                 tokenizer = AutoTokenizer.from_pretrained(model_dir)
             return NeuTTSLayout.from_tokenizer(tokenizer, model_dir)
+        if self.family == "csm":
+            from transformers import AutoConfig, AutoTokenizer
+
+            from audio_pipeline.layouts.csm import CsmLayout
+
+            return CsmLayout.from_config(tokenizer or AutoTokenizer.from_pretrained(model_dir),
+                                         AutoConfig.from_pretrained(model_dir))
         if self.family == "maya1":
             from audio_pipeline.layouts.maya1 import Maya1Layout
 
@@ -121,13 +141,15 @@ class ModelManifest:
 
 
 def detected_family(model_dir: Path) -> str:
-    """The family of a checkpoint that comes without a manifest: Maya1 where its config.json names
-    a Maya1 checkpoint (``_name_or_path``, as transformers writes it) or its directory is named so;
-    else Orpheus."""
+    """The family of a checkpoint that comes without a manifest: CSM where its config.json's
+    ``model_type`` is ``csm``; Maya1 where its config.json names a Maya1 checkpoint
+    (``_name_or_path``, as transformers writes it) or its directory is named so; else Orpheus."""
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
+    if isinstance(config, dict) and config.get("model_type") == "csm":
+        return "csm"
     names = [str(config.get("_name_or_path", "")) if isinstance(config, dict) else "", Path(model_dir).name]
     return "maya1" if any("maya1" in name.lower() for name in names) else "orpheus"
 
@@ -158,7 +180,10 @@ def _declared(model_path: str) -> dict:
 def declared_audio_decoder(model_path: str) -> str | None:
     """The audio decoder named by the manifest of the model at ``model_path``, or None."""
     decoder = _declared(model_path).get("audio_decoder")
-    return decoder if isinstance(decoder, str) and decoder else None
+    if isinstance(decoder, str) and decoder:
+        return decoder
+    family = declared_family(model_path)
+    return FAMILY_DECODERS[family][0] if family in FAMILY_DECODERS else None
 
 
 def declared_family(model_path: str) -> str:

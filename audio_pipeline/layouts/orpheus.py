@@ -7,6 +7,8 @@ from typing import Sequence
 
 import torch
 
+from audio_pipeline.layouts.frames import FrameRules
+
 BEGIN_OF_TEXT = 128000
 END_OF_TEXT = 128009
 START_OF_SPEECH = 128257
@@ -29,8 +31,8 @@ ORPHEUS_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
 
 
 @dataclass(frozen=True)
-class OrpheusLayout:
-    """Maps between LM token ids and audio codes, and builds prompts."""
+class OrpheusLayout(FrameRules):
+    """Maps between LM token ids and audio codes, and builds prompts (frames: layouts/frames.py)."""
 
     audio_token_base: int = AUDIO_TOKEN_BASE
     codebook_size: int = CODEBOOK_SIZE

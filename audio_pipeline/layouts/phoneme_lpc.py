@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
+from audio_pipeline.layouts.frames import FrameRules
+
 logger = logging.getLogger(__name__)
 
 PAD, BEGIN, END_OF_SPEECH, START_OF_SPEECH, END_OF_PHONEMES = 0, 1, 2, 3, 4
@@ -168,7 +170,7 @@ class Alignment:
 
 
 @dataclass(frozen=True)
-class PhonemeLPCLayout:
+class PhonemeLPCLayout(FrameRules):
     """Maps between LM token ids and the lpc decoder's codes, and builds prompts with eSpeak NG."""
 
     codebook_size: int = CODEBOOK_SIZE

@@ -318,7 +318,7 @@ class AudioGenerationEngine:
         for request in list(self._ended.values()):
             context = request.context
             if request.finished.reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) and \
-                    context.decoded_index < len(context.generated):
+                    context.decoded_index < context.speech_code_count:
                 continue  # audio still to decode
             self._finish(request)
             delivered = True
@@ -435,7 +435,7 @@ class AudioGenerationEngine:
         context = request.context
         if context.stop_reason in (StopReason.CANCELLED, StopReason.FAILED):
             return None
-        return request.stream.next_window(len(context.generated), finished=context.is_done)
+        return request.stream.next_window(context.speech_code_count, finished=context.is_done)
 
     def _decode(self, jobs: list[tuple[_Request, DecodeWindow]]) -> None:
         if not jobs:

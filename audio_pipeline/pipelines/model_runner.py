@@ -31,7 +31,7 @@ from audio_pipeline.kv_cache.paged import PagedBatch
 from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.pipelines.step_arena import StepArena
 from audio_pipeline.pipelines.step_timing import StepTimer
-from audio_pipeline.sampling import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline.sampling import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline.scheduler import StepResult
 from audio_pipeline_kernels import StepMetadata
 
@@ -109,6 +109,9 @@ class PendingStep:
         elif self.done is not None:
             self.done.synchronize()
         ids = self.ids.tolist() if self.ids is not None else []
+        if self.ids is not None and self.ids.dim() == 2:  # [B, 1 + codes]: each row's id, then its frame
+            return StepResult(self.items, [[ids[row][0]] if row >= 0 else [] for row in self.sample_rows],
+                              frames=[[ids[row][1:]] if row >= 0 else [] for row in self.sample_rows])
         return StepResult(self.items, [[ids[row]] if row >= 0 else [] for row in self.sample_rows])
 
 
@@ -149,6 +152,9 @@ class ModelRunner:
         #: Sampling decides its rule from host data only (always on CUDA, where reading back stalls).
         self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
         self.decode_buckets = sorted(set(decode_buckets))
+        #: Codes each position carries: above 1, a depth decoder samples the rest of each frame and
+        #: a step's samples are [B, 1 + codes] (the id, then the frame), which later steps embed.
+        self.codes = layout.codes_per_token
         self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
                                        before_grow=self.wait)
         #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
@@ -157,7 +163,8 @@ class ModelRunner:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="model-runner") if worker else None
         self._last_launch: Future | None = None
         self.graphs = None
-        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets:
+        # The captured decode graphs take token ids alone, not frames.
+        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets and self.codes == 1:
             from audio_pipeline.pipelines.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.decode_buckets)
@@ -200,7 +207,8 @@ class ModelRunner:
             sampling = [item for item in items if item.sample]
             staged = self._stage(items, metadata, sampling)
             device = self.arena.send(staged).device
-            ids = torch.empty(len(sampling), dtype=torch.long, device=self.device) if sampling else None
+            shape = (len(sampling), 1 + self.codes) if self.codes > 1 else (len(sampling),)
+            ids = torch.empty(shape, dtype=torch.long, device=self.device) if sampling else None
             sample_rows, row = [], 0
             for item in items:
                 sample_rows.append(row if item.sample else -1)
@@ -227,13 +235,17 @@ class ModelRunner:
         timer = self.timer
         with timer.phase("model"):
             for source, (first, end) in staged.chained:
-                device["tokens"].index_copy_(0, device["chain_rows"][first:end],
-                                             source.index_select(0, device["chain_from"][first:end]))
+                rows, picked = device["chain_rows"][first:end], source.index_select(0, device["chain_from"][first:end])
+                if picked.dim() == 2:  # a depth step's samples: the id, then the frame
+                    device["frames"].index_copy_(0, rows, picked[:, 1:])
+                    picked = picked[:, 0]
+                device["tokens"].index_copy_(0, rows, picked)
             hidden = self._forward(device, metadata, padded)
         timer.forwards += 1
         if ids is not None:
             with timer.phase("sample"):
-                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups))
+                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups,
+                                       getattr(staged, "depth_rows", None)))
 
     def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
         """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
@@ -285,6 +297,12 @@ class ModelRunner:
             "blocked": ((batch, rows.width if rows is not None else 0), np.bool_),
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
         }
+        if self.codes > 1:  # each position's frame (-1: a text position), and the depth sampling's rows
+            arrays["frames"] = ((total, self.codes), np.int64)
+            if batch:
+                arrays.update(depth_floats=((self.codes - 1, len(FLOAT_FIELDS), batch), np.float32),
+                              depth_top_k=((batch,), np.int64), depth_starts=((batch,), np.int64),
+                              depth_extra=((batch, 1), np.int64), depth_blocked=((batch, rows.codebook_size + 1), np.bool_))
         if links:  # tokens to take from earlier steps' samples on the device
             arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
         if follow:  # forced tokens that follow samples, for the repetition counts
@@ -296,6 +314,11 @@ class ModelRunner:
         for index, known in enumerate(tokens):
             flat[ends[index]:ends[index + 1]] = known
         flat[ends[len(items)]:] = 0  # padding rows
+        if self.codes > 1:
+            frames = host["frames"]
+            frames[:] = -1
+            for index, item in enumerate(items):
+                self._item_frames(item, frames[ends[index]:ends[index + 1]])
         host["positions"][:] = metadata.positions
         host["slots"][:] = metadata.slot_mapping
         staged.chained, first = [], 0
@@ -317,7 +340,66 @@ class ModelRunner:
         host["order"][:] = order
         if follow:
             host["follow_rows"][:], host["follow_codes"][:], host["follow_owner"][:] = zip(*follow)
+        if self.codes > 1:
+            staged.depth_rows = self._stage_depth(host, contexts, rows)
         return staged
+
+    # --- depth decoding (layouts whose positions carry frames) ----------------------------------
+
+    @staticmethod
+    def _item_frames(item: Any, out: np.ndarray) -> None:
+        """The frames of the item's positions known on the host into ``out`` (rows stay -1 for text
+        positions, and for a sample still on the device: the step copies it there)."""
+        request, start, end = item.request, item.start, item.start + item.num_tokens
+        split = len(request.prompt_ids)
+        if request.prompt_frames is not None and start < split:
+            out[:min(end, split) - start] = request.prompt_frames[start:min(end, split)].numpy()
+        known = [request.frames[i - split] for i in range(max(start, split), end) if i - split < len(request.frames)]
+        if known:
+            first = max(start, split) - start
+            out[first:first + len(known)] = known
+
+    def _stage_depth(self, host: dict[str, np.ndarray], contexts: list[Any], rows: SamplingRows) -> SamplingRows:
+        """The depth decoder's sampling rows: each row's settings (no penalties: they count the
+        backbone's codebook) and one uniform draw per codebook from the request's own generator,
+        drawn after the backbone's, so a seed gives the same frames whatever the batch."""
+        codebook, depth = rows.codebook_size, self.codes - 1
+        floats = host["depth_floats"]
+        floats[:] = rows.floats[None]
+        uniform = FLOAT_FIELDS.index("uniform")
+        for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
+            floats[:, FLOAT_FIELDS.index(name)] = 1.0 if name == "repetition_penalty" else 0.0
+        for row, context in enumerate(contexts):
+            if context.sampling.temperature > 0:
+                floats[:, uniform, row] = torch.rand(depth, generator=context.generator).numpy()
+        top_k = np.array([c.sampling.top_k for c in contexts], dtype=np.int64)
+        host["depth_top_k"][:] = np.where((top_k > 0) & (top_k < codebook + 1), top_k, codebook + 1)
+        host["depth_starts"][:] = 0
+        host["depth_extra"][:] = 0
+        host["depth_blocked"][:] = False
+        host["depth_blocked"][:, codebook] = True  # the one (unused) extra column
+        sampled = [int(k) for c, k in zip(contexts, host["depth_top_k"]) if c.sampling.temperature > 0]
+        flags = dict(any_sampling=rows.any_sampling, penalized=False,
+                     prefix_suffices=all(k <= NUCLEUS_PREFIX for k in sampled),
+                     prefix_may_suffice=all(k <= NUCLEUS_PREFIX or k == codebook + 1 for k in sampled))
+        return SamplingRows(codebook, host["depth_starts"], host["depth_extra"], host["depth_blocked"], floats[0],
+                            host["depth_top_k"], rows.frame_slots, **flags)
+
+    def _depth_frames(self, states: torch.Tensor, first: torch.Tensor, device: dict[str, torch.Tensor],
+                      host_rows: SamplingRows) -> torch.Tensor:
+        """[B, codes] frames: the depth decoder's codebooks 1.. after each row's codebook-0 code
+        ``first``, sampled with each row's settings and draws (_stage_depth's ``host_rows``)."""
+        codebook = host_rows.codebook_size
+        top_k = device["depth_top_k"]
+        no_counts = torch.zeros(1, device=states.device)
+
+        def choose(k: int, logits: torch.Tensor) -> torch.Tensor:
+            scores = torch.cat([logits[:, :codebook].float(), logits.new_zeros(logits.shape[0], 1).float()], dim=1)
+            device_rows = DeviceSamplingRows(device["depth_starts"], device["depth_extra"], device["depth_blocked"],
+                                             device["depth_floats"][k - 1], top_k)
+            return sample_rows(scores, host_rows, device_rows, no_counts, sync_free=self.sync_free)
+
+        return self.model.depth_frame(states, first, choose)
 
     def _forced_follow_ups(self, sampling: list[Any], positions: list[int]) -> list[tuple[int, int, int]]:
         """(count row, code, sampling row) of each forced token a layout appends right after a
@@ -337,12 +419,13 @@ class ModelRunner:
         if self.graphs is not None and padded in self.graphs:
             return self.graphs.run(padded, device, metadata)
         batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata))
+        extra = {"frames": device["frames"]} if self.codes > 1 else {}
         with torch.inference_mode():
-            return self.model.forward(device["tokens"], device["positions"], batch)
+            return self.model.forward(device["tokens"], device["positions"], batch, **extra)
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: SamplingRows,
-                groups: list[tuple[int, int, int]]) -> torch.Tensor:
+                groups: list[tuple[int, int, int]], depth_rows: SamplingRows | None = None) -> torch.Tensor:
         """Candidate logits of each sampling row, the draw, and the counts update: [B] ids on the device."""
         states = hidden.index_select(0, device["logit_rows"])
         logits = self.model.compute_candidate_logits(states, groups, device["order"], device["extra_ids"],
@@ -355,6 +438,9 @@ class ModelRunner:
         codes = ids - device["starts"]
         counted = ((codes >= 0) & (codes < codebook)).float()
         table.index_put_((device["count_rows"], codes.clamp(0, codebook - 1)), counted, accumulate=True)
+        if self.codes > 1:
+            frames = self._depth_frames(states, ids - device["starts"], device, depth_rows)
+            ids = torch.cat([ids[:, None], frames], dim=1)
         if "follow_rows" in device:
             table.index_put_((device["follow_rows"], device["follow_codes"]),
                              counted.index_select(0, device["follow_owner"]), accumulate=True)
