@@ -74,6 +74,14 @@ def check_supported(config) -> None:
                          "sets use_sliding_window=true)")
 
 
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE cos and sin ([T, head_dim] each, in ``dtype``) of ``positions`` ([T])."""
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     return torch.cat((-second, first), dim=-1)
@@ -166,9 +174,7 @@ class LlamaForCausalLM(nn.Module):
         self.inv_freq = inv_freq.to(device or self.inv_freq.device)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
-        return (angles.cos() * self.rope_scaling).to(dtype), (angles.sin() * self.rope_scaling).to(dtype)
+        return rotary_cos_sin(positions, self.inv_freq, self.rope_scaling, dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """Hidden states (after the final norm) of every token in ``input_ids`` ([T] -> [T, hidden])."""

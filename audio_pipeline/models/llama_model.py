@@ -67,20 +67,30 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         #: The KV cache's dtype (resolve_cache_dtype).
         self.cache_dtype = resolve_cache_dtype(kv_cache_config, dtype, self.devices[0])
         self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
-        with torch.device("meta"):
-            self.model = LlamaForCausalLM(huggingface_config)
-        if random_weights:
-            from audio_pipeline.models.random_models import init_random_weights
-
-            init_random_weights(self.model, dtype, self.devices[0])
-            self.model.tie_weights()
-        else:
-            load_safetensors_into(self.model, model_dir, dtype, self.devices[0])
+        self.model = self._build_model(huggingface_config, model_dir, dtype, self.devices[0], random_weights)
         self.model.reset_rotary(self.devices[0])
         self.model.eval()
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
-        self.forward = torch.compile(self.model, dynamic=True) if pipeline_config.model.compile else self.model
+        self.forward = self._make_forward(pipeline_config.model.compile)
         self.kv_manager: PagedKVCacheManager | None = None
+
+    def _build_model(self, huggingface_config: Any, model_dir: Path, dtype: torch.dtype, device: torch.device,
+                     random_weights: bool) -> torch.nn.Module:
+        """The language model with its weights on ``device`` (built on the meta device, then loaded)."""
+        with torch.device("meta"):
+            model = LlamaForCausalLM(huggingface_config)
+        if random_weights:
+            from audio_pipeline.models.random_models import init_random_weights
+
+            init_random_weights(model, dtype, device)
+            model.tie_weights()
+        else:
+            load_safetensors_into(model, model_dir, dtype, device)
+        return model
+
+    def _make_forward(self, compile: bool):
+        """``self.model``, or its torch.compile'd twin."""
+        return torch.compile(self.model, dynamic=True) if compile else self.model
 
     # --- sizes -----------------------------------------------------------------------------------
 

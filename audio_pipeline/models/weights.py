@@ -27,12 +27,14 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def load_safetensors_into(module: nn.Module, model_dir: Path, dtype: torch.dtype,
-                          device: torch.device) -> None:
+                          device: torch.device, *, ignore_prefixes: tuple[str, ...] = ()) -> None:
     """Assigns every tensor of the checkpoint to ``module``'s parameters, cast to ``dtype``.
 
     ``module`` may be built on the meta device: parameters are replaced, not copied into.
     Tied parameters (lm_head sharing the embedding) may be absent from the file. Any other
-    missing or unexpected key, or a shape mismatch, is an error that names them.
+    missing or unexpected key, or a shape mismatch, is an error that names them. Keys starting with
+    one of ``ignore_prefixes`` (weights another loader reads, e.g. CSM's ``codec_model.``) are skipped:
+    neither loaded nor unexpected.
     """
     params = dict(module.named_parameters(remove_duplicate=False))
     state: dict[str, torch.Tensor] = {}
@@ -40,7 +42,7 @@ def load_safetensors_into(module: nn.Module, model_dir: Path, dtype: torch.dtype
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for key in f.keys():
-                if key.endswith("rotary_emb.inv_freq"):
+                if key.endswith("rotary_emb.inv_freq") or (ignore_prefixes and key.startswith(ignore_prefixes)):
                     continue
                 if key not in params:
                     unexpected.append(key)
