@@ -124,6 +124,7 @@ class TTSEngine:
         from transformers import AutoConfig, AutoTokenizer
 
         from audio_pipeline.models.llama_model import LlamaPipelineModel
+        from audio_pipeline.models.registry import pipeline_model_class
 
         self.model_dir = resolve_model_dir(config.model.model_path)
         self.manifest = ModelManifest.read(self.model_dir)
@@ -144,11 +145,15 @@ class TTSEngine:
         self.decoder_name = config.resolved_audio_decoder
         # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
         decoder_weights = self._decoder_weights()
-        model_class = LlamaPipelineModel
-        if self.layout.codes_per_token > 1:  # a backbone pass per frame, then a depth decoder (CSM)
-            from audio_pipeline.models.csm import CsmPipelineModel as model_class
+        if self.layout.codes_per_token > 1 and pipeline_model_class(hf_config) is LlamaPipelineModel:
+            raise ValueError(f"model.model_path: the {self.manifest.family} layout samples {self.layout.codes_per_token} "
+                             f"codes per position, which a {hf_config.model_type} checkpoint cannot (no depth decoder)")
+        model_class = pipeline_model_class(hf_config)
         self.model = model_class(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
                                  kv_cache_config=config.model.kv_cache, random_weights=self.manifest.random_weights)
+        if getattr(self.model, "codes_per_token", 1) != self.layout.codes_per_token:
+            raise ValueError(f"model.model_path: the model samples {getattr(self.model, 'codes_per_token', 1)} codes "
+                             f"per position, the {self.manifest.family} layout {self.layout.codes_per_token}")
         self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
         self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
                                           config.audio_decoder_config, device=device)
