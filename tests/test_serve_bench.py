@@ -6,10 +6,91 @@ import re
 import pytest
 import torch
 
-from audio_pipeline.bench.serve import main, percentile, playback_stall
+from audio_pipeline.bench.serve import (
+    FLOOR_HEADER,
+    PassCost,
+    RoundSummary,
+    ServedSettings,
+    StreamResult,
+    floor_report,
+    main,
+    percentile,
+    playback_stall,
+)
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
+
+#: A config small enough to count by hand: q = 2 x 4 = 8, kv = 1 x 4 = 4 wide.
+TINY = {"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 4, "intermediate_size": 16}
+
+
+def test_a_pass_reads_the_layers_linear_weights_once_and_every_rows_keys_and_values():
+    cost = PassCost.of(TINY, "float32", "float16")
+    # Per layer: q, k, v 8 x (8 + 4 + 4) = 128; o 8 x 8 = 64; gate, up, down 3 x 8 x 16 = 384: 576.
+    assert cost.linear_params == 2 * 576 == 1152
+    assert cost.weight_bytes == 1152 * 4 == 4608
+    # Keys and values, 2 layers, 1 kv head of 4, float16: 2 x 2 x 1 x 4 x 2 bytes.
+    assert cost.kv_bytes_per_token == 32
+    assert cost.kv_bytes(rows=3, context=100) == 3 * 100 * 32 == 9600
+    assert cost.bytes(3, 100) == 4608 + 9600
+    # A multiply and an add per weight per row.
+    assert cost.flops(3) == 2 * 1152 * 3 == 6912
+    # 14,208 bytes at 14.208 MB/s: 1 ms.
+    assert cost.floor_ms(3, 100, bandwidth=14.208e6) == pytest.approx(1.0)
+    # Other dtypes scale their own part only.
+    bf16 = PassCost.of({**TINY, "head_dim": None}, "bfloat16", "float32")  # head_dim from hidden / heads
+    assert (bf16.weight_bytes, bf16.kv_bytes_per_token) == (2304, 64)
+
+
+def fake_round() -> RoundSummary:
+    """4 streams of an 80-token prompt and 40 generated tokens; 400 forward passes in 2 s, 52 of them
+    decode, in 26 decode steps of 78 requests in all."""
+    results = [StreamResult(ttfa=0.1, rtf=0.5, stall=0.0, audio_seconds=1.0) for _ in range(4)]
+    split = {"schedule": 0.1, "inputs": 0.2, "model": 2.0, "sample": 0.3, "update": 0.0, "decode": 0.1, "deliver": 0.0}
+    return RoundSummary(4, results, wall=2.0, steps=400, split=split, decode_ms=3.0, prompt_tokens=4 * 80,
+                        output_tokens=4 * 40, decode_passes=52, decode_steps=26, decode_step_rows=78)
+
+
+def test_a_round_gives_the_mean_rows_tokens_and_context_of_a_decode_pass():
+    summary = fake_round()
+    assert summary.rows_per_pass == pytest.approx(78 / 26)
+    # The 156 tokens after each request's first over 52 decode passes; the prompt and half the speech.
+    assert summary.tokens_per_pass == pytest.approx(3.0)
+    assert summary.mean_context == pytest.approx(80 + 40 / 2)
+    unseen = RoundSummary(4, summary.results, 2.0, 400, summary.split, 3.0)  # no decode pass in the scrape
+    assert (unseen.rows_per_pass, unseen.tokens_per_pass) == (4.0, 4.0)
+
+
+def test_the_floor_report_gives_bytes_flops_bandwidth_and_the_distance_to_the_floor():
+    served = ServedSettings(TINY, "cpu", "float32", "float16", threads=1)
+    lines = floor_report({4: fake_round()}, served, bandwidth=14.208e6)
+    assert "float32, 0.00 M linear parameters = 0.00 MB" in lines[0] and "not the whole lm_head" in lines[0]
+    assert "KV cache float16 (derived), 32 bytes per context token; read bandwidth 0.0 GB/s" in lines[0]
+    assert lines[1] == FLOOR_HEADER
+    for column in ("rows", "tokens", "ctx", "KV MB", "W MB", "GFLOP", "model ms", "GB/s", "GFLOP/s", "floor ms",
+                   "x floor", "wall ms"):
+        assert column in FLOOR_HEADER
+    # rows 3, tokens 3, ctx 100: 0.0096 MB of KV, 0.0046 MB of weights, 6912 FLOPs; model 2 ms against
+    # a 1 ms floor (14,208 bytes / 2 ms = 0.0071 GB/s); wall 2 s / 400 passes = 5 ms.
+    assert lines[2].split() == ["4", "3.0", "3.0", "100", "0.01", "0.00", "0.000", "2.00", "0.0", "0.0", "1.000",
+                                "2.0x", "5.00", "5.0x"]
+    assert lines[3].startswith("per decode forward pass (/metrics): rows = sequences")
+    # The server's logged dtype wins over the derived one.
+    logged = floor_report({4: fake_round()}, served, 14.208e6, logged_cache_dtype="float32")
+    assert "KV cache float32 (the server's log), 64 bytes" in logged[0]
+    assert logged[2].split()[4] == "0.02"  # 3 x 100 x 64 bytes
+    assert logged[2].split()[10] == f"{1000 * (4608 + 19200) / 14.208e6:.3f}"
+
+
+def test_the_served_settings_resolve_as_the_engine_does():
+    default = ServedSettings.of(None, "cpu", [])
+    assert (default.weight_dtype, default.threads, default.model_config["num_hidden_layers"]) == ("float32", 1, 4)
+    # A float32 model's cache is float16 on CPU where the native kernel builds (else float32).
+    assert default.cache_dtype in ("float16", "float32")
+    chosen = ServedSettings.of(None, "cpu", ["model.kv_cache.cache_dtype=bfloat16", "model.num_threads=2"])
+    assert (chosen.cache_dtype, chosen.threads) == ("bfloat16", 2)
 
 
 def test_a_player_waits_only_when_a_chunk_arrives_after_the_audio_before_it_ran_out():
@@ -23,6 +104,7 @@ def test_a_player_waits_only_when_a_chunk_arrives_after_the_audio_before_it_ran_
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
 
 
+@slow
 def test_the_serving_benchmark_runs_against_a_real_server_and_reports_every_stream(capsys):
     threads = torch.get_num_threads()
     try:
@@ -41,26 +123,36 @@ def test_the_serving_benchmark_runs_against_a_real_server_and_reports_every_stre
     assert float(budget.group(2)) == pytest.approx(1000 / float(budget.group(1)), rel=0.01)
 
 
+@slow
 def test_the_random_model_benchmark_forces_fixed_length_streams_and_reports_the_bandwidth_floor(capsys):
     """--random-model serves a model of a real shape drawn at load (here the tiny one, on the CPU):
-    every stream is exactly --utterance-tokens long, and each N's step time is set against the
-    memory-bandwidth floor measured in the same run."""
+    every stream is exactly --utterance-tokens long, and each N's forward pass is set against the
+    memory floor at the read bandwidth measured in the same run."""
     assert main(["--random-model", "orpheus-tiny", "--device", "cpu", "--streams", "1,2", "--no-search",
                  "--utterance-tokens", "56"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"orpheus-tiny on cpu: a decode step reads [\d.]+ GB of weights .* copy bandwidth \d+ GB/s", out)
+    assert "plain padded forward" not in out
+    assert re.search(r"^read bandwidth \(a float32 sum over 512 MiB, best of 5\): 1 thread [\d.]+ GB/s", out, re.M)
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\s+(\d+)\s+\d+\s+\d+\s+[\d.]+\s+(\d+/\d+)", out, re.M)}
     assert set(rows) == {1, 2}
-    for count in (1, 2):
-        assert re.search(rf"N={count}: [\d.]+ ms per forward pass .* bandwidth floor [\d.]+ ms at mean context 58: "
-                         r"[\d.]+x the floor", out)
+    # The server logs its KV cache's dtype at start (a float32 model's is float16 where the native kernel builds).
+    assert re.search(r"^memory floor per forward pass: .* weights float32, .* KV cache float(16|32) \(the server's "
+                     r"log\)", out, re.M)
+    floor = {int(m.group(1)): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+             for m in re.finditer(r"^\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+(\d+)(?:\s+[\d.]+){7}\s+([\d.]+)x", out,
+                                  re.M)}
+    assert set(floor) == {1, 2}
+    for count, (rows_per_pass, context, times_floor) in floor.items():
+        # 56 speech tokens after a prompt: the mean context is the prompt and 28; a pass is never under the floor.
+        assert 0 < rows_per_pass <= count and context > 28 and times_floor > 0
+    assert "floor = (KV + weight bytes) / read bandwidth" in out
 
 
+@slow
 def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
     """The GPU benchmark's model: Orpheus-3B's config (Llama 3.2 3B) and a decoder, no checkpoint."""
     import json
 
-    from audio_pipeline.bench.serve import StepFloor
     from audio_pipeline.layouts.manifest import ModelManifest
     from audio_pipeline.models.random_models import write_random_model
 
@@ -68,5 +160,9 @@ def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
     config = json.loads((model_dir / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_key_value_heads"]) == (3072, 28, 8)
     assert ModelManifest.read(model_dir).random_weights and not list(model_dir.glob("*.safetensors"))
-    weights = StepFloor.of("orpheus-3b", "cpu", 2).weight_bytes
-    assert 5.5e9 < weights < 6.6e9  # 3.2 B parameters in bf16, less most of the 156,940-row table
+    cost = PassCost.of(config, "bfloat16", "bfloat16")
+    # Per layer: q, k, v 3072 x (3072 + 2 x 1024), o 3072 x 3072, MLP 3 x 3072 x 8192; 2.8 of the 3.2 B
+    # parameters (the 156,940-row table is left out).
+    assert cost.linear_params == 28 * (3072 * 5120 + 3072 * 3072 + 3 * 3072 * 8192)
+    assert 5.5e9 < cost.weight_bytes < 5.7e9
+    assert cost.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2

@@ -7,10 +7,7 @@
 With ``--random-model`` the server runs a randomly initialised model of a real shape (Orpheus-3B:
 Llama 3.2 3B with a random SNAC 24 kHz decoder, its weights drawn on the device at load: nothing to
 download) and every stream is exactly ``--utterance-tokens`` speech tokens long (min_tokens =
-max_tokens), since a random model's end of speech means nothing. In place of the plain forward it
-then prints each N's step time against a memory-bandwidth floor: the bytes a decode step must read
-(the weights, and every stream's keys and values at the round's mean context) over the device's
-copy bandwidth, measured in the same run.
+max_tokens), since a random model's end of speech means nothing, and the plain forward is skipped.
 
 It starts `audio-pipeline serve` in a subprocess (default settings unless ``--task-arg`` or
 ``--model`` say otherwise), waits for it to report SERVING, then for each N starts N streams at once
@@ -33,6 +30,23 @@ In the same run it times a plain padded-batch forward of the same model (contigu
 KV, one ``scaled_dot_product_attention`` per layer, eager torch, in this process) at batch 1 and 16,
 and prints the engine's time per decode forward pass (every phase of its decode steps, over their
 forward passes) at N = 1 and 16 as a ratio to it.
+
+Every run (CPU or GPU, built-in or random model) also sets each N against the memory floor. Before
+the server starts it measures the read bandwidth (a float32 sum over 512 MiB, far past the caches)
+with one thread, the engine's threads and all cores, and prints it once. From the model's config
+and the dtypes the server runs with (weights: model.dtype; KV cache: the dtype the server's start-up
+log names, else as ``resolve_cache_dtype`` derives it, ``--task-arg model.kv_cache.cache_dtype=...``
+honoured) a second table gives per decode forward pass, from the round's /metrics: its rows
+(sequences: requests per decode step) and tokens (generated tokens after each request's first, over
+the decode passes: the built-in voice feeds 2 a row, a sample and the token its layout forces), the
+mean context a row reads (estimated as prompt tokens plus half the generated tokens per request),
+the KV bytes read (rows x context x 2 x layers x kv_heads x head_dim x element size), the weight
+bytes (the decoder layers' linear projections only: the engine computes logits only over each row's
+candidate ids, so the lm_head is left out, as are the embeddings and norms), the weight FLOPs
+(2 x linear parameters x tokens), the achieved GB/s and
+GFLOP/s over the model phase's ms per pass (the main table's ``model`` column), the floor (bytes over
+the engine-thread read bandwidth), and the model phase and the round's wall time per pass as
+multiples of it.
 """
 
 from __future__ import annotations
@@ -116,7 +130,7 @@ def free_port() -> int:
 class Server:
     """`audio-pipeline serve` in a subprocess, on free ports, with /metrics."""
 
-    def __init__(self, model: str | None, task_args: list[str], log_level: str = "WARNING", device: str | None = None):
+    def __init__(self, model: str | None, task_args: list[str], log_level: str = "INFO", device: str | None = None):
         self.metrics_port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
         command = [sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -140,6 +154,12 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError(f"the server exited before listening; its log ({self.log.name}):\n"
                            + Path(self.log.name).read_text()[-4000:])
+
+    def kv_cache_dtype(self) -> str | None:
+        """The KV cache dtype the server's start-up log names ("KV cache: ... MiB), float16, attention
+        native"; logged at INFO), or None where its log has no such line."""
+        match = re.search(r"KV cache: .*?MiB\), (\w+), attention", Path(self.log.name).read_text())
+        return match.group(1) if match else None
 
     @property
     def target(self) -> str:
@@ -231,6 +251,43 @@ class RoundSummary:
     steps: int
     split: dict[str, float]
     decode_ms: float
+    #: Prompt tokens of the round's requests (computed in prefill plus found in the prefix cache).
+    prompt_tokens: int = 0
+    #: Tokens the round's requests generated (sampled, and forced by the layout).
+    output_tokens: int = 0
+    #: Decode (tg) forward passes.
+    decode_passes: int = 0
+    #: Decode steps, and the requests in them all (the server's tts_batch_size histogram).
+    decode_steps: int = 0
+    decode_step_rows: int = 0
+
+    @property
+    def requests(self) -> int:
+        return len(self.results)
+
+    @property
+    def rows_per_pass(self) -> float:
+        """Mean sequences in a decode forward pass (requests per decode step): at most N, fewer
+        while streams start and end. Each reads its keys and values once a pass."""
+        return self.decode_step_rows / self.decode_steps if self.decode_steps else float(self.count)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Mean tokens a decode forward pass computes: every generated token but each request's last
+        is fed back, and its first was sampled by its prefill, over the decode passes. A layout
+        that forces tokens feeds them in the pass with the sample before them (the built-in voice:
+        4 tokens a frame in 2 passes, 2 tokens per sequence a pass)."""
+        if not self.decode_passes:
+            return self.rows_per_pass
+        return max(0, self.output_tokens - self.requests) / self.decode_passes
+
+    @property
+    def mean_context(self) -> float:
+        """Estimated mean KV length a decode row reads: a request's prompt tokens and half its
+        generated tokens (its context grows by one a pass from the prompt to prompt + generated)."""
+        if not self.requests:
+            return 0.0
+        return (self.prompt_tokens + self.output_tokens / 2) / self.requests
 
     @property
     def holding(self) -> int:
@@ -274,7 +331,16 @@ def measure(server: Server, count: int, rounds: int, offset: int, tokens: int | 
         wall += seconds
     after = server.metrics()
     steps, split = step_split(before, after)
-    return RoundSummary(count, results, wall, steps, split, decode_step_ms(before, after))
+
+    def delta(key: str) -> int:
+        return round(after.get(key, 0.0) - before.get(key, 0.0))
+
+    return RoundSummary(count, results, wall, steps, split, decode_step_ms(before, after),
+                        prompt_tokens=delta("tts_input_tokens_total") + delta("tts_prefix_cache_hit_tokens_total"),
+                        output_tokens=delta("tts_output_tokens_total"),
+                        decode_passes=delta('tts_forward_passes_total{kind="tg"}'),
+                        decode_steps=delta('tts_batch_size_count{kind="tg"}'),
+                        decode_step_rows=delta('tts_batch_size_sum{kind="tg"}'))
 
 
 def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, print_row,
@@ -366,52 +432,170 @@ def plain_forward_ms(model: str | None, batch: int, context: int, repeats: int =
 PLAIN_BATCHES = (1, 16, 32)
 
 
-def copy_bandwidth(device: str, size: int | None = None, repeats: int = 10) -> float:
-    """Bytes per second one device-to-device copy moves (reads plus writes), measured here."""
+#: The buffer read_bandwidth sums: far larger than any cache (this machine's L3 is tens of MiB).
+READ_BYTES = 512 << 20
+
+
+def read_bandwidth(device: str, threads: int = 1, size: int = READ_BYTES, repeats: int = 5) -> float:
+    """Bytes per second a read-dominated pass moves: a float32 sum over ``size`` bytes (one
+    8-byte result written), best of ``repeats``, with ``threads`` intra-op threads on the CPU
+    (the caller's setting is restored)."""
     import torch
 
-    size = size or (1 << 30 if device.startswith("cuda") else 1 << 28)
-    source = torch.empty(size, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    target.copy_(source)
+    buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
+    cuda = device.startswith("cuda")
+    previous = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(threads)
+    try:
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first pass warms up (pages, kernels)
+            if cuda:
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            buffer.sum().item()
+            best = min(best, time.perf_counter() - started)
+        return size / best
+    finally:
+        torch.set_num_threads(previous)
+        del buffer
 
-    def sync():
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
 
-    sync()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        target.copy_(source)
-    sync()
-    return 2 * size * repeats / (time.perf_counter() - started)
+#: Bytes per element of the weight and KV cache dtypes (by their configuration and torch names).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "float8_e4m3fn": 1}
 
 
 @dataclass
-class StepFloor:
-    """The bytes a decode step of a random model's shape must read from memory."""
+class ServedSettings:
+    """What the server this benchmark starts resolves its settings to (as the engine does)."""
 
-    weight_bytes: int
-    kv_bytes_per_token: int
-    bandwidth: float
+    #: The model's config.json.
+    model_config: dict
+    device: str
+    #: Weight dtype name (model.dtype, auto: bfloat16 on GPU, float32 on CPU).
+    weight_dtype: str
+    #: KV cache dtype name as derived here (model.kv_cache.cache_dtype, see resolve_cache_dtype);
+    #: the server's own start-up log line wins where there is one.
+    cache_dtype: str
+    #: The engine's intra-op threads (model.num_threads, else 1 on CPU).
+    threads: int
 
     @classmethod
-    def of(cls, shape: str, device: str, dtype_bytes: int) -> "StepFloor":
-        from audio_pipeline.layouts import orpheus
-        from audio_pipeline.models.random_models import RANDOM_SHAPES
+    def of(cls, model: str | None, device: str | None, task_args: list[str]) -> "ServedSettings":
+        import json
 
-        c = RANDOM_SHAPES[shape]
-        hidden, layers = c["hidden_size"], c["num_hidden_layers"]
-        head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
-        heads, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
-        per_layer = hidden * (heads + 2 * kv) + heads * hidden + 3 * hidden * c["intermediate_size"]
-        # The output projection is read only over the speech slots' codebooks (candidate logits);
-        # the embedding table only at the step's rows.
-        head = orpheus.TOKENS_PER_FRAME * orpheus.CODEBOOK_SIZE * hidden
-        return cls((layers * per_layer + head) * dtype_bytes, 2 * layers * kv * dtype_bytes, copy_bandwidth(device))
+        from audio_pipeline.config import AudioGenerationConfig
+        from audio_pipeline.engine import resolve_device, resolve_dtype, resolve_model_dir
+        from audio_pipeline.models.llama_model import resolve_cache_dtype
+        from audio_pipeline.runtime import default_num_threads
 
-    def floor_ms(self, batch: int, context: int) -> float:
-        return 1000 * (self.weight_bytes + batch * context * self.kv_bytes_per_token) / self.bandwidth
+        chosen = {key: value for key, value in (("model_path", model), ("device", device)) if value}
+        config = AudioGenerationConfig.load(audio_flags=task_args, **({"model": chosen} if chosen else {}))
+        resolved_device = resolve_device(config.model.device)
+        dtype = resolve_dtype(config.model.dtype, resolved_device)
+        cache_dtype = resolve_cache_dtype(config.model.kv_cache, dtype, resolved_device)
+        model_config = json.loads((resolve_model_dir(config.model.model_path) / "config.json").read_text())
+        threads = config.model.num_threads or default_num_threads(resolved_device)
+        return cls(model_config, str(resolved_device), str(dtype).removeprefix("torch."),
+                   str(cache_dtype).removeprefix("torch."), threads)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """What one decode forward pass must read and compute, from the model's config.
+
+    Weights: the linear layers of every decoder layer (q, k, v, o, gate, up, down). The output
+    projection is left out: the engine computes logits only over each row's candidate ids (its
+    frame slot's codebook and the stop ids), a sliver of the vocabulary; so is the embedding table
+    (read only at the pass's rows) and the norms (a vector per layer). KV: every row reads its
+    keys and values at every layer, ``2 x layers x kv_heads x head_dim`` elements per context token
+    in the KV cache's dtype.
+    """
+
+    #: Parameters of the decoder layers' linear projections.
+    linear_params: int
+    #: Bytes per weight.
+    weight_dtype_bytes: int
+    #: Bytes of keys and values per context token, all layers.
+    kv_bytes_per_token: int
+
+    @classmethod
+    def of(cls, config: dict, weight_dtype: str, cache_dtype: str) -> "PassCost":
+        """From a Hugging Face Llama config (config.json as a dict) and the dtype names in force."""
+        hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+        head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+        q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+        per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config["intermediate_size"]
+        return cls(layers * per_layer, DTYPE_BYTES[weight_dtype], 2 * kv * layers * DTYPE_BYTES[cache_dtype])
+
+    @property
+    def weight_bytes(self) -> int:
+        """Weight bytes a pass reads (once, whatever its batch)."""
+        return self.linear_params * self.weight_dtype_bytes
+
+    def kv_bytes(self, rows: float, context: float) -> float:
+        """KV bytes a pass of ``rows`` rows at a mean ``context`` tokens reads."""
+        return rows * context * self.kv_bytes_per_token
+
+    def bytes(self, rows: float, context: float) -> float:
+        return self.weight_bytes + self.kv_bytes(rows, context)
+
+    def flops(self, tokens: float) -> float:
+        """Weight FLOPs of a pass of ``tokens`` tokens: a multiply and an add per linear weight per
+        token (attention's own, about 4 x context x heads x head_dim per token and layer, are left out)."""
+        return 2 * self.linear_params * tokens
+
+    def floor_ms(self, rows: float, context: float, bandwidth: float) -> float:
+        """The shortest a pass can take: its bytes over the read bandwidth (bytes per second)."""
+        return 1000 * self.bytes(rows, context) / bandwidth
+
+
+FLOOR_HEADER = (f"{'N':>4} {'rows':>6} {'tokens':>6} {'ctx':>6} {'KV MB':>8} {'W MB':>8} {'GFLOP':>7} "
+                f"{'model ms':>9} {'GB/s':>7} {'GFLOP/s':>8} {'floor ms':>9} {'x floor':>8} "
+                f"{'wall ms':>8} {'x floor':>8}")
+
+
+#: The memory-floor table's explanation.
+FLOOR_NOTE = ("per decode forward pass (/metrics): rows = sequences (requests per decode step), tokens = tokens "
+              "computed (generated tokens after each request's first / decode passes), ctx = mean KV tokens a "
+              "row reads (prompt + half the generated tokens per request); KV MB = rows x ctx x bytes per token; "
+              "GFLOP = 2 x linear parameters x tokens; GB/s and GFLOP/s over the model phase's ms per pass; "
+              "floor = (KV + weight bytes) / read bandwidth; wall ms = round wall time / forward passes")
+
+
+def floor_row(summary: "RoundSummary", cost: PassCost, bandwidth: float) -> str:
+    """One N's line of the memory-floor table: per forward pass, the KV and weight bytes read and
+    the weight FLOPs at the round's mean rows, tokens and context, the achieved GB/s and GFLOP/s over
+    the model phase's ms per pass, the floor (bytes over ``bandwidth``) and the model phase and the
+    round's wall time per pass as multiples of it."""
+    rows, tokens, context = summary.rows_per_pass, summary.tokens_per_pass, summary.mean_context
+    model_ms = summary.split["model"]
+    wall_ms = 1000 * summary.wall / max(summary.steps, 1)
+    total, floor, flops = cost.bytes(rows, context), cost.floor_ms(rows, context, bandwidth), cost.flops(tokens)
+    nan = float("nan")
+    return (f"{summary.count:>4} {rows:>6.1f} {tokens:>6.1f} {context:>6.0f} "
+            f"{cost.kv_bytes(rows, context) / 1e6:>8.2f} {cost.weight_bytes / 1e6:>8.2f} {flops / 1e9:>7.3f} "
+            f"{model_ms:>9.2f} {total / model_ms / 1e6 if model_ms else nan:>7.1f} "
+            f"{flops / model_ms / 1e6 if model_ms else nan:>8.1f} {floor:>9.3f} "
+            f"{model_ms / floor:>7.1f}x {wall_ms:>8.2f} {wall_ms / floor:>7.1f}x")
+
+
+def floor_report(summaries: dict[int, "RoundSummary"], served: ServedSettings, bandwidth: float,
+                 logged_cache_dtype: str | None = None) -> list[str]:
+    """The memory-floor table: what a pass reads (one line), a row per N, the explanation. The KV
+    cache's dtype is the server's logged one where given, else the one ``served`` derives."""
+    c = served.model_config
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    cache_dtype = logged_cache_dtype or served.cache_dtype
+    cache_source = "the server's log" if logged_cache_dtype else "derived"
+    cost = PassCost.of(c, served.weight_dtype, cache_dtype)
+    return [f"memory floor per forward pass: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+            f"{c['num_key_value_heads']} kv heads x {head_dim}, intermediate {c['intermediate_size']}; weights "
+            f"{served.weight_dtype}, {cost.linear_params / 1e6:.2f} M linear parameters = "
+            f"{cost.weight_bytes / 1e6:.2f} MB a pass (the layers only: the engine computes logits for each row's "
+            f"candidate ids, not the whole lm_head); KV cache {cache_dtype} ({cache_source}), "
+            f"{cost.kv_bytes_per_token} bytes per context token; read bandwidth {bandwidth / 1e9:.1f} GB/s",
+            FLOOR_HEADER, *(floor_row(summaries[n], cost, bandwidth) for n in sorted(summaries)), FLOOR_NOTE]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -448,20 +632,28 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = tempfile.mkdtemp(prefix=f"random-{args.random_model}-")
         args.model = str(write_random_model(model_dir, args.random_model))
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        floor = StepFloor.of(args.random_model, device, 2 if device.startswith("cuda") else 4)
-        print(f"{args.random_model} on {device}: a decode step reads {floor.weight_bytes / 1e9:.2f} GB of weights and "
-              f"{floor.kv_bytes_per_token / 1e3:.0f} kB of KV per context token; copy bandwidth "
-              f"{floor.bandwidth / 1e9:.0f} GB/s", flush=True)
     else:
         plain = {b: plain_forward_ms(args.model, b, args.context) for b in PLAIN_BATCHES}
         print(f"plain padded forward ({args.threads} thread(s), context {args.context}): "
               + ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in plain.items()) + " per step", flush=True)
+    served = ServedSettings.of(args.model, args.device, args.task_arg)
+    # Measured before the server starts, so that nothing else of this run competes for memory.
+    if served.device.startswith("cuda"):
+        bandwidth = read_bandwidth(served.device)
+        where = f"{served.device} {bandwidth / 1e9:.0f} GB/s"
+    else:
+        # One core, the engine's threads (model.num_threads; 1 by default on CPU) and all cores.
+        bandwidths = {t: read_bandwidth("cpu", t) for t in sorted({1, served.threads, os.cpu_count() or 1})}
+        bandwidth = bandwidths[served.threads]
+        where = (", ".join(f"{t} thread{'s' if t > 1 else ''} {b / 1e9:.1f} GB/s" for t, b in bandwidths.items())
+                 + f"; the floor uses the engine's {served.threads} thread{'s' if served.threads > 1 else ''}")
+    print(f"read bandwidth (a float32 sum over {READ_BYTES >> 20} MiB, best of 5): {where}", flush=True)
 
     server = Server(args.model, args.task_arg, device=args.device)
     try:
         asyncio.run(wait_ready(server.target, timeout=600))
         print(f"server: {' '.join(server.command[3:])}", flush=True)
+        logged_cache_dtype = server.kv_cache_dtype()
         measure(server, 2, 1, offset=0, tokens=tokens)  # warm-up
         print(HEADER + "   (engine phases: ms per forward pass)", flush=True)
         summaries: dict[int, RoundSummary] = {}
@@ -472,14 +664,8 @@ def main(argv: list[str] | None = None) -> int:
             best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True), tokens)
             print(f"largest N with every stream holding real time (stall <= {1000 * STALL_LIMIT_S:.0f} ms) and "
                   f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
+        print("\n".join(floor_report(summaries, served, bandwidth, logged_cache_dtype)), flush=True)
         if args.random_model:
-            # Mean context over a stream's life: its prompt (about 30 tokens) and half its speech.
-            context = 30 + tokens // 2
-            for count in sorted(summaries):
-                step_ms = 1000 * summaries[count].wall / max(summaries[count].steps, 1)
-                print(f"N={count}: {step_ms:.2f} ms per forward pass (round wall time over passes); bandwidth floor "
-                      f"{floor.floor_ms(count, context):.2f} ms at mean context {context}: "
-                      f"{step_ms / floor.floor_ms(count, context):.2f}x the floor")
             return 0
         first = summaries[min(summaries)]
         per_audio_second = first.passes_per_audio_second
