@@ -272,3 +272,17 @@ def test_greedy_frames_are_the_same_with_overlap_and_one_pass_a_round(model_dir,
             assert context.frames == until_stop(hf_generate_frames(model_dir, context.prompt_ids, 10))
     finally:
         engine.stop(0.0)
+
+
+def test_the_familys_streaming_and_sampling_defaults(model_dir):
+    """Without flags a CSM model streams Mimi block-causally from 2 frames and samples as Sesame's
+    generator does; flags still win."""
+    from audio_pipeline.config import AudioGenerationConfig
+
+    bare = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": str(model_dir)})
+    assert bare.resolved_audio_decoder == "mimi"
+    assert (bare.sampling.temperature, bare.sampling.top_k, bare.sampling.top_p) == (0.9, 50, 1.0)
+    assert (bare.chunk_size, bare.block_causal) == ([64, 128, 256], True)
+    flagged = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=32", "sampling.top_k=5"],
+                                         model={"model_path": str(model_dir)})
+    assert (flagged.chunk_size, flagged.sampling.top_k) == ([32], 5)

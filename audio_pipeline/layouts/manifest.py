@@ -32,8 +32,11 @@ FAMILY_STREAMING = {"orpheus": {"chunk_size": [28, 56, 112]}, "maya1": {"chunk_s
 FAMILY_DECODERS = {"csm": ("mimi", ".")}
 #: Sampling defaults of families whose reference implementation samples otherwise than the
 #: configuration's defaults: NeuTTS draws from the 50 most likely codes at temperature 1, with
-#: no nucleus and no repetition penalty.
-FAMILY_SAMPLING = {"neutts": {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}}
+#: no nucleus and no repetition penalty; CSM as below.
+FAMILY_SAMPLING = {"neutts": {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0},
+                   # Sesame's generator: temperature 0.9 over the 50 likeliest codes, backbone and depth
+                   # decoder alike (here each request's settings act on both).
+                   "csm": {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}}
 
 
 @dataclass(frozen=True)
