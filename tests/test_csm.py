@@ -11,7 +11,6 @@ import io
 import queue
 import threading
 
-import grpc
 import numpy as np
 import pytest
 import soundfile as sf
@@ -21,10 +20,15 @@ from audio_pipeline.errors import NotFound
 from audio_pipeline.layouts.manifest import ModelManifest, declared_audio_decoder, detected_family
 from tests.conftest import make_config, wait_idle
 from tests.csm_model import hf_generate_frames, write_tiny_csm
+from tests.speech_requests import TRANSCRIPT, audio_of, synthesize
+from tests.speech_requests import recording as any_recording
 
-TRANSCRIPT = "This is my voice, please copy it."
 #: The tiny checkpoint's Mimi: 8 codebooks a frame.
 FLAGS = ("chunk_size=32,64",)
+
+
+def recording(pitch=180.0) -> bytes:
+    return any_recording(rate=24000, pitch=pitch)
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +46,6 @@ def engine(model_dir):
     engine.stop(0.0)
 
 
-def recording(seconds=1.0, rate=24000, pitch=180.0) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    wave = 0.3 * np.sin(2 * np.pi * pitch * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    buffer = io.BytesIO()
-    sf.write(buffer, wave.astype(np.float32), rate, format="WAV")
-    return buffer.getvalue()
 
 
 def run(engine, contexts):
@@ -189,26 +187,10 @@ def test_a_reference_turn_reaches_the_model_and_the_prefix_cache_tells_reference
 
 # --- served ------------------------------------------------------------------------------------------
 
-def grpc_request(text, **fields):
-    from audio_pipeline_client._proto import tts_pb2
-
-    reference = fields.pop("reference", None)
-    if reference is not None:
-        fields["reference"] = tts_pb2.VoiceReference(audio=reference, transcript=TRANSCRIPT)
-    sampling = tts_pb2.SamplingParams(**{k: fields.pop(k) for k in ("seed", "max_tokens", "temperature")
-                                         if k in fields})
-    return tts_pb2.SynthesizeRequest(text=text, sampling=sampling, **fields)
 
 
-def synthesize(target, text, **fields):
-    from audio_pipeline_client._proto import tts_pb2_grpc
-
-    with grpc.insecure_channel(target) as channel:
-        return list(tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(grpc_request(text, **fields), timeout=120))
 
 
-def audio_of(chunks):
-    return [np.frombuffer(c.audio.data, "<i2") for c in chunks if c.HasField("audio") and c.audio.num_samples]
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ with other requests."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import threading
@@ -15,16 +14,15 @@ import threading
 import grpc
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 
 from audio_pipeline.errors import InvalidArgument, NotFound
 from audio_pipeline.layouts import neutts
 from audio_pipeline.text.espeak import ipa_with_punctuation
 from tests.conftest import make_config, wait_idle
+from tests.speech_requests import TRANSCRIPT, audio_of, recording, synthesize
 from tests.neutts_model import CODEBOOK, write_neutts_tokenizer, write_tiny_neutts_model
 
-TRANSCRIPT = "This is my voice, please copy it."
 SAMPLES_PER_FRAME = 480
 
 
@@ -54,12 +52,6 @@ def engine(model_dir):
     engine.stop(0.0)
 
 
-def recording(seconds=1.0, rate=16000, pitch=180.0) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    wave = 0.3 * np.sin(2 * np.pi * pitch * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    buffer = io.BytesIO()
-    sf.write(buffer, wave.astype(np.float32), rate, format="WAV")
-    return buffer.getvalue()
 
 
 # --- phonemes, tokens, prompt ----------------------------------------------------------------------
@@ -238,26 +230,10 @@ def test_the_familys_streaming_and_sampling_defaults_and_flags_over_them(model_d
 
 # --- served for real -------------------------------------------------------------------------------
 
-def grpc_request(text, **fields):
-    from audio_pipeline_client._proto import tts_pb2
-
-    reference = fields.pop("reference", None)
-    if reference is not None:
-        fields["reference"] = tts_pb2.VoiceReference(audio=reference, transcript=TRANSCRIPT)
-    sampling = tts_pb2.SamplingParams(**{k: fields.pop(k) for k in ("seed", "max_tokens", "min_tokens")
-                                         if k in fields})
-    return tts_pb2.SynthesizeRequest(text=text, sampling=sampling, **fields)
 
 
-def synthesize(target, text, **fields):
-    from audio_pipeline_client._proto import tts_pb2_grpc
-
-    with grpc.insecure_channel(target) as channel:
-        return list(tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(grpc_request(text, **fields), timeout=120))
 
 
-def audio_of(chunks):
-    return [np.frombuffer(c.audio.data, "<i2") for c in chunks if c.HasField("audio") and c.audio.num_samples]
 
 
 @pytest.mark.slow
