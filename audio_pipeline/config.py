@@ -122,7 +122,19 @@ class ModelConfig(BaseModel):
         False, description="torch.compile the model's forward pass (dynamic shapes). Needs a C++ compiler on CPU "
         "and adds about a minute to start-up. Off by default: on 2 CPU cores a lone batch-1 forward got 2.8x "
         "faster, but through the server (ragged steps of changing shapes) the model phase went 4.6 -> 4.3 ms "
-        "per forward at 1 stream and 17 -> 29 ms at 16 streams.")
+        "per forward at 1 stream and 17 -> 29 ms at 16 streams. With decode_buckets set it compiles with static "
+        "shapes instead (dynamic=False): each bucket's decode step is one static graph, and every other step "
+        "(prompts, steps above the largest bucket) runs the eager module, so no length recompiles. Measured through "
+        "the server (buckets 1,2,4,8,16,24,32, 3 rounds): model phase 6.0 and 7.5 ms per pass at 32 streams against "
+        "5.5 eager (24-29x real time against 31.5x): the attention call breaks each layer's graph, so no gain.")
+    quantization: Literal["none", "int8"] = Field(
+        "none", description="int8: dynamic int8 quantization (torch.ao.quantization.quantize_dynamic: int8 "
+        "weights, activations quantized per step) of the decoder layers' linear layers (q/k/v/o, gate/up/down; "
+        "never the embedding or lm_head). CPU and a float32 model only; refused otherwise. Measured through the "
+        "server on the built-in voice (2 cores): model phase 5.6 -> 3.8-4.1 ms per pass and 31.6-32.0x -> "
+        "37.6-39.9x real time at 32 streams, 3.0 -> 2.3-2.6 ms at 16, but 0.77 -> 0.92 ms at 1 stream; logits "
+        "move by up to 3.4 and greedy output departs from float32 after a few to tens of tokens, so it is "
+        "off by default (a throughput setting for many streams).")
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig, description="The paged KV cache.")
     decode_buckets: sources.CommaList[list[Annotated[int, Field(ge=1)]] | None] = Field(
         None, description="Batch sizes decode steps are padded to (static shapes: on CUDA each is captured once as "
@@ -131,6 +143,11 @@ class ModelConfig(BaseModel):
     cuda_graphs: bool = Field(
         True, description="On CUDA with the flashinfer attention kernel, replay each decode bucket's forward pass "
         "from a captured CUDA graph instead of launching its kernels from Python.")
+
+    @field_validator("quantization", mode="before")
+    @classmethod
+    def _none_is_a_value(cls, value):
+        return "none" if value is None else value  # the flag source reads "none" as None
 
     @field_validator("device")
     @classmethod

@@ -38,6 +38,9 @@ class CsmPipelineModel(LlamaPipelineModel):
         load_safetensors_into(model, model_dir, dtype, device, ignore_prefixes=CODEC_PREFIXES)
         return model
 
+    def _quantize_int8(self) -> None:
+        raise ValueError("model.quantization=int8 is not supported for CSM models yet; set model.quantization=none")
+
     def _make_forward(self, compile: bool):
         if compile:
             logger.info("model.compile: the CSM backbone runs eagerly (compile is not supported for CSM yet)")

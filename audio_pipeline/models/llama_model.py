@@ -67,9 +67,14 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         #: The KV cache's dtype (resolve_cache_dtype).
         self.cache_dtype = resolve_cache_dtype(kv_cache_config, dtype, self.devices[0])
         self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
+        quantization = pipeline_config.model.quantization
+        if quantization != "none":
+            check_quantization(quantization, self.devices[0], dtype)
         self.model = self._build_model(huggingface_config, model_dir, dtype, self.devices[0], random_weights)
         self.model.reset_rotary(self.devices[0])
         self.model.eval()
+        if quantization == "int8":
+            self._quantize_int8()
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
         self.forward = self._make_forward(pipeline_config.model.compile)
         self.kv_manager: PagedKVCacheManager | None = None
@@ -88,9 +93,20 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
             load_safetensors_into(model, model_dir, dtype, device)
         return model
 
+    def _quantize_int8(self) -> None:
+        """model.quantization=int8: the decoder layers' nn.Linear modules become dynamically quantized
+        int8 ones (the embedding and lm_head stay: the engine slices lm_head's rows)."""
+        quantize_linears_int8(self.model.model.layers)
+
     def _make_forward(self, compile: bool):
-        """``self.model``, or its torch.compile'd twin."""
-        return torch.compile(self.model, dynamic=True) if compile else self.model
+        """``self.model``, or its torch.compile'd twin: dynamic shapes, or with model.decode_buckets one
+        static graph per bucket's decode step (:class:`StaticBucketForward`)."""
+        if not compile:
+            return self.model
+        buckets = self.pipeline_config.model.decode_buckets
+        if buckets:
+            return StaticBucketForward(self.model, buckets)
+        return torch.compile(self.model, dynamic=True)
 
     # --- sizes -----------------------------------------------------------------------------------
 
@@ -255,6 +271,57 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
             logits[:, :width].index_copy_(0, order, by_range)
         logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
         return logits
+
+
+def check_quantization(quantization: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuses model.quantization where it does not run: int8 is CPU-only, for a float32 model."""
+    if device.type != "cpu":
+        raise ValueError(f"model.quantization={quantization} runs on the CPU only (device {device}); "
+                         "set model.quantization=none")
+    if dtype != torch.float32:
+        raise ValueError(f"model.quantization={quantization} needs a float32 model (model.dtype resolves to "
+                         f"{str(dtype).removeprefix('torch.')}); set model.dtype=float32 or model.quantization=none")
+
+
+def quantize_linears_int8(module: torch.nn.Module) -> None:
+    """Replaces, in place, every nn.Linear under ``module`` by its dynamically quantized int8 twin
+    (int8 weights per tensor; each call quantizes its activations and accumulates in int32)."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch.ao.quantization warns that it moves to torchao; quantize_dynamic still works in torch 2.13.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+class StaticBucketForward:
+    """model.compile with model.decode_buckets: decode steps of a bucket's size run a torch.compile'd
+    graph of static shapes (dynamic=False, one per bucket); every other step (prompts, mixed steps,
+    batches above the largest bucket) runs the eager module, so an arbitrary length never recompiles."""
+
+    def __init__(self, module: torch.nn.Module, buckets: Sequence[int]):
+        import torch._dynamo
+
+        self.module = module
+        self.buckets = frozenset(buckets)
+        # The attention call breaks the graph, so each layer's code is compiled per layer and bucket.
+        layers = len(getattr(getattr(module, "model", module), "layers", ())) or 1
+        limit = (len(self.buckets) + 1) * (layers + 1)
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), limit))
+        if hasattr(config, "accumulated_recompile_limit"):
+            config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * limit)
+        self.compiled = torch.compile(module, dynamic=False)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, batch: PagedBatch, **extra) -> torch.Tensor:
+        rows = tokens.shape[0]
+        if rows in self.buckets and len(batch.metadata.query_lens) == rows:  # a decode step of a bucket
+            return self.compiled(tokens, positions, batch, **extra)
+        return self.module(tokens, positions, batch, **extra)
 
 
 def candidate_groups(starts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
