@@ -268,3 +268,15 @@ def test_the_familys_streaming_and_sampling_defaults(model_dir):
     flagged = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=32", "sampling.top_k=5"],
                                          model={"model_path": str(model_dir)})
     assert (flagged.chunk_size, flagged.sampling.top_k) == ([32], 5)
+
+
+def test_int8_quantization_is_refused_for_csm_before_its_weights_load(model_dir, monkeypatch):
+    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.models import csm_model
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights loaded before the setting was checked")
+
+    monkeypatch.setattr(csm_model, "load_safetensors_into", no_load)
+    with pytest.raises(ValueError, match=r"model\.quantization=int8 is not supported for this model \(CsmPipelineModel\)"):
+        TTSEngine(make_config(model_dir, *FLAGS, "model.quantization=int8"))

@@ -76,10 +76,6 @@ class CsmLayout(OrpheusLayout):
                    bos=vocab[BEGIN_OF_TEXT], eos=vocab[END_OF_TEXT], audio=vocab[AUDIO], audio_eos=vocab[AUDIO_EOS],
                    stop_code=int(getattr(config, "codebook_eos_token_id", 0)))
 
-    @property
-    def min_vocab_size(self) -> int:
-        return self.codebook_size
-
     def check_decoder(self, decoder) -> None:
         """ValueError unless ``decoder`` takes this model's frames (its codebooks and codes)."""
         if decoder.tokens_per_frame != self.codes_per_token:

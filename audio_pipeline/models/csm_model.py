@@ -29,6 +29,8 @@ CODEC_PREFIXES = ("codec_model.",)
 class CsmPipelineModel(LlamaPipelineModel):
     """CSM's backbone over the paged KV cache; ``forward(tokens, positions, batch, frames=...)``."""
 
+    supports_int8 = False
+
     def _build_model(self, huggingface_config: Any, model_dir: Path, dtype: torch.dtype, device: torch.device,
                      random_weights: bool) -> torch.nn.Module:
         if random_weights:
@@ -37,9 +39,6 @@ class CsmPipelineModel(LlamaPipelineModel):
             model = CsmSpeechLM(huggingface_config)
         load_safetensors_into(model, model_dir, dtype, device, ignore_prefixes=CODEC_PREFIXES)
         return model
-
-    def _quantize_int8(self) -> None:
-        raise ValueError("model.quantization=int8 is not supported for CSM models yet; set model.quantization=none")
 
     def _make_forward(self, compile: bool):
         if compile:

@@ -58,6 +58,9 @@ def resolve_cache_dtype(kv_cache_config: "KVCacheConfig", dtype: torch.dtype, de
 class LlamaPipelineModel(PipelineModel["TTSContext"]):
     """Llama-family causal LM over the paged KV cache."""
 
+    #: model.quantization=int8 applies (the decoder layers' linears: _quantize_int8).
+    supports_int8 = True
+
     def __init__(self, pipeline_config: "PipelineConfig", huggingface_config: Any, model_dir: Path, *,
                  devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig",
                  random_weights: bool = False):
@@ -69,7 +72,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
         quantization = pipeline_config.model.quantization
         if quantization != "none":
-            check_quantization(quantization, self.devices[0], dtype)
+            check_quantization(quantization, self.devices[0], dtype, type(self))
         self.model = self._build_model(huggingface_config, model_dir, dtype, self.devices[0], random_weights)
         self.model.reset_rotary(self.devices[0])
         self.model.eval()
@@ -273,8 +276,13 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         return logits
 
 
-def check_quantization(quantization: str, device: torch.device, dtype: torch.dtype) -> None:
-    """Refuses model.quantization where it does not run: int8 is CPU-only, for a float32 model."""
+def check_quantization(quantization: str, device: torch.device, dtype: torch.dtype,
+                       model_class: type | None = None) -> None:
+    """Refuses model.quantization where it does not run (before any weight loads): int8 is CPU-only,
+    for a float32 model whose class supports it."""
+    if model_class is not None and not model_class.supports_int8:
+        raise ValueError(f"model.quantization={quantization} is not supported for this model "
+                         f"({model_class.__name__}) yet; set model.quantization=none")
     if device.type != "cpu":
         raise ValueError(f"model.quantization={quantization} runs on the CPU only (device {device}); "
                          "set model.quantization=none")

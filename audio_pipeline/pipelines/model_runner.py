@@ -360,15 +360,13 @@ class ModelRunner:
             out[first:first + len(known)] = known
 
     def _stage_depth(self, host: dict[str, np.ndarray], contexts: list[Any], rows: SamplingRows) -> SamplingRows:
-        """The depth decoder's sampling rows: each row's settings (no penalties: they count the
-        backbone's codebook) and one uniform draw per codebook from the request's own generator,
+        """The depth decoder's sampling rows: each row's settings (the penalties stay off: they count
+        the backbone's codebook) and one uniform draw per codebook from the request's own generator,
         drawn after the backbone's, so a seed gives the same frames whatever the batch."""
         codebook, depth = rows.codebook_size, self.codes - 1
         floats = host["depth_floats"]
         floats[:] = rows.floats[None]
         uniform = FLOAT_FIELDS.index("uniform")
-        for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"):
-            floats[:, FLOAT_FIELDS.index(name)] = 1.0 if name == "repetition_penalty" else 0.0
         for row, context in enumerate(contexts):
             if context.sampling.temperature > 0:
                 floats[:, uniform, row] = torch.rand(depth, generator=context.generator).numpy()
@@ -439,7 +437,7 @@ class ModelRunner:
         counted = ((codes >= 0) & (codes < codebook)).float()
         table.index_put_((device["count_rows"], codes.clamp(0, codebook - 1)), counted, accumulate=True)
         if self.codes > 1:
-            frames = self._depth_frames(states, ids - device["starts"], device, depth_rows)
+            frames = self._depth_frames(states, codes, device, depth_rows)
             ids = torch.cat([ids[:, None], frames], dim=1)
         if "follow_rows" in device:
             table.index_put_((device["follow_rows"], device["follow_codes"]),
