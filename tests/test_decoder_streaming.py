@@ -24,13 +24,7 @@ from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 SNAC_TEST_CONFIG = {**TINY_SNAC_CONFIG, "decoder_dim": 128}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core host threads spin for ages."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lpc_codes(frames: int, seed: int) -> torch.Tensor:

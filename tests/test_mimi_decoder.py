@@ -24,13 +24,7 @@ CODEBOOKS, CODEBOOK_SIZE, SPF = TINY_MIMI_CONFIG["num_quantizers"], TINY_MIMI_CO
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core host threads spin for ages."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,7 @@ FAMILY = FAMILY_STREAMING["neutts"]
 SAMPLES_PER_FRAME = 480
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

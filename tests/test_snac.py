@@ -82,13 +82,7 @@ def tiny_attn(tmp_path_factory):
     return ref, d
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core host threads spin for ages."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _random_codes(frames: int, seed: int = 0, size: int = 4096) -> torch.Tensor:

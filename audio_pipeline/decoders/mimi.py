@@ -43,7 +43,6 @@ Receptive field
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ from transformers.models.mimi.modeling_mimi import (
 
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
-from audio_pipeline.models.weights import load_strict
+from audio_pipeline.models.weights import load_strict, read_config_json
 
 __all__ = ["TINY_MIMI_CONFIG", "MimiDecoder", "MimiState", "save_random_mimi_checkpoint"]
 
@@ -105,18 +104,12 @@ CSM_CODEC_PREFIX = "codec_model."
 
 def _read_config(directory: Path) -> tuple[dict[str, Any], str, int | None]:
     """(the codec's config, the key prefix of its tensors, the codebooks a CSM model speaks)."""
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"Mimi config.json not found in {directory}")
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_file}: not valid JSON ({e})") from None
+    raw = read_config_json(directory, "Mimi")
     if isinstance(raw, dict) and isinstance(raw.get("codec_config"), dict):
         return raw["codec_config"], CSM_CODEC_PREFIX, raw.get("num_codebooks")
     if isinstance(raw, dict) and raw.get("model_type") == "mimi":
         return raw, "", None
-    raise ValueError(f"{config_file}: neither a Mimi config (model_type mimi) nor a CSM config with a codec_config")
+    raise ValueError(f"{directory / 'config.json'}: neither a Mimi config (model_type mimi) nor a CSM config with a codec_config")
 
 
 def _read_tensors(files: Sequence[Path], prefix: str, parts: set[str]) -> dict[str, dict[str, torch.Tensor]]:

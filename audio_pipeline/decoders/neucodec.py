@@ -25,7 +25,6 @@ Not causal
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from pathlib import Path
@@ -46,7 +45,7 @@ from transformers.models.neucodec.modeling_neucodec import (
 
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
-from audio_pipeline.models.weights import load_strict
+from audio_pipeline.models.weights import load_strict, read_config_json
 
 __all__ = ["TINY_NEUCODEC_CONFIG", "NeuCodecDecoder", "save_random_neucodec_checkpoint"]
 
@@ -75,15 +74,9 @@ def _semantic_features() -> SeamlessM4TFeatureExtractor:
 
 
 def _read_config(directory: Path) -> NeuCodecConfig:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"NeuCodec config.json not found in {directory}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    raw = read_config_json(directory, "NeuCodec")
     if not isinstance(raw, dict) or raw.get("model_type") != "neucodec":
-        raise ValueError(f"{path}: not a NeuCodec config (model_type must be 'neucodec')")
+        raise ValueError(f"{directory / 'config.json'}: not a NeuCodec config (model_type must be 'neucodec')")
     return NeuCodecConfig.from_dict(raw, attn_implementation="sdpa")
 
 

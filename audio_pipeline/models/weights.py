@@ -75,3 +75,15 @@ def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], what: str) 
         raise ValueError(f"{what} tensors do not fit its config: {len(missing)} missing {missing[:3]}, "
                          f"{len(unexpected)} unexpected {unexpected[:3]}, {len(wrong)} of another shape {wrong[:3]}")
     module.load_state_dict(tensors, strict=True)
+
+
+def read_config_json(directory: Path, what: str) -> object:
+    """The parsed ``config.json`` of a checkpoint directory; FileNotFoundError or ValueError naming
+    the file (``what`` names the kind of checkpoint in the message)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} config.json not found in {directory}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
