@@ -66,7 +66,7 @@ class TTSContext:
         self.cache_prompt: list = self.prompt_ids
         self.cache_generated: list = self.generated
         if self.prompt_frames is not None:
-            self.cache_prompt = [tuple(row) if row[0] >= 0 else token
+            self.cache_prompt = [tuple(row) if max(row) >= 0 else token
                                  for token, row in zip(self.prompt_ids, self.prompt_frames.tolist())]
         if self.layout.codes_per_token > 1:
             self.cache_generated = [tuple(frame) for frame in self.frames]
@@ -149,9 +149,11 @@ class TTSContext:
             return StopReason.END_OF_SPEECH
         layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
         if layout.codes_per_token > 1:
-            if frame is None or len(frame) != layout.codes_per_token or frame[0] != token_id:
-                raise ValueError(f"position {position}: a {layout.codes_per_token}-code frame starting with "
-                                 f"{token_id} was expected, got {frame!r}")
+            column = layout.token_column
+            if (frame is None or len(frame) != layout.codes_per_token
+                    or frame[column] != layout.token_to_code(token_id, position)):
+                raise ValueError(f"position {position}: a {layout.codes_per_token}-code frame with token {token_id}'s "
+                                 f"code in column {column} was expected, got {frame!r}")
             self.frames.append(list(frame))
             self.cache_generated.append(tuple(frame))
         self.generated.append(token_id)

@@ -7,6 +7,9 @@ only this (and the layout's token ranges), never the family.
   frame's first code and a depth decoder the rest of it (CSM). Then a position's input is the sum
   of its frame's codebook embeddings, and the frame travels beside the token (the context's
   ``frames``);
+  ``token_column`` is the frame column whose code is the position's token id (the code the
+  backbone samples; the depth decoder samples others, and the layout may fix some from its
+  alignment: ``alignment.frame_codes``);
 * ``stops_by_token``: a sampled end-of-speech id ends the speech (a candidate on frame boundaries);
   False where the frame's codes say it (``ends_speech``);
 * its prompt format (``build_prompt``, and ``prompt_frames`` where prompt positions are audio
@@ -23,6 +26,7 @@ class FrameRules:
 
     tokens_per_frame: int
     codes_per_token: ClassVar[int] = 1
+    token_column: ClassVar[int] = 0
     stops_by_token: ClassVar[bool] = True
 
     @property

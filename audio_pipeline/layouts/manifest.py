@@ -10,8 +10,8 @@ from audio_pipeline.layouts import orpheus
 
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
-FAMILIES = ("orpheus", "maya1", "phoneme-lpc", "neutts", "csm")
-#: Text front ends a phoneme-lpc model may name (``front_end``).
+FAMILIES = ("orpheus", "maya1", "phoneme-lpc", "phoneme-lpc-frame", "neutts", "csm")
+#: Text front ends a phoneme-lpc(-frame) model may name (``front_end``).
 FRONT_ENDS = ("espeak", "lexicon")
 #: Streaming settings a manifest may name (``streaming``), used where the configuration sets none.
 STREAMING_KEYS = ("chunk_size", "buffer", "block_causal", "prepend_prompt_speech_tokens")
@@ -132,14 +132,16 @@ class ModelManifest:
             from audio_pipeline.layouts.maya1 import Maya1Layout
 
             return Maya1Layout()
-        if self.family == "phoneme-lpc":
+        if self.family in ("phoneme-lpc", "phoneme-lpc-frame"):
             from audio_pipeline.layouts.phoneme_lpc import PhonemeLPCLayout
+            from audio_pipeline.layouts.phoneme_lpc_frame import PhonemeLPCFrameLayout
 
+            layout = PhonemeLPCFrameLayout if self.family == "phoneme-lpc-frame" else PhonemeLPCLayout
             if self.front_end == "lexicon":
                 from audio_pipeline.text.lexicon import LexiconFrontEnd
 
-                return PhonemeLPCLayout(front_end=LexiconFrontEnd.load(model_dir))
-            return PhonemeLPCLayout()
+                return layout(front_end=LexiconFrontEnd.load(model_dir))
+            return layout()
         return orpheus.OrpheusLayout()
 
 

@@ -60,6 +60,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
 
     #: model.quantization=int8 applies (the decoder layers' linears: _quantize_int8).
     supports_int8 = True
+    #: The torch module it builds from the checkpoint's config.
+    module_class: type = LlamaForCausalLM
 
     def __init__(self, pipeline_config: "PipelineConfig", huggingface_config: Any, model_dir: Path, *,
                  devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig",
@@ -86,7 +88,7 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
                      random_weights: bool) -> torch.nn.Module:
         """The language model with its weights on ``device`` (built on the meta device, then loaded)."""
         with torch.device("meta"):
-            model = LlamaForCausalLM(huggingface_config)
+            model = self.module_class(huggingface_config)
         if random_weights:
             from audio_pipeline.models.random_models import init_random_weights
 

@@ -302,7 +302,8 @@ class ModelRunner:
             if batch:
                 arrays.update(depth_floats=((self.codes - 1, len(FLOAT_FIELDS), batch), np.float32),
                               depth_top_k=((batch,), np.int64), depth_starts=((batch,), np.int64),
-                              depth_extra=((batch, 1), np.int64), depth_blocked=((batch, rows.codebook_size + 1), np.bool_))
+                              depth_extra=((batch, 1), np.int64), depth_blocked=((batch, rows.codebook_size + 1), np.bool_),
+                              depth_fixed=((batch, self.codes), np.int64))
         if links:  # tokens to take from earlier steps' samples on the device
             arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
         if follow:  # forced tokens that follow samples, for the repetition counts
@@ -341,7 +342,7 @@ class ModelRunner:
         if follow:
             host["follow_rows"][:], host["follow_codes"][:], host["follow_owner"][:] = zip(*follow)
         if self.codes > 1:
-            staged.depth_rows = self._stage_depth(host, contexts, rows)
+            staged.depth_rows = self._stage_depth(host, contexts, positions, rows)
         return staged
 
     # --- depth decoding (layouts whose positions carry frames) ----------------------------------
@@ -359,11 +360,19 @@ class ModelRunner:
             first = max(start, split) - start
             out[first:first + len(known)] = known
 
-    def _stage_depth(self, host: dict[str, np.ndarray], contexts: list[Any], rows: SamplingRows) -> SamplingRows:
+    def _stage_depth(self, host: dict[str, np.ndarray], contexts: list[Any], positions: list[int],
+                     rows: SamplingRows) -> SamplingRows:
         """The depth decoder's sampling rows: each row's settings (the penalties stay off: they count
         the backbone's codebook) and one uniform draw per codebook from the request's own generator,
-        drawn after the backbone's, so a seed gives the same frames whatever the batch."""
+        drawn after the backbone's, so a seed gives the same frames whatever the batch. Also the
+        frame codes each row's alignment fixes (``depth_fixed``, -1 where none)."""
         codebook, depth = rows.codebook_size, self.codes - 1
+        fixed = host["depth_fixed"]
+        fixed[:] = -1
+        for row, (context, position) in enumerate(zip(contexts, positions)):
+            codes = getattr(context.alignment, "frame_codes", None)
+            if codes is not None:
+                fixed[row] = codes(position)
         floats = host["depth_floats"]
         floats[:] = rows.floats[None]
         uniform = FLOAT_FIELDS.index("uniform")
@@ -397,7 +406,9 @@ class ModelRunner:
                                              device["depth_floats"][k - 1], top_k)
             return sample_rows(scores, host_rows, device_rows, no_counts, sync_free=self.sync_free)
 
-        return self.model.depth_frame(states, first, choose)
+        frames = self.model.depth_frame(states, first, choose)
+        fixed = device["depth_fixed"]
+        return torch.where(fixed >= 0, fixed, frames)
 
     def _forced_follow_ups(self, sampling: list[Any], positions: list[int]) -> list[tuple[int, int, int]]:
         """(count row, code, sampling row) of each forced token a layout appends right after a

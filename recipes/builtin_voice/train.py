@@ -1,6 +1,7 @@
 """Trains the built-in voice's speech-token LM (a small Llama) on the aligned dataset.
 
-The token layout is the engine's ``phoneme-lpc`` layout (audio_pipeline/layouts/phoneme_lpc.py):
+The token layout is the engine's ``phoneme-lpc`` layout (``--layout phoneme-lpc-frame``: one
+position per frame with a depth head, recipes/builtin_voice/frame_training.py) (audio_pipeline/layouts/phoneme_lpc.py):
 prompt ``[phoneme, duration]`` per phoneme, then per frame ``[phoneme, context, envelope,
 prosody]``. The engine forces each frame's phoneme and context tokens (and the end of speech) from
 the prompt, so the loss covers the envelope and prosody tokens only: the model learns the acoustics
@@ -44,11 +45,11 @@ def model_config(**overrides) -> dict:
             "eos_token_id": END_OF_SPEECH, "pad_token_id": PAD, "hidden_act": "silu", **overrides}
 
 
-def make_batches(examples: list[tuple[list[int], int]], batch_tokens: int) -> list[list[int]]:
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+def make_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, current, longest = [], [], 0
     for i in order:
-        length = len(examples[i][0])
+        length = lengths[i]
         if current and max(longest, length) * (len(current) + 1) > batch_tokens:
             batches.append(current)
             current, longest = [], 0
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init-from", type=Path, help="start from this run's checkpoint.pt weights (fresh optimizer)")
     parser.add_argument("--corrupt", type=float, default=0.3,
                         help="fraction of envelope/prosody input tokens replaced by random codes")
+    parser.add_argument("--layout", default="phoneme-lpc", choices=["phoneme-lpc", "phoneme-lpc-frame"],
+                        help="phoneme-lpc: four positions per frame; phoneme-lpc-frame: one, with a depth head "
+                             "(recipes/builtin_voice/frame_training.py)")
     parser.add_argument("--save-dtype", default="float16", choices=["float16", "float32"],
                         help="dtype of the saved model.safetensors")
     args = parser.parse_args(argv)
@@ -154,16 +158,28 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     device = torch.device(args.device)
     data = load(args.data)
-    examples = [sequence(p, d, c) for p, d, c in zip(data["phonemes"], data["durations"], data["codes"])]
+    frame_task = None
+    if args.layout == "phoneme-lpc-frame":
+        from recipes.builtin_voice import frame_training as frame_task
+
+        examples = frame_task.examples(data)
+        lengths = [len(e) for e in examples]
+    else:
+        examples = [sequence(p, d, c) for p, d, c in zip(data["phonemes"], data["durations"], data["codes"])]
+        lengths = [len(t) for t, _ in examples]
     if args.max_length:
-        examples = [e for e in examples if len(e[0]) <= args.max_length]
-    batches = make_batches(examples, args.batch_tokens)
-    tokens = sum(len(t) for t, _ in examples)
+        kept = [i for i, n in enumerate(lengths) if n <= args.max_length]
+        examples, lengths = [examples[i] for i in kept], [lengths[i] for i in kept]
+    batches = make_batches(lengths, args.batch_tokens)
+    tokens = sum(lengths)
 
     config = LlamaConfig(**model_config(num_hidden_layers=args.layers, hidden_size=args.hidden,
                                         intermediate_size=3 * args.hidden, num_attention_heads=args.heads,
-                                        num_key_value_heads=args.heads))
+                                        num_key_value_heads=args.heads,
+                                        **(frame_task.config_extra(args.hidden) if frame_task else {})))
     model = LlamaForCausalLM(config)
+    if frame_task:
+        frame_task.extend(model, config)
     model.to(device)
     embedding = model.get_input_embeddings().weight
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p is not embedding]
@@ -215,15 +231,20 @@ def main(argv: list[str] | None = None) -> int:
             queue = batches[:]
             rng.shuffle(queue)
         members = queue.pop()
-        ids, labels, mask = collate(examples, members)
-        corrupt(ids, [examples[i][1] for i in members], args.corrupt, noise)
-        ids, labels, mask = ids.to(device), labels.to(device), mask.to(device)
+        if frame_task:
+            tensors = [t.to(device) for t in frame_task.batch(examples, members, args.corrupt, noise)]
+        else:
+            ids, labels, mask = collate(examples, members)
+            corrupt(ids, [examples[i][1] for i in members], args.corrupt, noise)
+            ids, labels, mask = ids.to(device), labels.to(device), mask.to(device)
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        prompts = [examples[i][1] for i in members]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss, accuracy = slot_loss(model, ids, labels, mask, prompts)
+            if frame_task:
+                loss, accuracy = frame_task.loss(model, tensors)
+            else:
+                loss, accuracy = slot_loss(model, ids, labels, mask, [examples[i][1] for i in members])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

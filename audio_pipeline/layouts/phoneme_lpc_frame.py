@@ -1,0 +1,90 @@
+"""The "phoneme-lpc-frame" layout: the built-in voice with one LM position, and one backbone
+pass, per 20 ms frame (phoneme-lpc has four positions and two passes).
+
+Ids, prompt and decoder frames are phoneme-lpc's (audio_pipeline/layouts/phoneme_lpc.py): the same
+vocabulary, the same ``[phoneme, duration]`` prompt, and 4-code frames ``[phoneme, context,
+envelope, prosody]`` for the same vocoders. What changes is what a position holds:
+
+* generated position k samples frame k's envelope (its token id, from the backbone) and prosody
+  (from the depth head, given the envelope: audio_pipeline/models/frame_head.py);
+* its frame carries, besides those two, the phoneme and context of frame k + 1 (from the
+  alignment, so known before the pass): they are the position's input, which is how the
+  backbone knows the phoneme of the frame it predicts next. The prompt's last position
+  (start of speech) carries frame 0's. After the last frame they are -1 (none);
+* the decoder reads a frame's envelope and prosody only (it ignores the alignment columns), so
+  it takes the frames as they are.
+
+The end of speech is forced at position ``frames`` as in phoneme-lpc. Per second of audio: 50
+positions and 50 backbone passes (phoneme-lpc: 200 and 100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME,
+                                              PROSODY, TOKENS_PER_FRAME, PhonemeLPCLayout,
+                                              alignment_tokens, prompt_schedule, slot_token)
+
+#: Frame columns (the decoder's order).
+COLUMNS = TOKENS_PER_FRAME
+
+
+def frame_head_config() -> dict:
+    """The ``frame_head`` of a phoneme-lpc-frame model's config.json (models/frame_head.py), but
+    its size: each column's codebook is its slot's ids."""
+    return {"code_offsets": [slot_token(slot, 0) for slot in range(COLUMNS)], "codebook_size": CODEBOOK_SIZE,
+            "token_column": ENVELOPE, "depth_column": PROSODY}
+
+
+class FrameAlignment:
+    """One request's alignment: the end of speech after its frames, and each frame's phoneme and
+    context codes for the frame columns of the position before it."""
+
+    def __init__(self, frames: list[tuple[int, int]]):
+        self.frames = frames
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens the request makes, end of speech not counted: one per frame."""
+        return len(self.frames)
+
+    def forced(self, position: int) -> int | None:
+        return END_OF_SPEECH if position == len(self.frames) else None
+
+    def frame_codes(self, position: int) -> list[int]:
+        """The codes of generated position ``position``'s frame that the alignment fixes (the next
+        frame's phoneme and context), -1 in the columns that are sampled or empty."""
+        codes = [-1] * COLUMNS
+        if position + 1 < len(self.frames):
+            phoneme, context = self.frames[position + 1]
+            codes[PHONEME] = phoneme - slot_token(PHONEME, 0)
+            codes[CONTEXT] = context - slot_token(CONTEXT, 0)
+        return codes
+
+
+@dataclass(frozen=True)
+class PhonemeLPCFrameLayout(PhonemeLPCLayout):
+    tokens_per_frame: int = 1
+    codes_per_token: ClassVar[int] = COLUMNS
+    #: The sampled id is the frame's envelope code.
+    token_column: ClassVar[int] = ENVELOPE
+
+    def alignment(self, prompt: Sequence[int]) -> FrameAlignment:
+        return FrameAlignment(alignment_tokens(prompt_schedule(prompt)))
+
+    def prompt_frames(self, prompt_ids: Sequence[int], reference=None) -> torch.Tensor:
+        """-1 rows, but for the start of speech: frame 0's phoneme and context."""
+        frames = torch.full((len(prompt_ids), COLUMNS), -1, dtype=torch.long)
+        first = self.alignment(prompt_ids).frame_codes(-1)
+        frames[-1] = torch.tensor(first)
+        return frames
+
+    def token_range(self, position: int) -> tuple[int, int]:
+        """Every position samples an envelope id."""
+        start = slot_token(ENVELOPE, 0)
+        return start, start + CODEBOOK_SIZE
+

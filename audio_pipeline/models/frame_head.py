@@ -1,0 +1,124 @@
+"""What a Llama needs to run one position per audio frame: frame inputs and a depth head.
+
+A checkpoint says so in its config.json (``frame_head``, :class:`FrameHeadConfig`). Each position
+carries a frame of ``C`` codes, every column a codebook whose ids are a contiguous range of the
+vocabulary (``code_offsets``). Its input is the embedding of its token id plus those of its
+frame's other codes (``-1``: none in that column); the token id is the code the backbone samples
+(``token_column``), and one more code (``depth_column``) comes from the depth head: a small
+residual SwiGLU stack over the backbone's final hidden state plus the sampled code's embedding,
+read out through the same (tied) embedding rows. Columns that neither samples are the layout's to
+fill (the built-in voice's alignment: audio_pipeline/layouts/phoneme_lpc_frame.py).
+
+The recipe trains with these very modules (recipes/builtin_voice/frame_training.py), so training
+and serving compute the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_KEY = "frame_head"
+
+
+@dataclass(frozen=True)
+class FrameHeadConfig:
+    #: First vocabulary id of each frame column's codebook.
+    code_offsets: tuple[int, ...]
+    codebook_size: int
+    #: The column whose code the backbone samples (the position's token id).
+    token_column: int
+    #: The column the depth head samples.
+    depth_column: int
+    num_layers: int = 2
+    intermediate_size: int = 384
+
+    @classmethod
+    def of(cls, huggingface_config: Any) -> "FrameHeadConfig | None":
+        """The checkpoint's frame head, or None for a plain Llama."""
+        data = getattr(huggingface_config, CONFIG_KEY, None)
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise ValueError(f"config.json: {CONFIG_KEY} must be an object, got {data!r}")
+        try:
+            head = cls(**{**data, "code_offsets": tuple(data["code_offsets"])})
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"config.json: invalid {CONFIG_KEY}: {exc}") from exc
+        columns = len(head.code_offsets)
+        if not (0 <= head.token_column < columns and 0 <= head.depth_column < columns
+                and head.token_column != head.depth_column):
+            raise ValueError(f"config.json: {CONFIG_KEY} needs two different columns of its {columns}")
+        vocab = int(getattr(huggingface_config, "vocab_size", 0))
+        if any(o < 0 or o + head.codebook_size > vocab for o in head.code_offsets):
+            raise ValueError(f"config.json: {CONFIG_KEY}'s codebooks do not fit the {vocab}-id vocabulary")
+        return head
+
+    def as_json(self) -> dict:
+        return {"code_offsets": list(self.code_offsets), "codebook_size": self.codebook_size,
+                "token_column": self.token_column, "depth_column": self.depth_column,
+                "num_layers": self.num_layers, "intermediate_size": self.intermediate_size}
+
+    @property
+    def codes(self) -> int:
+        return len(self.code_offsets)
+
+
+def frame_embeddings(embedding: nn.Embedding, frames: torch.Tensor, head: FrameHeadConfig) -> torch.Tensor:
+    """Sum of the embeddings of ``frames``' codes ([..., C], -1 for none) outside the token column
+    ([..., hidden]): what a position adds to its token's embedding."""
+    columns = [c for c in range(head.codes) if c != head.token_column]
+    codes = frames[..., columns]
+    offsets = torch.tensor([head.code_offsets[c] for c in columns], device=frames.device)
+    present = (codes >= 0).to(embedding.weight.dtype)
+    vectors = embedding(codes.clamp(min=0) + offsets)
+    return (vectors * present[..., None]).sum(-2)
+
+
+class _Block(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, eps: float):
+        super().__init__()
+        self.norm = _RMSNorm(hidden, eps)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+
+
+class DepthHead(nn.Module):
+    """The depth column's logits from the backbone's final hidden state and the token column's code."""
+
+    def __init__(self, hidden: int, head: FrameHeadConfig, eps: float):
+        super().__init__()
+        self.head = head
+        self.blocks = nn.ModuleList(_Block(hidden, head.intermediate_size, eps) for _ in range(head.num_layers))
+        self.norm = _RMSNorm(hidden, eps)
+
+    def forward(self, hidden: torch.Tensor, token_codes: torch.Tensor, embedding: nn.Embedding) -> torch.Tensor:
+        """[..., codebook] logits of the depth column (hidden [..., H], token_codes [...])."""
+        head = self.head
+        x = hidden + embedding(token_codes + head.code_offsets[head.token_column])
+        for block in self.blocks:
+            x = block(x)
+        start = head.code_offsets[head.depth_column]
+        return self.norm(x) @ embedding.weight[start:start + head.codebook_size].T
+

@@ -1,0 +1,64 @@
+"""A Llama that runs one position per audio frame (config.json's ``frame_head``; the built-in
+voice's phoneme-lpc-frame layout): a position's input adds its frame's codes to its token, and a
+depth head samples one more code of the frame (models/frame_head.py).
+
+The checkpoint is a Hugging Face Llama (``model.*``, a tied or own ``lm_head``) plus the depth
+head's ``depth.*`` tensors, so transformers loads its backbone as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings
+from audio_pipeline.models.llama import AttentionBatch, LlamaForCausalLM
+from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+
+class FrameLlamaForCausalLM(LlamaForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.frame_head = FrameHeadConfig.of(config)
+        if self.frame_head is None:
+            raise ValueError("config.json has no frame_head")
+        self.depth = DepthHead(config.hidden_size, self.frame_head, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                frames: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states (after the final norm) of ``input_ids`` ([T]) with their ``frames`` ([T, C],
+        -1 where a column holds nothing)."""
+        embedding = self.model.embed_tokens
+        x = embedding(input_ids)
+        if frames is not None:
+            x = x + frame_embeddings(embedding, frames, self.frame_head)
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, batch)
+        return self.model.norm(x)
+
+    def depth_frame(self, hidden: torch.Tensor, token_codes: torch.Tensor,
+                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """[B, C] frames: the token column's codes, the depth column's (``choose(1, logits)``), -1
+        elsewhere (the layout's alignment fills those)."""
+        head = self.frame_head
+        frame = torch.full((hidden.shape[0], head.codes), -1, dtype=torch.long, device=hidden.device)
+        frame[:, head.token_column] = token_codes
+        logits = self.depth(hidden, token_codes, self.model.embed_tokens).float()
+        frame[:, head.depth_column] = choose(1, logits)
+        return frame
+
+
+class FrameLlamaPipelineModel(LlamaPipelineModel):
+    """LlamaPipelineModel over a FrameLlamaForCausalLM: ``forward(tokens, positions, batch, frames=...)``."""
+
+    module_class = FrameLlamaForCausalLM
+
+    @property
+    def codes_per_token(self) -> int:
+        return self.model.frame_head.codes
+
+    def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
+                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return self.model.depth_frame(backbone_hidden, first_codes, choose)

@@ -1,0 +1,216 @@
+"""The phoneme-lpc-frame layout (one LM position and one backbone pass per 20 ms frame: the envelope
+from the backbone, the prosody from a depth head, the alignment in the frame's other columns), on a
+tiny random voice the test writes as the recipe writes one: the recipe's training sequences and
+the engine's inputs agree, greedy frames equal a dense transformers reference alone, batched,
+with overlap and one pass a round, seeded frames do not depend on the batch, one pass per frame,
+and served for real with streamed audio equal to one-shot."""
+
+from __future__ import annotations
+
+import io
+import queue
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME, PHONEME_BASE, PROSODY,
+                                              alignment_tokens, prompt_ids, slot_token)
+from audio_pipeline.layouts.phoneme_lpc_frame import PhonemeLPCFrameLayout
+from tests.conftest import make_config, wait_idle
+from tests.frame_voice import load_reference, reference_frames, write_tiny_frame_voice
+from tests.speech_requests import audio_of, synthesize
+
+TEXTS = ["Hello there.", "A second, longer sentence to speak.", "Three."]
+FLAGS = ("chunk_size=8,40",)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tiny_frame_voice(tmp_path_factory.mktemp("frame-voice") / "model")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return load_reference(model_dir)
+
+
+def start_engine(model_dir, *flags):
+    from audio_pipeline.engine import TTSEngine
+
+    engine = TTSEngine(make_config(model_dir, *FLAGS, *flags))
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    engine = start_engine(model_dir)
+    yield engine
+    engine.stop(0.0)
+
+
+def run(engine, contexts):
+    events = {c.request_id: queue.Queue() for c in contexts}
+    for context in contexts:
+        engine.submit(context, events[context.request_id].put)
+    for context in contexts:
+        while (event := events[context.request_id].get(timeout=120)).kind == "audio":
+            pass
+        assert event.kind == "complete", event.error
+    wait_idle(engine)
+
+
+def greedy(engine, texts):
+    contexts = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0) for text in texts]
+    run(engine, contexts)
+    return contexts
+
+
+# --- the layout --------------------------------------------------------------------------------
+
+def test_each_position_carries_its_frame_and_the_next_frames_alignment():
+    """Position k: frame k's envelope (its id) and prosody, frame k + 1's phoneme and context
+    (none after the last); the start of speech carries frame 0's; the end of speech is forced
+    right after the last frame. The recipe's training sequence has exactly these inputs."""
+    from recipes.builtin_voice.frame_training import example
+
+    pairs = [(PHONEME_BASE + 3, 2), (PHONEME_BASE + 7, 1)]
+    prompt = prompt_ids(pairs)
+    layout = PhonemeLPCFrameLayout()
+    alignment = layout.alignment(prompt)
+    assert alignment.tokens == 3
+    assert [alignment.forced(p) for p in range(4)] == [None, None, None, END_OF_SPEECH]
+    aligned = [(ph - slot_token(PHONEME, 0), ctx - slot_token(CONTEXT, 0)) for ph, ctx in alignment_tokens(pairs)]
+    assert aligned == [(3, 7 * 4 + 1), (3, 7 * 4 + 0), (7, 248 * 4 + 0)]
+    assert alignment.frame_codes(0) == [3, 28, -1, -1]
+    assert alignment.frame_codes(1) == [7, 992, -1, -1]
+    assert alignment.frame_codes(2) == [-1, -1, -1, -1]
+    rows = layout.prompt_frames(prompt)
+    assert rows.shape == (len(prompt), 4) and (rows[:-1] == -1).all() and rows[-1].tolist() == [3, 29, -1, -1]
+    assert layout.token_range(5) == (slot_token(ENVELOPE, 0), slot_token(ENVELOPE, 0) + 1024)
+    assert layout.codes_per_frame == 4 and layout.tokens_per_frame == 1
+
+    codes = np.array([[10, 20], [11, 21], [12, 22]])
+    item = example(np.array([3, 7]), np.array([2, 1]), codes)
+    assert item.ids.tolist() == prompt + [slot_token(ENVELOPE, c) for c in (10, 11, 12)]
+    assert item.frames[:len(prompt)].tolist() == rows.tolist()
+    for k in range(3):
+        expected = alignment.frame_codes(k)
+        expected[ENVELOPE], expected[PROSODY] = codes[k]
+        assert item.frames[len(prompt) + k].tolist() == expected
+    # The output of the position before frame k predicts frame k.
+    assert item.envelope[len(prompt) - 1:].tolist() == [10, 11, 12, -1]
+    assert item.prosody[len(prompt) - 1:].tolist() == [20, 21, 22, -1]
+
+
+def test_a_manifest_names_the_family_and_the_checkpoint_runs_with_its_depth_head(model_dir, engine):
+    from audio_pipeline.layouts.manifest import ModelManifest
+    from audio_pipeline.models.frame_llama import FrameLlamaPipelineModel
+
+    assert ModelManifest.read(model_dir).family == "phoneme-lpc-frame"
+    assert isinstance(engine.layout, PhonemeLPCFrameLayout)
+    assert isinstance(engine.model, FrameLlamaPipelineModel) and engine.model.codes_per_token == 4
+
+
+# --- the engine ---------------------------------------------------------------------------------
+
+def test_greedy_frames_equal_the_dense_reference_alone_and_batched(engine, reference):
+    alone = [greedy(engine, [text])[0] for text in TEXTS]
+    batched = greedy(engine, TEXTS)
+    for one, together in zip(alone, batched):
+        expected = reference_frames(reference, engine.layout, one.prompt_ids)
+        assert len(expected) == one.alignment.tokens
+        assert one.frames == expected
+        assert together.frames == expected
+        assert one.generated == [slot_token(ENVELOPE, f[ENVELOPE]) for f in expected]
+    assert len({tuple(map(tuple, c.frames)) for c in alone}) == len(TEXTS)
+
+
+def test_one_backbone_pass_per_frame(engine):
+    passes = []
+    forward = engine.model.forward
+
+    def counting(*args, **kwargs):
+        passes.append(1)
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counting
+    try:
+        (context,) = greedy(engine, TEXTS[1:2])
+    finally:
+        engine.model.forward = forward
+    frames = context.alignment.tokens
+    assert len(context.frames) == frames
+    # The prompt (with frame 0's sample) in one pass, then one pass per frame; the forced end of
+    # speech takes none. A multi-step round may launch a pass or two past the end (dropped).
+    assert frames <= len(passes) <= frames + 2
+
+
+@pytest.mark.parametrize("flags", [("enable_overlap_scheduler=true",), ("max_num_steps=1",),
+                                   ("max_num_steps=3", "model.kv_cache.enable_prefix_caching=false")])
+def test_scheduling_modes_give_the_same_greedy_frames(engine, model_dir, flags):
+    expected = [c.frames for c in greedy(engine, TEXTS)]
+    other = start_engine(model_dir, *flags)
+    try:
+        assert [c.frames for c in greedy(other, TEXTS)] == expected
+    finally:
+        other.stop(0.0)
+
+
+def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
+    def contexts():
+        return [engine.create_context(text, seed=5 + i, temperature=4.0, top_k=40) for i, text in enumerate(TEXTS)]
+
+    alone = []
+    for context in contexts():
+        run(engine, [context])
+        alone.append(context.frames)
+    batched = contexts()
+    run(engine, batched)
+    assert [c.frames for c in batched] == alone
+    assert len({f[PROSODY] for frames in alone for f in frames}) > 3  # the depth head samples too
+
+
+def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
+    """Through the real server: streams at once each get, chunk by chunk, the audio they get alone,
+    one frame's samples per generated token; the vocoder decoding the whole frames at once gives
+    the same audio; OpenAI's speech route writes a WAV."""
+    import httpx
+    import torch
+
+    from audio_pipeline.server.background import BackgroundServer
+
+    server = BackgroundServer(make_config(model_dir, *FLAGS), http_port=0).start()
+    try:
+        def speak(index):
+            return synthesize(server.target, TEXTS[index], seed=index)
+
+        alone = [speak(i) for i in range(3)]
+        together = [None] * 3
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, speak(i))) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        samples_per_frame = server.engine.decoder.samples_per_frame
+        for one, batched in zip(alone, together):
+            usage = batched[-1].complete.usage
+            heard = np.concatenate(audio_of(batched))
+            assert len(audio_of(batched)) >= 2
+            assert heard.size == usage.generated_tokens * samples_per_frame
+            np.testing.assert_array_equal(heard, np.concatenate(audio_of(one)))
+
+        context = server.engine.create_context(TEXTS[1], temperature=0.0)
+        run(server.engine, [context])
+        whole = server.engine.decoder.decode(torch.tensor(context.frames).reshape(-1)).numpy()
+        streamed = np.concatenate(audio_of(synthesize(server.target, TEXTS[1], temperature=0.0)))
+        np.testing.assert_allclose(streamed.astype(np.float64) / 32768, whole, atol=1 / 32768)
+        response = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=120,
+                              json={"model": "tts", "input": "Hello from the frame voice.", "response_format": "wav"})
+        assert response.status_code == 200, response.text
+        wave, rate = sf.read(io.BytesIO(response.content))
+        assert rate == 24000 and wave.size > 0  # OpenAI's rate, resampled from the vocoder's 16 kHz
+    finally:
+        server.stop()
