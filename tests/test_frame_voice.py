@@ -214,3 +214,38 @@ def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
         assert rate == 24000 and wave.size > 0  # OpenAI's rate, resampled from the vocoder's 16 kHz
     finally:
         server.stop()
+
+
+def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path):
+    """The recipe's own commands on a small synthetic dataset: a few training steps with
+    --layout phoneme-lpc-frame (initialised from the shipped voice's weights), the export, and the
+    engine loading the exported directory as a phoneme-lpc-frame voice that speaks."""
+    import json
+
+    from audio_pipeline.engine import TTSEngine
+    from recipes.builtin_voice import dataset, export, train
+    from tests.frame_voice import SHIPPED
+
+    rng = np.random.default_rng(0)
+    inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
+                 if n.startswith("<ph:")]
+    phonemes = [rng.integers(0, len(inventory), 6) for _ in range(8)]
+    durations = [rng.integers(1, 6, 6) for _ in range(8)]
+    codes = [np.stack([rng.integers(0, 1024, d.sum()), rng.integers(0, 1024, d.sum())], 1) for d in durations]
+    data = tmp_path / "data.npz"
+    dataset.save({"inventory": inventory, "centroids": np.zeros((1024, 2)), "texts": ["x"] * 8,
+                  "phonemes": phonemes, "durations": durations, "codes": codes}, data)
+    run_dir = tmp_path / "run"
+    assert train.main(["--data", str(data), "--out", str(run_dir), "--layout", "phoneme-lpc-frame", "--steps", "3",
+                       "--batch-tokens", "400", "--init-from", str(SHIPPED), "--threads", "1"]) == 0
+    out = export.export(run_dir, tmp_path / "voice", decoder="mcep", decoder_dir=SHIPPED / "decoder", front_end=SHIPPED,
+                        voice="tiny-frame")
+    assert json.loads((out / "audio_pipeline.json").read_text())["family"] == "phoneme-lpc-frame"
+    engine = TTSEngine(make_config(out, *FLAGS))
+    engine.start()
+    try:
+        context = engine.create_context("Speak, trained voice.", temperature=0.0)
+        run(engine, [context])
+        assert len(context.frames) == context.alignment.tokens > 10
+    finally:
+        engine.stop(0.0)

@@ -37,8 +37,13 @@ def from_checkpoint(run: Path, data: Path) -> Path:
 
     args = json.loads((run / "train_args.json").read_text())
     hidden, layers, heads = int(args["hidden"]), int(args["layers"]), int(args.get("heads", 4))
+    extra = {}
+    if args.get("layout") == "phoneme-lpc-frame":
+        from recipes.builtin_voice.frame_training import config_extra
+
+        extra = config_extra(hidden)
     config = model_config(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=3 * hidden,
-                          num_attention_heads=heads, num_key_value_heads=heads)
+                          num_attention_heads=heads, num_key_value_heads=heads, **extra)
     state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
     snapshot = run / f"step-{state['step']}"
     snapshot.mkdir(exist_ok=True)
@@ -112,6 +117,9 @@ def export(run: Path, out: Path, *, decoder: str = "lpc", decoder_dir: Path | No
         manifest.update(front_end="lexicon", description=SECOND_DESCRIPTION, voices=[{
             "name": voice, "language": "en-US",
             "description": "US English, learned from Festival's cmu_us_slt_arctic_hts voice (the project's own small voice)"}])
+    if "frame_head" in config:  # trained with --layout phoneme-lpc-frame
+        manifest.update(family="phoneme-lpc-frame", description=manifest["description"].replace(
+            "a 4-layer Llama", "a 4-layer Llama run once per 20 ms frame, with a depth head,"))
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 

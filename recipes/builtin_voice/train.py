@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's choice)")
     parser.add_argument("--save-every", type=int, default=250, help="checkpoint every N steps (for --resume)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    parser.add_argument("--init-from", type=Path, help="start from this run's checkpoint.pt weights (fresh optimizer)")
+    parser.add_argument("--init-from", type=Path, help="start from this run's checkpoint.pt weights, or an exported model directory's "
+                             "model.safetensors (fresh optimizer; tensors it lacks keep their initialisation)")
     parser.add_argument("--corrupt", type=float, default=0.3,
                         help="fraction of envelope/prosody input tokens replaced by random codes")
     parser.add_argument("--layout", default="phoneme-lpc", choices=["phoneme-lpc", "phoneme-lpc-frame"],
@@ -188,10 +189,20 @@ def main(argv: list[str] | None = None) -> int:
                                   lr=args.lr, betas=(0.9, 0.98))
     step = 0
     checkpoint_path = args.out / "checkpoint.pt"
-    if args.init_from:
+    if args.init_from and (args.init_from / "checkpoint.pt").is_file():
         model.load_state_dict(torch.load(args.init_from / "checkpoint.pt", map_location=device,
                                          weights_only=False)["model"])
         print(f"initialised from {args.init_from}", flush=True)
+    elif args.init_from:  # an exported model directory (e.g. the shipped voice for a frame-layout run)
+        from safetensors.torch import load_file
+
+        state = {k: v.float() for k, v in load_file(args.init_from / "model.safetensors").items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        model.tie_weights()
+        if unexpected:
+            raise SystemExit(f"--init-from {args.init_from}: tensors this model lacks: {unexpected}")
+        print(f"initialised from {args.init_from}; new: {sorted({k.split('.')[0] for k in missing} - {'lm_head'})}",
+              flush=True)
     noise = torch.Generator().manual_seed(args.seed + 1)
     if args.resume and checkpoint_path.is_file():
         state = torch.load(checkpoint_path, map_location=device, weights_only=False)
