@@ -382,14 +382,15 @@ def plain_forward_ms(model: str | None, batch: int, context: int, repeats: int =
 
     from audio_pipeline.config import DEFAULT_MODEL
     from audio_pipeline.engine import resolve_model_dir
-    from audio_pipeline.models.llama import LlamaForCausalLM, rotate_half
+    from audio_pipeline.models.llama import rotate_half
+    from audio_pipeline.models.registry import pipeline_model_class
     from audio_pipeline.models.weights import load_safetensors_into
     from transformers import AutoConfig
 
     model_dir = resolve_model_dir(model or DEFAULT_MODEL)
     config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        lm = LlamaForCausalLM(config)
+    with torch.device("meta"):  # the checkpoint's own module (a frame head's depth head loads, unused here)
+        lm = pipeline_model_class(config).module_class(config)
     load_safetensors_into(lm, model_dir, torch.float32, torch.device("cpu"))
     lm.reset_rotary(torch.device("cpu"))
     lm.eval()
@@ -512,7 +513,7 @@ class PassCost:
     in the KV cache's dtype.
     """
 
-    #: Parameters of the decoder layers' linear projections.
+    #: Parameters of the decoder layers' linear projections (and of a depth head's).
     linear_params: int
     #: Bytes per weight.
     weight_dtype_bytes: int
@@ -526,7 +527,9 @@ class PassCost:
         head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
         q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
         per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * config["intermediate_size"]
-        return cls(layers * per_layer, DTYPE_BYTES[weight_dtype], 2 * kv * layers * DTYPE_BYTES[cache_dtype])
+        head = config.get("frame_head") or {}  # a frame-per-pass model's depth head (models/frame_head.py)
+        depth = head.get("num_layers", 2) * 3 * hidden * head.get("intermediate_size", 0) if head else 0
+        return cls(layers * per_layer + depth, DTYPE_BYTES[weight_dtype], 2 * kv * layers * DTYPE_BYTES[cache_dtype])
 
     @property
     def weight_bytes(self) -> int:
@@ -592,7 +595,7 @@ def floor_report(summaries: dict[int, "RoundSummary"], served: ServedSettings, b
     return [f"memory floor per forward pass: {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
             f"{c['num_key_value_heads']} kv heads x {head_dim}, intermediate {c['intermediate_size']}; weights "
             f"{served.weight_dtype}, {cost.linear_params / 1e6:.2f} M linear parameters = "
-            f"{cost.weight_bytes / 1e6:.2f} MB a pass (the layers only: the engine computes logits for each row's "
+            f"{cost.weight_bytes / 1e6:.2f} MB a pass (the layers and any depth head: the engine computes logits for each row's "
             f"candidate ids, not the whole lm_head); KV cache {cache_dtype} ({cache_source}), "
             f"{cost.kv_bytes_per_token} bytes per context token; read bandwidth {bandwidth / 1e9:.1f} GB/s",
             FLOOR_HEADER, *(floor_row(summaries[n], cost, bandwidth) for n in sorted(summaries)), FLOOR_NOTE]

@@ -52,26 +52,12 @@ def mcd(reference: np.ndarray, other: np.ndarray) -> float:
     return float((10 / math.log(10)) * math.sqrt(2) * total[n, m] / steps[n, m])
 
 
-def main(argv: list[str] | None = None) -> int:
+def _distortion(args, texts, utterances, model) -> str:
+    """The MCD line of the codec round trip (model None) or of ``model`` through the engine."""
     import soundfile as sf
 
-    from recipes.builtin_voice.corpus import held_out
-    from recipes.builtin_voice.teacher import synthesize as teacher_speak
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--decoder", help="the codec round trip of this mcep decoder directory")
-    what.add_argument("--model", help="this model through the engine (a directory or builtin:NAME)")
-    parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
-    parser.add_argument("--count", type=int, default=40)
-    parser.add_argument("--work", default="/tmp/bv2/held-out", help="where the teacher's speech goes")
-    args = parser.parse_args(argv)
-    texts = held_out(args.count)
-    from audio_pipeline.text.normalize import normalize
-
-    utterances = teacher_speak([(i, normalize(t).spoken) for i, t in enumerate(texts)], Path(args.work))
     engine = None
-    if args.decoder:
+    if model is None:
         from audio_pipeline.decoders import load_audio_decoder
         from recipes.builtin_voice.mcep_codec import Quantizer, round_trip
 
@@ -84,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from recipes.builtin_voice.evaluate import engine_synthesizer
 
-        engine, synthesize = engine_synthesizer(args.model, temperature=args.temperature)
+        engine, synthesize = engine_synthesizer(model, temperature=args.temperature)
 
         def speak(index, text):
             return synthesize(text)
-        label = f"{args.model} (temperature {args.temperature if args.temperature is not None else 'default'})"
+        label = f"{model} (temperature {args.temperature if args.temperature is not None else 'default'})"
     try:
         values = []
         for index, text in enumerate(texts):
@@ -98,7 +84,33 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if engine is not None:
             engine.stop()
-    print(f"{label}: MCD {np.mean(values):.2f} dB (median {np.median(values):.2f}, {len(values)} sentences)")
+    return f"{label}: MCD {np.mean(values):.2f} dB (median {np.median(values):.2f}, {len(values)} sentences)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from recipes.builtin_voice.corpus import held_out
+    from recipes.builtin_voice.teacher import synthesize as teacher_speak
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--decoder", help="the codec round trip of this mcep decoder directory")
+    what.add_argument("--model", action="append",
+                      help="this model through the engine (a directory or builtin:NAME); repeat it to compare "
+                           "models in one run")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
+    parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--work", default="/tmp/bv2/held-out", help="where the teacher's speech goes")
+    args = parser.parse_args(argv)
+    texts = held_out(args.count)
+    from audio_pipeline.text.normalize import normalize
+
+    utterances = teacher_speak([(i, normalize(t).spoken) for i, t in enumerate(texts)], Path(args.work))
+    lines = []
+    for model in args.model or [None]:
+        lines.append(_distortion(args, texts, utterances, model))
+        print(lines[-1], flush=True)
+    if len(lines) > 1:
+        print("\n".join(["side by side:", *lines]))
     return 0
 
 

@@ -102,38 +102,45 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--espeak", action="store_true", help="evaluate eSpeak NG itself")
-    parser.add_argument("--model", help="evaluate this model directory through the engine (or builtin:NAME)")
+    parser.add_argument("--model", action="append", default=[],
+                        help="evaluate this model directory through the engine (or builtin:NAME); repeat it to "
+                             "compare models in one run")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
     parser.add_argument("--count", type=int, default=40)
-    parser.add_argument("--write", help="write the first sentence's audio here (WAV)")
+    parser.add_argument("--write", help="write the first sentence's audio here (WAV; the first model's)")
     args = parser.parse_args(argv)
-    test = held_out(args.count)
-    engine = None
-    if args.espeak:
-        from recipes.builtin_voice.espeak import ESpeak
-
-        def synthesize(text):
-            u = ESpeak().synthesize(text)
-            return u.samples, u.sample_rate
-        label = "eSpeak NG"
-    elif args.model:
-        engine, synthesize = engine_synthesizer(args.model, temperature=args.temperature)
-        label = f"{args.model} (temperature {args.temperature if args.temperature is not None else 'default'})"
-    else:
+    if not args.espeak and not args.model:
         parser.error("choose what to evaluate (--espeak or --model)")
-    try:
-        if args.write:
-            import soundfile as sf
+    test = held_out(args.count)
+    lines = []
+    for model in ([None] if args.espeak else []) + args.model:
+        engine = None
+        if model is None:
+            from recipes.builtin_voice.espeak import ESpeak
 
-            audio, rate = synthesize(test[0])
-            sf.write(args.write, audio, rate)
-        with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
-            result = evaluate(test, synthesize, grammar.name)
-    finally:
-        if engine is not None:
-            engine.stop()
-    print(f"{label}: closed-set identification {result['identified']}/{result['sentences']} "
-          f"({result['accuracy']:.0%}), WER {result['wer']:.1%}")
+            def synthesize(text):
+                u = ESpeak().synthesize(text)
+                return u.samples, u.sample_rate
+            label = "eSpeak NG"
+        else:
+            engine, synthesize = engine_synthesizer(model, temperature=args.temperature)
+            label = f"{model} (temperature {args.temperature if args.temperature is not None else 'default'})"
+        try:
+            if args.write and not lines:
+                import soundfile as sf
+
+                audio, rate = synthesize(test[0])
+                sf.write(args.write, audio, rate)
+            with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
+                result = evaluate(test, synthesize, grammar.name)
+        finally:
+            if engine is not None:
+                engine.stop()
+        lines.append(f"{label}: closed-set identification {result['identified']}/{result['sentences']} "
+                     f"({result['accuracy']:.0%}), WER {result['wer']:.1%}")
+        print(lines[-1], flush=True)
+    if len(lines) > 1:
+        print("\n".join(["side by side:", *lines]))
     return 0
 
 
