@@ -23,7 +23,7 @@ from audio_pipeline import config_sources as sources
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
-DEFAULT_MODEL = "builtin:slt-en"
+DEFAULT_MODEL = "builtin:slt-en-frame"
 
 _logger = logging.getLogger(__name__)
 #: Every part refuses unknown keys, checks assignments, and takes no infinite or NaN number.

@@ -1,5 +1,5 @@
-"""The built-in voices (builtin:slt-en, the default model, and builtin:lpc-en, its first generation):
-their phoneme-lpc layout, front ends, shipped
+"""The built-in voices (builtin:slt-en-frame, the default model; builtin:slt-en, its phoneme-lpc
+twin; builtin:lpc-en, the first generation): the phoneme-lpc layout, front ends, shipped
 files, the engine's alignment enforcement and budget, the gRPC service on the default model, and
 the regression guard: held-out sentences spoken through the engine are identified by pocketsphinx."""
 
@@ -86,7 +86,7 @@ def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 
     config = AudioGenerationConfig.load(env={})
-    assert DEFAULT_MODEL == config.model.model_path == "builtin:slt-en"
+    assert DEFAULT_MODEL == config.model.model_path == "builtin:slt-en-frame"
     assert config.resolved_audio_decoder == "mcep" and config.to_display_dict()["audio_decoder"] == "mcep"
     # A decoder given explicitly wins; streaming settings are checked against the decoder in use.
     explicit = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=causal-conv"])
@@ -141,14 +141,16 @@ def _engine(*flags):
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
 
-    engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=list(flags), model={"device": "cpu"}))
+    # The phoneme-lpc voice (four positions per frame, forced alignment tokens): what this file tests.
+    engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=list(flags),
+                                                  model={"device": "cpu", "model_path": "builtin:slt-en"}))
     engine.start()
     return engine
 
 
 @pytest.fixture(scope="module")
 def engine():
-    """The default model through the engine, streaming in chunks of 2 then 10 frames."""
+    """builtin:slt-en through the engine, streaming in chunks of 2 then 10 frames."""
     engine = _engine("chunk_size=8,40")
     yield engine
     engine.stop()
@@ -355,3 +357,32 @@ def test_the_second_generation_voice_ships_its_front_end_codec_and_licences():
     assert size < 20e6
     licences = (directory / "LICENSES.md").read_text()
     assert "festlex-cmu" in licences and "cmu_us_slt_arctic_hts" in licences and "Carnegie Mellon" in licences
+
+
+def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_path):
+    """builtin:slt-en-frame (phoneme-lpc-frame: one position and one backbone pass per frame, the
+    prosody from its depth head): held-out sentences are identified, and sampling wildly it still
+    speaks every frame of the alignment, streamed as the decoder's one-shot audio."""
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+    from recipes.builtin_voice.corpus import held_out
+    from recipes.builtin_voice.evaluate import evaluate
+
+    engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=8,40"],
+                                                  model={"device": "cpu", "model_path": "builtin:slt-en-frame"}))
+    engine.start()
+    try:
+        assert type(engine.layout).__name__ == "PhonemeLPCFrameLayout"
+        candidates = held_out(40)
+        result = evaluate(candidates[:SPOKEN], lambda text: _speak(engine, text), str(tmp_path / "grammar.jsgf"),
+                          candidates=candidates)
+        assert result["identified"] >= MIN_IDENTIFIED, result
+        context = engine.create_context("Please call Stella and ask her to bring these things with her from the store.",
+                                        temperature=2.0, top_p=1.0, seed=3)
+        audio, stop = _run(engine, context)
+        assert stop == "end_of_speech" and len(context.frames) == context.alignment.tokens > 100
+        assert len(audio) == len(context.frames) * SAMPLES_PER_FRAME and np.abs(audio).max() <= 1.0
+        one_shot = engine.decoder.decode(context.speech_codes(0, context.speech_code_count)).numpy()
+        np.testing.assert_allclose(audio, one_shot, atol=1e-5)
+    finally:
+        engine.stop()

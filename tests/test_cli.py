@@ -37,7 +37,7 @@ def test_config_prints_the_resolved_configuration_from_every_source(tmp_path, ca
     shown = json.loads(capsys.readouterr().out)
     assert shown["chunk_size"] == [28, 56] and shown["buffer"] == 28
     assert shown["sampling"]["temperature"] == 0.3 and shown["sampling"]["top_k"] == 50
-    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:slt-en"
+    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:slt-en-frame"
     assert shown["audio_decoder"] == "mcep"  # not set: the decoder the built-in voice names
     assert shown["prepend_prompt_speech_tokens"] == "never"
 
@@ -52,11 +52,11 @@ def test_a_bad_task_arg_exits_non_zero_with_one_line_naming_it(flag, named, caps
 
 def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
     out = tmp_path / "hello.wav"
-    result = run_cli("synthesize", "--text", "Hello there.", "--output", str(out), "--max-tokens", "70",
+    result = run_cli("synthesize", "--text", "Hello there.", "--output", str(out), "--max-tokens", "17",
                      "--seed", "3", "--sample-rate", "16000")
     assert result.returncode == 0, result.stderr
     audio, rate = sf.read(out, dtype="float32")
-    # The built-in voice: 4 tokens per 20 ms frame at 16 kHz, so 70 tokens make 17 whole frames.
+    # The built-in voice: one token per 20 ms frame at 16 kHz, so 17 tokens make 17 frames.
     assert rate == 16000 and len(audio) == 17 * 320
     assert "max_tokens" in result.stderr
     # The same speech as the built-in model's engine makes in this process for the same request
@@ -67,7 +67,7 @@ def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
     engine = TTSEngine(AudioGenerationConfig.load())
     engine.start()
     try:
-        reference = engine.synthesize("Hello there.", seed=3, max_tokens=70)
+        reference = engine.synthesize("Hello there.", seed=3, max_tokens=17)
     finally:
         engine.stop(0.0)
     assert reference.sample_rate == 16000

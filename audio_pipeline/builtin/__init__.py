@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 #: Shipped model names (directories beside this file).
-SHIPPED_MODELS = ("slt-en", "lpc-en")
+SHIPPED_MODELS = ("slt-en", "slt-en-frame", "lpc-en")
 
 
 def shipped_model_dir(name: str) -> Path:

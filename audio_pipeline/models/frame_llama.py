@@ -8,7 +8,7 @@ head's ``depth.*`` tensors, so transformers loads its backbone as it is.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
