@@ -344,18 +344,22 @@ def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dty
 #: logit of the vocabulary, teacher-forced through the float32 engine's greedy speech for the first
 #: three TEXTS (140 tokens each; the prompt in one step, then a token per step, as decoding runs).
 #: Measured: the tiny model (logits within +-1.7) bfloat16 6.5e-4, float16 1.0e-4; the built-in
-#: voice (logits within +-18) bfloat16 8.0e-2, float16 6.3e-3. The bounds are about three times that.
+#: voice (logits within +-18) bfloat16 8.0e-2, float16 6.3e-3; the default voice (one position per
+#: frame: 140 frames, its frames' codes in the inputs) bfloat16 3.4e-2, float16 5.2e-3. The bounds
+#: are about three times that.
 LOGIT_TOLERANCE = {("tiny", "bfloat16"): 2e-3, ("tiny", "float16"): 3e-4,
-                   ("builtin:slt-en", "bfloat16"): 0.25, ("builtin:slt-en", "float16"): 0.02}
+                   ("builtin:slt-en", "bfloat16"): 0.25, ("builtin:slt-en", "float16"): 0.02,
+                   ("builtin:slt-en-frame", "bfloat16"): 0.1, ("builtin:slt-en-frame", "float16"): 0.015}
 #: Of those texts, how many the 16-bit cache may speak (greedy) otherwise than the float32 cache.
-#: Measured: none with float16; with bfloat16 one of the built-in voice's (17 of its 140 tokens,
-#: from the 67th on).
+#: Measured: none with float16; with bfloat16 one of slt-en's (17 of its 140 tokens, from the 67th
+#: on), none of slt-en-frame's.
 GREEDY_TEXTS_DIFFERING = {"float16": 0, "bfloat16": 1}
 
 
-def forced_logits(engine, sequence: list[int], prompt_length: int) -> torch.Tensor:
-    """The engine's model over ``sequence`` in its own paged cache: the prompt's last logits, then
-    each later token's, a token per step."""
+def forced_logits(engine, sequence: list[int], prompt_length: int, frames=None) -> torch.Tensor:
+    """The engine's model over ``sequence`` (with its positions' ``frames`` for a layout whose
+    positions carry frames) in its own paged cache: the prompt's last logits, then each later
+    token's, a token per step."""
     model, kv = engine.model, engine.model.kv_manager
     kv.claim("forced")
     kv.block_manager.alloc("forced", len(sequence))
@@ -365,7 +369,8 @@ def forced_logits(engine, sequence: list[int], prompt_length: int) -> torch.Tens
         with torch.inference_mode():
             for start, end in [(0, prompt_length), *((p, p + 1) for p in range(prompt_length, len(sequence)))]:
                 batch = kv.batch(["forced"], [start], [end - start])
-                hidden.append(model.model(tokens[start:end], torch.arange(start, end), batch)[-1:])
+                extra = {} if frames is None else {"frames": frames[start:end]}
+                hidden.append(model.model(tokens[start:end], torch.arange(start, end), batch, **extra)[-1:])
             return model.model.compute_logits(torch.cat(hidden))  # one product: the output layer read once
     finally:
         kv.release("forced")
@@ -381,11 +386,17 @@ def greedy_and_logits(model, cache_dtype, sequences=None):
     finally:
         engine.stop()
     spoken = [c.generated for c in contexts]
-    sequences = sequences or [(c.prompt_ids + c.generated, len(c.prompt_ids)) for c in contexts]
-    return spoken, sequences, [forced_logits(engine, tokens, prompt) for tokens, prompt in sequences]
+
+    def frames(context):
+        if context.prompt_frames is None:
+            return None
+        return torch.cat([context.prompt_frames, torch.tensor(context.frames, dtype=torch.long).reshape(-1, 4)])
+
+    sequences = sequences or [(c.prompt_ids + c.generated, len(c.prompt_ids), frames(c)) for c in contexts]
+    return spoken, sequences, [forced_logits(engine, *sequence) for sequence in sequences]
 
 
-@pytest.fixture(scope="module", params=["tiny", "builtin:slt-en"])
+@pytest.fixture(scope="module", params=["tiny", "builtin:slt-en", "builtin:slt-en-frame"])
 def float32_cache_run(request, tiny_model_dir):
     model = tiny_model_dir if request.param == "tiny" else request.param
     return request.param, model, greedy_and_logits(model, "float32")
