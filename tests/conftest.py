@@ -78,3 +78,18 @@ def wait_idle(engine, timeout=60.0):
             raise AssertionError(f"engine not idle: (queued, running)={load}, KV sequences={blocks.sequences}, "
                                  f"blocks used={blocks.num_used_blocks}")
         time.sleep(0.02)
+
+
+def run_contexts(engine, contexts, timeout=120.0):
+    """Submits ``contexts`` together, waits for each one's last event (it must complete), then for
+    the engine to hold nothing."""
+    import queue
+
+    events = {c.request_id: queue.Queue() for c in contexts}
+    for context in contexts:
+        engine.submit(context, events[context.request_id].put)
+    for context in contexts:
+        while (event := events[context.request_id].get(timeout=timeout)).kind == "audio":
+            pass
+        assert event.kind == "complete", event.error
+    wait_idle(engine)

@@ -45,3 +45,18 @@ def synthesize(target, text, **fields):
 def audio_of(chunks):
     """The int16 samples of each audio chunk of a streamed answer."""
     return [np.frombuffer(c.audio.data, "<i2") for c in chunks if c.HasField("audio") and c.audio.num_samples]
+
+
+def alone_and_together(speak, count):
+    """``speak(i)`` for i < count one after the other, then all at once (a thread each): the two
+    lists of answers, index for index."""
+    import threading
+
+    alone = [speak(i) for i in range(count)]
+    together = [None] * count
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, speak(i))) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return alone, together

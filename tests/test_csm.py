@@ -8,8 +8,6 @@ batch, a reference turn reaching the model, and served for real over gRPC and HT
 from __future__ import annotations
 
 import io
-import queue
-import threading
 
 import numpy as np
 import pytest
@@ -18,9 +16,9 @@ import torch
 
 from audio_pipeline.errors import NotFound
 from audio_pipeline.layouts.manifest import ModelManifest, declared_audio_decoder, detected_family
-from tests.conftest import make_config, wait_idle
+from tests.conftest import make_config, run_contexts, wait_idle
 from tests.csm_model import hf_generate_frames, write_tiny_csm
-from tests.speech_requests import TRANSCRIPT, audio_of, synthesize
+from tests.speech_requests import alone_and_together, TRANSCRIPT, audio_of, synthesize
 from tests.speech_requests import recording as any_recording
 
 #: The tiny checkpoint's Mimi: 8 codebooks a frame.
@@ -46,18 +44,6 @@ def engine(model_dir):
     engine.stop(0.0)
 
 
-
-
-def run(engine, contexts):
-    """Submits ``contexts`` together and waits for each one's last event."""
-    events = {c.request_id: queue.Queue() for c in contexts}
-    for context in contexts:
-        engine.submit(context, events[context.request_id].put)
-    for context in contexts:
-        while (event := events[context.request_id].get(timeout=120)).kind == "audio":
-            pass
-        assert event.kind == "complete", event.error
-    wait_idle(engine)
 
 
 def until_stop(frames, stop_code=0):
@@ -134,11 +120,11 @@ def test_greedy_frames_equal_transformers_generate_alone_and_batched(engine, mod
     alone = []
     for text in TEXTS:
         context = engine.create_context(text, temperature=0.0, repetition_penalty=1.0, max_tokens=frames)
-        run(engine, [context])
+        run_contexts(engine, [context])
         alone.append(context)
     batched = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0, max_tokens=frames)
                for text in TEXTS]
-    run(engine, batched)
+    run_contexts(engine, batched)
     for one, together in zip(alone, batched):
         expected = until_stop(hf_generate_frames(model_dir, one.prompt_ids, frames))
         assert one.frames == expected
@@ -155,10 +141,10 @@ def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
 
     alone = []
     for context in contexts():
-        run(engine, [context])
+        run_contexts(engine, [context])
         alone.append(context.frames)
     batched = contexts()
-    run(engine, batched)
+    run_contexts(engine, batched)
     assert [c.frames for c in batched] == alone
     assert any(len(set(frame)) > 1 for frames in alone for frame in frames)
 
@@ -176,10 +162,10 @@ def test_a_reference_turn_reaches_the_model_and_the_prefix_cache_tells_reference
     outputs = []
     for reference in (first, second, first):
         context = engine.create_context("Hello there.", reference=reference, temperature=0.0, max_tokens=8)
-        run(engine, [context])
+        run_contexts(engine, [context])
         outputs.append(context.frames)
     plain = engine.create_context("Hello there.", temperature=0.0, max_tokens=8)
-    run(engine, [plain])
+    run_contexts(engine, [plain])
     assert outputs[0] == outputs[2]
     assert outputs[0] != outputs[1]
     assert plain.frames not in (outputs[0], outputs[1])
@@ -211,13 +197,7 @@ def test_served_streams_batched_sound_as_they_do_alone_and_http_speaks_a_speaker
             return synthesize(server.target, f"Sentence number {index}.", seed=index, max_tokens=24,
                               **requests[index])
 
-        alone = [speak(i) for i in range(3)]
-        together = [None] * 3
-        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, speak(i))) for i in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        alone, together = alone_and_together(speak, 3)
         samples_per_frame = server.engine.decoder.samples_per_frame
         for one, batched in zip(alone, together):
             usage = batched[-1].complete.usage
@@ -249,7 +229,7 @@ def test_greedy_frames_are_the_same_with_overlap_and_one_pass_a_round(model_dir,
     try:
         contexts = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0, max_tokens=10)
                     for text in TEXTS]
-        run(engine, contexts)
+        run_contexts(engine, contexts)
         for context in contexts:
             assert context.frames == until_stop(hf_generate_frames(model_dir, context.prompt_ids, 10))
     finally:

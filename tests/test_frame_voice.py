@@ -8,8 +8,6 @@ and served for real with streamed audio equal to one-shot."""
 from __future__ import annotations
 
 import io
-import queue
-import threading
 
 import numpy as np
 import pytest
@@ -18,9 +16,9 @@ import soundfile as sf
 from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME, PHONEME_BASE, PROSODY,
                                               alignment_tokens, prompt_ids, slot_token)
 from audio_pipeline.layouts.phoneme_lpc_frame import PhonemeLPCFrameLayout
-from tests.conftest import make_config, wait_idle
+from tests.conftest import make_config, run_contexts
 from tests.frame_voice import load_reference, reference_frames, write_tiny_frame_voice
-from tests.speech_requests import audio_of, synthesize
+from tests.speech_requests import alone_and_together, audio_of, synthesize
 
 TEXTS = ["Hello there.", "A second, longer sentence to speak.", "Three."]
 FLAGS = ("chunk_size=8,40",)
@@ -51,20 +49,9 @@ def engine(model_dir):
     engine.stop(0.0)
 
 
-def run(engine, contexts):
-    events = {c.request_id: queue.Queue() for c in contexts}
-    for context in contexts:
-        engine.submit(context, events[context.request_id].put)
-    for context in contexts:
-        while (event := events[context.request_id].get(timeout=120)).kind == "audio":
-            pass
-        assert event.kind == "complete", event.error
-    wait_idle(engine)
-
-
 def greedy(engine, texts):
     contexts = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0) for text in texts]
-    run(engine, contexts)
+    run_contexts(engine, contexts)
     return contexts
 
 
@@ -165,10 +152,10 @@ def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
 
     alone = []
     for context in contexts():
-        run(engine, [context])
+        run_contexts(engine, [context])
         alone.append(context.frames)
     batched = contexts()
-    run(engine, batched)
+    run_contexts(engine, batched)
     assert [c.frames for c in batched] == alone
     assert len({f[PROSODY] for frames in alone for f in frames}) > 3  # the depth head samples too
 
@@ -187,13 +174,7 @@ def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
         def speak(index):
             return synthesize(server.target, TEXTS[index], seed=index)
 
-        alone = [speak(i) for i in range(3)]
-        together = [None] * 3
-        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, speak(i))) for i in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        alone, together = alone_and_together(speak, 3)
         samples_per_frame = server.engine.decoder.samples_per_frame
         for one, batched in zip(alone, together):
             usage = batched[-1].complete.usage
@@ -203,7 +184,7 @@ def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
             np.testing.assert_array_equal(heard, np.concatenate(audio_of(one)))
 
         context = server.engine.create_context(TEXTS[1], temperature=0.0)
-        run(server.engine, [context])
+        run_contexts(server.engine, [context])
         whole = server.engine.decoder.decode(torch.tensor(context.frames).reshape(-1)).numpy()
         streamed = np.concatenate(audio_of(synthesize(server.target, TEXTS[1], temperature=0.0)))
         np.testing.assert_allclose(streamed.astype(np.float64) / 32768, whole, atol=1 / 32768)
@@ -245,7 +226,7 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
     engine.start()
     try:
         context = engine.create_context("Speak, trained voice.", temperature=0.0)
-        run(engine, [context])
+        run_contexts(engine, [context])
         assert len(context.frames) == context.alignment.tokens > 10
     finally:
         engine.stop(0.0)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audio_pipeline.models.llama import RMSNorm
+
 CONFIG_KEY = "frame_head"
 
 
@@ -82,7 +84,7 @@ def frame_embeddings(embedding: nn.Embedding, frames: torch.Tensor, head: FrameH
 class _Block(nn.Module):
     def __init__(self, hidden: int, intermediate: int, eps: float):
         super().__init__()
-        self.norm = _RMSNorm(hidden, eps)
+        self.norm = RMSNorm(hidden, eps)
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
@@ -92,18 +94,6 @@ class _Block(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
 
 
-class _RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
-
-
 class DepthHead(nn.Module):
     """The depth column's logits from the backbone's final hidden state and the token column's code."""
 
@@ -111,7 +101,7 @@ class DepthHead(nn.Module):
         super().__init__()
         self.head = head
         self.blocks = nn.ModuleList(_Block(hidden, head.intermediate_size, eps) for _ in range(head.num_layers))
-        self.norm = _RMSNorm(hidden, eps)
+        self.norm = RMSNorm(hidden, eps)
 
     def forward(self, hidden: torch.Tensor, token_codes: torch.Tensor, embedding: nn.Embedding) -> torch.Tensor:
         """[..., codebook] logits of the depth column (hidden [..., H], token_codes [...])."""
