@@ -1,6 +1,6 @@
 """Serving benchmark through the real server: N concurrent streaming clients against `audio-pipeline serve`.
 
-    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en]
+    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en-frame]
                                          [--task-arg NAME=VALUE ...] [--rounds 1]
     python -m audio_pipeline.bench.serve --device cuda --random-model orpheus-3b [--streams 1,64,128,256,512]
 

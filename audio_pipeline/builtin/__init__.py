@@ -1,7 +1,8 @@
 """Models shipped inside the package (package data): ``builtin:NAME`` is the directory NAME here.
 
-``slt-en`` is the built-in voice (the default model), ``lpc-en`` its first generation; both are made
-by recipes/builtin_voice (see its NOTES.md).
+``slt-en-frame`` is the built-in voice (the default model: one backbone pass per frame), ``slt-en``
+the same voice with four positions per frame, ``lpc-en`` the first generation; all are made by
+recipes/builtin_voice (see its NOTES.md).
 """
 
 from __future__ import annotations
