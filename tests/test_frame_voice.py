@@ -101,6 +101,23 @@ def test_a_manifest_names_the_family_and_the_checkpoint_runs_with_its_depth_head
     assert isinstance(engine.model, FrameLlamaPipelineModel) and engine.model.codes_per_token == 4
 
 
+def test_a_bad_frame_head_in_config_json_is_refused_naming_it():
+    from types import SimpleNamespace
+
+    from audio_pipeline.models.frame_head import FrameHeadConfig
+    from audio_pipeline.layouts.phoneme_lpc_frame import frame_head_config
+
+    good = frame_head_config()
+    assert FrameHeadConfig.of(SimpleNamespace(vocab_size=4608, frame_head=good)).codes == 4
+    assert FrameHeadConfig.of(SimpleNamespace(vocab_size=4608)) is None
+    for bad, message in [({**good, "depth_column": 2}, "two different columns"),
+                         ({**good, "code_offsets": [256, 1280, 2304, 4000]}, "do not fit"),
+                         ({k: v for k, v in good.items() if k != "codebook_size"}, "invalid frame_head"),
+                         ([1, 2], "must be an object")]:
+        with pytest.raises(ValueError, match=message):
+            FrameHeadConfig.of(SimpleNamespace(vocab_size=4608, frame_head=bad))
+
+
 # --- the engine ---------------------------------------------------------------------------------
 
 def test_greedy_frames_equal_the_dense_reference_alone_and_batched(engine, reference):

@@ -60,11 +60,6 @@ class FrameHeadConfig:
             raise ValueError(f"config.json: {CONFIG_KEY}'s codebooks do not fit the {vocab}-id vocabulary")
         return head
 
-    def as_json(self) -> dict:
-        return {"code_offsets": list(self.code_offsets), "codebook_size": self.codebook_size,
-                "token_column": self.token_column, "depth_column": self.depth_column,
-                "num_layers": self.num_layers, "intermediate_size": self.intermediate_size}
-
     @property
     def codes(self) -> int:
         return len(self.code_offsets)
