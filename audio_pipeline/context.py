@@ -147,11 +147,10 @@ class TTSContext:
                 return StopReason.END_OF_SPEECH
         elif may_stop and frame is not None and layout.ends_speech(frame):
             return StopReason.END_OF_SPEECH
-        layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
+        code = layout.token_to_code(token_id, position)  # ValueError for an id that is no code of this slot
         if layout.codes_per_token > 1:
             column = layout.token_column
-            if (frame is None or len(frame) != layout.codes_per_token
-                    or frame[column] != layout.token_to_code(token_id, position)):
+            if frame is None or len(frame) != layout.codes_per_token or frame[column] != code:
                 raise ValueError(f"position {position}: a {layout.codes_per_token}-code frame with token {token_id}'s "
                                  f"code in column {column} was expected, got {frame!r}")
             self.frames.append(list(frame))

@@ -145,10 +145,10 @@ class TTSEngine:
         self.decoder_name = config.resolved_audio_decoder
         # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
         decoder_weights = self._decoder_weights()
-        if self.layout.codes_per_token > 1 and pipeline_model_class(hf_config) is LlamaPipelineModel:
+        model_class = pipeline_model_class(hf_config)
+        if self.layout.codes_per_token > 1 and model_class is LlamaPipelineModel:
             raise ValueError(f"model.model_path: the {self.manifest.family} layout samples {self.layout.codes_per_token} "
                              f"codes per position, which a {hf_config.model_type} checkpoint cannot (no depth decoder)")
-        model_class = pipeline_model_class(hf_config)
         self.model = model_class(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
                                  kv_cache_config=config.model.kv_cache, random_weights=self.manifest.random_weights)
         if getattr(self.model, "codes_per_token", 1) != self.layout.codes_per_token:

@@ -148,7 +148,7 @@ class SamplingRows:
             slots[row] = position % frame
             fixed = context.alignment.forced(position) if context.alignment is not None else None
             extra_ids[row, :len(stops[row])] = stops[row]
-            may_stop = layout.stops_by_token and position % frame == 0 and position > 0 and position >= params.min_tokens
+            may_stop = layout.stops_by_token and context.may_stop(position)
             blocked[row, codebook + (len(stops[row]) if may_stop else 0):] = True
             if fixed is not None:
                 forced[row] = fixed

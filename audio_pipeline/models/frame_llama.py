@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings
-from audio_pipeline.models.llama import AttentionBatch, LlamaForCausalLM
+from audio_pipeline.models.llama import LlamaForCausalLM
 from audio_pipeline.models.llama_model import LlamaPipelineModel
 
 
@@ -25,18 +25,13 @@ class FrameLlamaForCausalLM(LlamaForCausalLM):
             raise ValueError("config.json has no frame_head")
         self.depth = DepthHead(config.hidden_size, self.frame_head, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                frames: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states (after the final norm) of ``input_ids`` ([T]) with their ``frames`` ([T, C],
-        -1 where a column holds nothing)."""
-        embedding = self.model.embed_tokens
-        x = embedding(input_ids)
+    def embed(self, input_ids: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
+        """Input embeddings of ``input_ids`` ([T]) with their ``frames`` ([T, C], -1 where a column
+        holds nothing)."""
+        x = self.model.embed_tokens(input_ids)
         if frames is not None:
-            x = x + frame_embeddings(embedding, frames, self.frame_head)
-        cos, sin = self.rotary(positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, batch)
-        return self.model.norm(x)
+            x = x + frame_embeddings(self.model.embed_tokens, frames, self.frame_head)
+        return x
 
     def depth_frame(self, hidden: torch.Tensor, token_codes: torch.Tensor,
                     choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:

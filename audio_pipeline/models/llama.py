@@ -176,9 +176,15 @@ class LlamaForCausalLM(nn.Module):
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_cos_sin(positions, self.inv_freq, self.rope_scaling, dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-        """Hidden states (after the final norm) of every token in ``input_ids`` ([T] -> [T, hidden])."""
-        x = self.model.embed_tokens(input_ids)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [T, hidden] of ``input_ids`` (a subclass may add more inputs)."""
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                **inputs) -> torch.Tensor:
+        """Hidden states (after the final norm) of every token in ``input_ids`` ([T] -> [T, hidden]);
+        ``inputs`` go to :meth:`embed`."""
+        x = self.embed(input_ids, **inputs)
         cos, sin = self.rotary(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, batch)

@@ -367,16 +367,14 @@ class ModelRunner:
         drawn after the backbone's, so a seed gives the same frames whatever the batch. Also the
         frame codes each row's alignment fixes (``depth_fixed``, -1 where none)."""
         codebook, depth = rows.codebook_size, self.codes - 1
-        fixed = host["depth_fixed"]
+        fixed, floats = host["depth_fixed"], host["depth_floats"]
         fixed[:] = -1
+        floats[:] = rows.floats[None]
+        uniform = FLOAT_FIELDS.index("uniform")
         for row, (context, position) in enumerate(zip(contexts, positions)):
             codes = getattr(context.alignment, "frame_codes", None)
             if codes is not None:
                 fixed[row] = codes(position)
-        floats = host["depth_floats"]
-        floats[:] = rows.floats[None]
-        uniform = FLOAT_FIELDS.index("uniform")
-        for row, context in enumerate(contexts):
             if context.sampling.temperature > 0:
                 floats[:, uniform, row] = torch.rand(depth, generator=context.generator).numpy()
         top_k = np.array([c.sampling.top_k for c in contexts], dtype=np.int64)
