@@ -95,6 +95,10 @@ class KVCacheConfig(BaseModel):
         "(FlashInfer's kernels on CUDA; the gpu extra), torch (one gather and one scaled_dot_product_attention per "
         "layer; any device and dtype), or auto (flashinfer on CUDA where installed, native on CPU with a float32 "
         "model where it builds, else torch).")
+    prefill_backend: Literal["auto", "fa2", "fa3"] = Field(
+        "auto", description="FlashInfer's kernel for steps with prompt tokens (CUDA, flashinfer attention): auto "
+        "(FlashInfer's choice: FA3 on Hopper GPUs where it has the kernel for the dtypes, else FA2), fa2, or fa3 "
+        "(Hopper only). Each is built on first use unless its prebuilt kernel is installed.")
 
     def page_size_for(self, device_type: str) -> int:
         """The page size in force on a device of ``device_type`` ('cpu', 'cuda')."""

@@ -182,6 +182,8 @@ class TTSEngine:
         else:
             pipeline = TextGenerationPipeline(config, self.model, self.tokenizer)
         self.pipeline = pipeline
+        # Built now, not at the first request: on CUDA it captures the decode graphs (seconds).
+        pipeline.runner(self.layout)
         scheduler_config = SchedulerConfig.from_config(
             config, max_batch_size=self.max_batch_size, max_queue_size=config.max_queue_size or DEFAULT_MAX_QUEUE_SIZE)
         if config.enable_overlap_scheduler:  # overlap already runs ahead: one pass per scheduling round
@@ -204,11 +206,15 @@ class TTSEngine:
         from audio_pipeline.pipelines.memory_profile import largest_step_peak_bytes
 
         window = max(config.chunk_size) if config.chunk_size else config.sampling.max_tokens  # none: one chunk
+        started = time.perf_counter()
         peak = largest_step_peak_bytes(self.model, self.decoder, max_step_tokens=config.max_batch_input_tokens,
                                        max_rows=self.max_batch_size, decode_window=window + config.buffer,
                                        candidates=self.layout.codebook_size + 8)
-        logger.info("largest step and decoder call peak at %.1f MiB; the KV cache leaves twice that free",
-                    peak / 2**20)
+        # The first prefill step loads the attention kernels (or builds them with nvcc, minutes, where no
+        # prebuilt ones are installed): the time says which happened.
+        logger.info("largest step and decoder call peak at %.1f MiB, measured in %.1f s (the first prompt step "
+                    "loads or builds the attention kernels); the KV cache leaves twice that free",
+                    peak / 2**20, time.perf_counter() - started)
         return 2 * peak
 
     def _open_voice_store(self) -> VoiceStore | None:

@@ -288,3 +288,45 @@ def test_the_attention_benchmark_compares_cache_dtypes_against_the_read_floor(ca
                                               for width in (4, 2, 2) for b in (1, 2)]
     if "native" in available_backends():
         assert {backend for _, backend, *_ in rows} == {"native"}
+
+
+@pytest.mark.parametrize("head_dim", [16, 48, 96])
+def test_a_model_flashinfer_has_no_kernels_for_takes_the_torch_form_on_cuda_and_says_why(head_dim, caplog):
+    """FlashInfer instantiates head sizes 64, 128 and 256 only: on CUDA a model of another size (the
+    tiny test models' 16, the built-in voices' 48) gets the torch form with a start-up warning that
+    names the head size, and asking for flashinfer is refused naming it. Nothing runs on the
+    device here, so this holds without a GPU."""
+    from audio_pipeline_kernels.flashinfer_attention import flashinfer_unavailable
+
+    cuda = torch.device("cuda")
+    reason = flashinfer_unavailable(head_dim, torch.bfloat16, torch.bfloat16)
+    assert reason is not None and f"head_dim {head_dim}" in reason
+    with caplog.at_level("WARNING", logger="audio_pipeline_kernels.backends"):
+        chosen = select_attention_backend("auto", cuda, torch.bfloat16, num_heads=4, num_kv_heads=2,
+                                          head_dim=head_dim, page_size=16)
+    assert chosen.name == "torch"
+    assert f"head_dim {head_dim}" in caplog.text and "torch form" in caplog.text
+    with pytest.raises(ValueError, match=f"attention_kernel=flashinfer: head_dim {head_dim}"):
+        select_attention_backend("flashinfer", cuda, torch.bfloat16, num_heads=4, num_kv_heads=2,
+                                 head_dim=head_dim, page_size=16)
+
+
+def test_flashinfer_is_refused_for_dtypes_it_has_no_kernels_for():
+    from audio_pipeline_kernels.flashinfer_attention import flashinfer_unavailable
+
+    assert "float32" in flashinfer_unavailable(128, torch.float32, torch.float32)
+    for head_dim in (64, 128, 256):  # a shape it has kernels for: only the package may be missing
+        reason = flashinfer_unavailable(head_dim, torch.bfloat16, torch.float8_e4m3fn)
+        assert reason is None or "not installed" in reason
+
+
+def test_the_prefill_kernel_choice_is_checked_and_names_its_setting():
+    from audio_pipeline.config import AudioGenerationConfig
+
+    with pytest.raises(ValueError, match="model.kv_cache.prefill_backend"):
+        select_attention_backend("auto", torch.device("cpu"), torch.float32, num_heads=4, num_kv_heads=2, head_dim=8,
+                                 page_size=4, prefill_backend="fa9")
+    with pytest.raises(ValueError, match="prefill_backend"):
+        AudioGenerationConfig.load(env={}, audio_flags=["model.kv_cache.prefill_backend=fa9"])
+    config = AudioGenerationConfig.load(env={}, audio_flags=["model.kv_cache.prefill_backend=fa2"])
+    assert config.model.kv_cache.prefill_backend == "fa2"

@@ -53,7 +53,7 @@ def drive(engine, runner, contexts, steps, *, guard=True, ahead=False):
     try:
         for _ in range(steps):
             output = scheduler.schedule()
-            with no_host_sync() if guard else nullcontext():
+            with no_host_sync(runner.device) if guard else nullcontext():
                 pending.append((output, runner.launch(output.items)))
             if not ahead or len(pending) > 1:
                 output, launched = pending.pop(0)
@@ -88,6 +88,22 @@ def test_the_guard_catches_a_step_that_reads_back(engine):
     contexts = [engine.create_context("Hello there.", request_id="flat", temperature=5.0, top_p=0.99, seed=7)]
     with pytest.raises(HostSync):
         drive(engine, runner, contexts, steps=2)
+
+
+def test_the_guard_watches_the_engines_device_only():
+    """On the CPU every tensor stands for a device tensor and a read-back fails; for a CUDA engine
+    a host tensor's value (FlashInfer's planners read their index arrays) is no wait and passes,
+    with or without a GPU here."""
+    host = torch.arange(4)
+    with pytest.raises(HostSync, match="item"):
+        with no_host_sync("cpu"):
+            host.sum().item()
+    with pytest.raises(HostSync, match="nonzero"):
+        with no_host_sync(torch.device("cpu")):
+            torch.nonzero(host)
+    with no_host_sync("cuda"):
+        assert host.sum().item() == 6 and host.tolist() == [0, 1, 2, 3] and bool(host[1])
+        assert torch.nonzero(host).shape == (3, 1) and host[host > 1].tolist() == [2, 3]
 
 
 @pytest.mark.parametrize("spread", [10.0, 1.0, 0.1])

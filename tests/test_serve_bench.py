@@ -166,3 +166,43 @@ def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
     assert cost.linear_params == 28 * (3072 * 5120 + 3072 * 3072 + 3 * 3072 * 8192)
     assert 5.5e9 < cost.weight_bytes < 5.7e9
     assert cost.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
+
+
+def test_a_server_that_fails_to_start_is_reported_with_its_log_kept(tmp_path):
+    """A server that exits before listening (a model that does not exist) fails the benchmark with
+    its exit code and the end of its log, and the log stays on disk."""
+    from audio_pipeline.bench.serve import Server, ServerStartError
+
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerStartError, match=f"exited .* before listening; its log is kept at {log}") as caught:
+        Server(str(tmp_path / "no-such-model"), [], device="cpu", log_path=str(log), start_timeout=120)
+    assert "no-such-model" in str(caught.value)
+    assert "no-such-model" in log.read_text()
+
+
+def test_a_server_that_does_not_listen_in_time_is_stopped_and_its_log_kept(tmp_path):
+    """Past --start-timeout the benchmark stops waiting: the server process is stopped and its log
+    (what it printed so far) is kept and named."""
+    from audio_pipeline.bench.serve import Server, ServerStartError
+
+    log = tmp_path / "server.log"
+    started = __import__("time").monotonic()
+    with pytest.raises(ServerStartError, match=f"did not listen within 0 s .*kept at {log}"):
+        Server(None, [], device="cpu", log_path=str(log), start_timeout=0.3)
+    assert __import__("time").monotonic() - started < 60
+    assert log.exists()
+    # No server is left running on this log.
+    import subprocess
+
+    assert str(log) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_the_benchmark_keeps_and_names_the_log_of_a_failed_start(tmp_path, capsys):
+    """A setting the server refuses at start-up (a KV cache too small for one page) ends the
+    benchmark with the server's own message, and --server-log keeps the log."""
+    log = tmp_path / "kept.log"
+    with pytest.raises(Exception, match="before listening(.|\n)*kv_cache_memory_bytes"):
+        main(["--random-model", "orpheus-tiny", "--device", "cpu", "--no-search", "--streams", "1",
+              "--task-arg", "model.kv_cache.kv_cache_memory_bytes=1", "--server-log", str(log),
+              "--start-timeout", "120"])
+    assert "kv_cache_memory_bytes" in log.read_text()

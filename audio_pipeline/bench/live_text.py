@@ -21,7 +21,7 @@ import statistics
 import time
 
 from audio_pipeline.bench.long_text import DEFAULT_FILE
-from audio_pipeline.bench.serve import Server, playback_stall, wait_ready
+from audio_pipeline.bench.serve import Server, playback_stall
 
 
 def sentences(count: int) -> list[str]:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = sentences(args.sentences)
     server = Server(args.model, args.task_arg)
     try:
-        asyncio.run(wait_ready(server.target, timeout=600))
+        server.wait_ready()
         print(f"server: {' '.join(server.command[3:])}", flush=True)
         print(f"{len(texts)} sentences, {sum(len(t.split()) for t in texts)} tokens at {args.rate:g} tokens/s; "
               f"first sentence: {texts[0].strip()!r}", flush=True)

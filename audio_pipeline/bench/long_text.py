@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from audio_pipeline.bench.serve import Server, one_stream, percentile, wait_ready
+from audio_pipeline.bench.serve import Server, one_stream, percentile
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "tests" / "data" / "long_text.txt"
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     text = args.file.read_text()
     server = Server(args.model, args.task_arg)
     try:
-        asyncio.run(wait_ready(server.target, timeout=600))
+        server.wait_ready()
         print(f"server: {' '.join(server.command[3:])}", flush=True)
         print(f"text: {args.file.name}, {len(text)} characters, {len(text.split())} words; {args.streams} stream(s)",
               flush=True)

@@ -127,12 +127,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Server:
-    """`audio-pipeline serve` in a subprocess, on free ports, with /metrics."""
+class ServerStartError(RuntimeError):
+    """The server exited, or did not get ready within the start-up limit; the message names its log."""
 
-    def __init__(self, model: str | None, task_args: list[str], log_level: str = "INFO", device: str | None = None):
+
+class Server:
+    """`audio-pipeline serve` in a subprocess, on free ports, with /metrics. Its stderr goes to
+    ``log_path`` (else a temporary file). ``start_timeout``: seconds it may take to listen."""
+
+    def __init__(self, model: str | None, task_args: list[str], log_level: str = "INFO", device: str | None = None,
+                 log_path: str | None = None, start_timeout: float = 600.0):
         self.metrics_port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
+        self.start_timeout = start_timeout
+        self.log = (open(log_path, "w") if log_path else
+                    tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False, mode="w"))
         command = [sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                    "--metrics-port", str(self.metrics_port), "--log-level", log_level]
         if model:
@@ -142,18 +150,37 @@ class Server:
         for arg in task_args:
             command += ["--task-arg", arg]
         self.command = command
+        self.started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log)
-        self.port = self._read_port()
+        try:
+            self.port = self._read_port()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _failed(self, what: str) -> ServerStartError:
+        return ServerStartError(f"the server {what}; its log is kept at {self.log.name}; its end:\n"
+                                + Path(self.log.name).read_text()[-4000:])
 
     def _read_port(self) -> int:
-        """The port from the server's 'listening on HOST:PORT' line (on its stderr)."""
+        """The port from the server's 'listening on HOST:PORT' line (on its stderr), within the start-up limit."""
         while self.process.poll() is None:
             match = re.search(r"listening on [\d.]+:(\d+)", Path(self.log.name).read_text())
             if match:
                 return int(match.group(1))
+            if time.monotonic() - self.started > self.start_timeout:
+                raise self._failed(f"did not listen within {self.start_timeout:.0f} s (--start-timeout)")
             time.sleep(0.2)
-        raise RuntimeError(f"the server exited before listening; its log ({self.log.name}):\n"
-                           + Path(self.log.name).read_text()[-4000:])
+        raise self._failed(f"exited (code {self.process.returncode}) before listening")
+
+    def wait_ready(self) -> None:
+        """Waits for the server's health check to report SERVING, within what is left of the start-up limit."""
+        left = self.start_timeout - (time.monotonic() - self.started)
+        try:
+            asyncio.run(wait_ready(self.target, timeout=max(1.0, left)))
+        except Exception as exc:
+            raise self._failed(f"did not report SERVING within {self.start_timeout:.0f} s (--start-timeout): "
+                               f"{type(exc).__name__}: {exc}") from None
 
     def kv_cache_dtype(self) -> str | None:
         """The KV cache dtype the server's start-up log names ("KV cache: ... MiB), float16, attention
@@ -177,6 +204,7 @@ class Server:
         return values
 
     def stop(self) -> None:
+        self.log.close()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -622,6 +650,12 @@ def main(argv: list[str] | None = None) -> int:
                              "(Llama 3.2 3B + SNAC 24 kHz) or orpheus-tiny")
     parser.add_argument("--utterance-tokens", type=int, default=490,
                         help="with --random-model, speech tokens per stream (default 490: 70 frames, 6 s)")
+    parser.add_argument("--start-timeout", type=float, default=600.0,
+                        help="seconds the server may take to start (load, profile, capture graphs) before the "
+                             "benchmark stops it and fails, keeping its log (default 600)")
+    parser.add_argument("--server-log", metavar="PATH",
+                        help="write the server's log here and keep it (default: a temporary file, deleted after a "
+                             "run that succeeds, kept and named after one that fails)")
     args = parser.parse_args(argv)
     counts = [int(s) for s in args.streams.split(",")]
 
@@ -652,9 +686,11 @@ def main(argv: list[str] | None = None) -> int:
                  + f"; the floor uses the engine's {served.threads} thread{'s' if served.threads > 1 else ''}")
     print(f"read bandwidth (a float32 sum over {READ_BYTES >> 20} MiB, best of 5): {where}", flush=True)
 
-    server = Server(args.model, args.task_arg, device=args.device)
+    server = Server(args.model, args.task_arg, device=args.device, log_path=args.server_log,
+                    start_timeout=args.start_timeout)
+    succeeded = False
     try:
-        asyncio.run(wait_ready(server.target, timeout=600))
+        server.wait_ready()
         print(f"server: {' '.join(server.command[3:])}", flush=True)
         logged_cache_dtype = server.kv_cache_dtype()
         measure(server, 2, 1, offset=0, tokens=tokens)  # warm-up
@@ -669,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
         print("\n".join(floor_report(summaries, served, bandwidth, logged_cache_dtype)), flush=True)
         if args.random_model:
+            succeeded = True
             return 0
         first = summaries[min(summaries)]
         per_audio_second = first.passes_per_audio_second
@@ -682,9 +719,13 @@ def main(argv: list[str] | None = None) -> int:
                 engine_ms = summaries[batch].decode_ms
                 print(f"engine time per decode forward pass at N={batch}: {engine_ms:.2f} ms = "
                       f"{engine_ms / plain[batch]:.1f}x the plain padded forward at batch {batch}")
+        succeeded = True
     finally:
         server.stop()
-        os.unlink(server.log.name)
+        if succeeded and not args.server_log:
+            os.unlink(server.log.name)
+        elif not succeeded:
+            print(f"the server's log is kept at {server.log.name}", file=sys.stderr)
         if model_dir is not None:
             shutil.rmtree(model_dir, ignore_errors=True)
     return 0

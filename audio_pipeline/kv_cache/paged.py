@@ -54,7 +54,7 @@ class PagedKVCacheManager:
 
     def __init__(self, params: KVCacheParams, device: torch.device, total_num_blocks: int, *,
                  enable_prefix_caching: bool = True, attention_kernel: str = "auto", num_heads: int | None = None,
-                 model_dtype: torch.dtype | None = None):
+                 model_dtype: torch.dtype | None = None, prefill_backend: str = "auto"):
         if total_num_blocks < 1:
             raise ValueError(f"the KV cache holds {total_num_blocks} blocks of {params.page_size} tokens; "
                              "give it more memory (kv_cache_memory_bytes) or use a smaller kv_cache_page_size")
@@ -66,7 +66,7 @@ class PagedKVCacheManager:
         self.backend: AttentionBackend = select_attention_backend(
             attention_kernel, device, model_dtype or params.dtype, num_heads=num_heads or params.n_kv_heads,
             num_kv_heads=params.n_kv_heads, head_dim=params.head_dim, page_size=params.page_size,
-            cache_dtype=params.dtype)
+            cache_dtype=params.dtype, prefill_backend=prefill_backend)
 
     @property
     def page_size(self) -> int:

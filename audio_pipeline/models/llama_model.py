@@ -194,7 +194,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
                                               enable_prefix_caching=self.kv_cache_config.enable_prefix_caching,
                                               attention_kernel=self.kv_cache_config.attention_kernel,
                                               num_heads=self.huggingface_config.num_attention_heads,
-                                              model_dtype=self.dtype)
+                                              model_dtype=self.dtype,
+                                              prefill_backend=self.kv_cache_config.prefill_backend)
         return self.kv_manager
 
     # --- execution -------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ scratch page.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,6 +25,8 @@ from audio_pipeline_kernels import StepMetadata, write_paged_kv
 
 if TYPE_CHECKING:
     from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+logger = logging.getLogger(__name__)
 
 
 class _GraphAttention:
@@ -65,6 +69,7 @@ class DecodeGraphs:
         scratch = kv.cache.scratch_block
         pages_per_sequence = -(-model.max_seq_len // kv.page_size)
         pool = torch.cuda.graph_pool_handle()
+        started = time.perf_counter()
         self._buckets: dict[int, _Bucket] = {}
         for size in sorted(buckets, reverse=True):
             tokens = torch.zeros(size, dtype=torch.long, device=device)
@@ -90,6 +95,8 @@ class DecodeGraphs:
                 hidden = model.forward(tokens, positions, attention)
             self._buckets[size] = _Bucket(graph, tokens, positions, slots, wrapper, hidden)
         torch.cuda.synchronize(device)
+        logger.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s", len(self._buckets),
+                    ",".join(map(str, sorted(self._buckets))), time.perf_counter() - started)
 
     def __contains__(self, size: int) -> bool:
         return size in self._buckets

@@ -35,7 +35,8 @@ def largest_step_peak_bytes(model: "LlamaPipelineModel", decoder: Any, *, max_st
     before = torch.cuda.memory_allocated(device)
     manager = PagedKVCacheManager(params, device, blocks, enable_prefix_caching=False,
                                   attention_kernel=model.kv_cache_config.attention_kernel,
-                                  num_heads=model.huggingface_config.num_attention_heads, model_dtype=model.dtype)
+                                  num_heads=model.huggingface_config.num_attention_heads, model_dtype=model.dtype,
+                                  prefill_backend=model.kv_cache_config.prefill_backend)
     cache_bytes = torch.cuda.memory_allocated(device) - before
     torch.cuda.reset_peak_memory_stats(device)
     try:

@@ -24,6 +24,8 @@ from audio_pipeline_kernels.paged_layout import StepMetadata
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "native", "flashinfer", "torch")
+#: FlashInfer's prefill kernels: auto (FA3 on Hopper, else FA2), fa2, fa3 (Hopper only).
+PREFILL_BACKENDS = ("auto", "fa2", "fa3")
 
 
 class AttentionPlan(Protocol):
@@ -87,11 +89,15 @@ class NativeBackend:
 
 def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype, *, num_heads: int,
                              num_kv_heads: int, head_dim: int, page_size: int,
-                             cache_dtype: torch.dtype | None = None) -> AttentionBackend:
+                             cache_dtype: torch.dtype | None = None, prefill_backend: str = "auto") -> AttentionBackend:
     """The backend ``name`` (one of BACKENDS) for a model's attention on ``device``; ``auto`` takes the
-    fastest that runs there. ValueError naming the setting when the one asked for cannot run."""
+    fastest that runs there. ``prefill_backend`` (PREFILL_BACKENDS) picks FlashInfer's prefill kernel.
+    ValueError naming the setting when the one asked for cannot run."""
     if name not in BACKENDS:
         raise ValueError(f"model.kv_cache.attention_kernel: {name!r} is not one of {', '.join(BACKENDS)}")
+    if prefill_backend not in PREFILL_BACKENDS:
+        raise ValueError(f"model.kv_cache.prefill_backend: {prefill_backend!r} is not one of "
+                         f"{', '.join(PREFILL_BACKENDS)}")
     scale = head_dim ** -0.5
     cache_dtype = cache_dtype or dtype
     if device.type == "cuda" and name in ("auto", "flashinfer"):
@@ -100,10 +106,13 @@ def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype
         reason = flashinfer_unavailable(head_dim, dtype, cache_dtype)
         if reason is None:
             return FlashInferBackend(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                     page_size=page_size, dtype=dtype, cache_dtype=cache_dtype, scale=scale)
+                                     page_size=page_size, dtype=dtype, cache_dtype=cache_dtype, scale=scale,
+                                     prefill_backend=prefill_backend)
         if name == "flashinfer":
             raise ValueError(f"model.kv_cache.attention_kernel=flashinfer: {reason}")
-        logger.warning("attention on CUDA uses the torch form (slow): %s", reason)
+        # Said at start-up, so that a slow GPU server tells why (the tiny test models, the built-in voices).
+        logger.warning("FlashInfer cannot serve this model (%s): attention on CUDA uses the torch form (slower, "
+                       "no CUDA graphs)", reason)
     if name == "flashinfer":
         raise ValueError("model.kv_cache.attention_kernel=flashinfer runs on CUDA only; use auto, native or torch")
     if (device.type == "cpu" and name in ("auto", "native") and dtype == torch.float32
@@ -118,5 +127,5 @@ def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype
     return TorchBackend(device, dtype, scale)
 
 
-__all__ = ["BACKENDS", "NATIVE_CACHE_DTYPES", "AttentionBackend", "AttentionPlan", "NativeBackend",
+__all__ = ["BACKENDS", "NATIVE_CACHE_DTYPES", "PREFILL_BACKENDS", "AttentionBackend", "AttentionPlan", "NativeBackend",
            "TorchBackend", "select_attention_backend"]

@@ -33,16 +33,23 @@ QUERY_DTYPES = (torch.float16, torch.bfloat16)
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
 
+#: The head sizes FlashInfer instantiates its decode and prefill kernels for (its dispatch lists
+#: 64, 128 and 256; any other size fails when the kernel is first built or loaded, not here).
+HEAD_DIMS = (64, 128, 256)
+
+
 def flashinfer_unavailable(head_dim: int, dtype: torch.dtype, cache_dtype: torch.dtype) -> str | None:
-    """Why FlashInfer cannot serve here, or None when it can."""
+    """Why FlashInfer cannot serve a model of ``head_dim`` in ``dtype`` over a ``cache_dtype`` cache,
+    or None when it can. The model's shape is checked before the package, so the answer for a model
+    FlashInfer has no kernels for is the same with or without it installed."""
+    if head_dim not in HEAD_DIMS:
+        return f"head_dim {head_dim}: its kernels exist for head sizes {', '.join(map(str, HEAD_DIMS))} only"
+    if dtype not in QUERY_DTYPES or cache_dtype not in CACHE_DTYPES:
+        return f"its kernels take float16 or bfloat16 models and caches (or an fp8_e4m3 cache), not {dtype} / {cache_dtype}"
     try:
         import flashinfer  # noqa: F401
     except ImportError:
         return "the flashinfer-python package is not installed (pip install 'audio-pipeline[gpu]')"
-    if head_dim % 16:
-        return f"head_dim {head_dim} is not a multiple of 16"
-    if dtype not in QUERY_DTYPES or cache_dtype not in CACHE_DTYPES:
-        return f"its kernels take float16 or bfloat16 models and caches (or an fp8_e4m3 cache), not {dtype} / {cache_dtype}"
     return None
 
 
@@ -60,18 +67,19 @@ class FlashInferBackend:
     name = "flashinfer"
 
     def __init__(self, device: torch.device, *, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                 dtype: torch.dtype, cache_dtype: torch.dtype, scale: float):
+                 dtype: torch.dtype, cache_dtype: torch.dtype, scale: float, prefill_backend: str = "auto"):
         import flashinfer
 
         self.device = device
         self.num_heads, self.num_kv_heads, self.head_dim, self.page_size = num_heads, num_kv_heads, head_dim, page_size
         self.dtype, self.cache_dtype, self.scale = dtype, cache_dtype, scale
+        self.prefill_backend = prefill_backend
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         fp8 = cache_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         self.use_tensor_cores = fp8 or num_heads // num_kv_heads >= 4
         self._sets = [(flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
                                                                      use_tensor_cores=self.use_tensor_cores),
-                       flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD"))
+                       flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=prefill_backend))
                       for _ in range(2)]
         self._done = [None, None]
         self._turn = 0
