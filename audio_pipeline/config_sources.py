@@ -34,7 +34,7 @@ ENV_PREFIX = "AUDIO_PIPELINE_"
 #: Variables with that prefix that other parts of the program read; they are not config fields.
 ENV_NOT_CONFIG = frozenset({"AUDIO_PIPELINE_CACHE", "AUDIO_PIPELINE_SERVER", "AUDIO_PIPELINE_LOG_LEVEL",
                             "AUDIO_PIPELINE_TOKEN", "AUDIO_PIPELINE_AUTH_TOKENS", "AUDIO_PIPELINE_ADMIN_TOKENS",
-                            "AUDIO_PIPELINE_TEST_DEVICE"})
+                            "AUDIO_PIPELINE_TEST_DEVICE", "AUDIO_PIPELINE_TEST_DTYPE"})
 _FILE_SOURCES = {".yaml": YamlConfigSettingsSource, ".yml": YamlConfigSettingsSource,
                  ".toml": TomlConfigSettingsSource}
 

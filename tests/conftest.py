@@ -38,9 +38,12 @@ def make_config(model_dir, *flags, **overrides):
 
     import tempfile
 
-    # AUDIO_PIPELINE_TEST_DEVICE=cuda runs the engine tests on a GPU (the CPU is the default).
+    # AUDIO_PIPELINE_TEST_DEVICE=cuda runs the engine tests on a GPU (the CPU is the default), and
+    # AUDIO_PIPELINE_TEST_DTYPE=float32 keeps them in float32 there (auto would be bfloat16), so the
+    # tests that compare with a float32 reference hold their tolerances on the CUDA code path.
     device = os.environ.get("AUDIO_PIPELINE_TEST_DEVICE", "cpu")
-    model = {"model_path": str(model_dir), "device": device, **overrides.pop("model", {})}
+    dtype = os.environ.get("AUDIO_PIPELINE_TEST_DTYPE", "auto")
+    model = {"model_path": str(model_dir), "device": device, "dtype": dtype, **overrides.pop("model", {})}
     overrides.setdefault("voices_dir", tempfile.mkdtemp(prefix="voices-"))
     return AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=28,56", f"sampling.max_tokens={TEST_MAX_TOKENS}",
                                                            "grace_period_s=5", *flags], model=model, **overrides)

@@ -1,0 +1,254 @@
+"""Decode-step benchmark: the engine's own step (scheduler, model runner, sampling, the update) at
+fixed batch sizes and context, in this process, against the memory floor; and one step profiled.
+
+    python -m audio_pipeline.bench.decode_step --random-model orpheus-3b --device cuda \\
+        [--batches 1,64,128,256] [--context 300] [--steps 40] [--variants graphs,eager,fp8] [--profile 128]
+
+For each variant it builds the engine once (``TTSEngine``, not started: its model, KV cache,
+runner and CUDA graphs, with decode buckets equal to ``--batches``) and, per batch size B, starts B
+requests, decodes until each one's context is ``--context`` tokens, then times ``--steps`` decode
+steps two ways:
+
+- ``sync``: schedule, launch, read the result, update, one step after the other (no overlap);
+- ``ahead``: step n + 1 is scheduled and launched before step n's result is read (the engine's
+  overlap pipeline on CUDA), so the host's work hides behind the device's.
+
+Variants: ``graphs`` (bf16 cache, CUDA graphs: the CUDA default), ``eager`` (the same shapes
+without graphs), ``fp8`` (an fp8_e4m3 cache, graphs), ``fa2`` (graphs, FA2 prefill kernel).
+
+The floor of a step is its bytes (the layers' linear weights once, plus B x context x the KV bytes
+per token) over the device's read bandwidth, measured first (bench.serve's read_bandwidth).
+
+``--profile B`` records a few ``ahead`` steps of the first variant at batch B with the torch
+profiler and prints, for the middle step: its wall time, the device's busy time (kernels and
+copies, overlaps merged), the idle gaps between them (count, total, largest), and the kernels
+that took the most time. ``--trace PATH`` also writes the Chrome trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+#: What each variant sets (model settings over the benchmark's own).
+VARIANTS = {
+    "graphs": {"cuda_graphs": True},
+    "eager": {"cuda_graphs": False},
+    "fp8": {"cuda_graphs": True, "kv_cache": {"cache_dtype": "fp8_e4m3"}},
+    "fa2": {"cuda_graphs": True, "kv_cache": {"prefill_backend": "fa2"}},
+}
+
+
+@dataclass
+class StepTimes:
+    batch: int
+    sync_ms: float
+    ahead_ms: float
+
+
+def build_engine(model_dir: str, device: str, batches: list[int], context: int, steps: int, variant: dict):
+    """The engine's parts for ``model_dir`` sized for the largest batch (not started)."""
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+
+    largest = max(batches)
+    tokens = largest * (context + 2 * steps + 64)  # every request's context and the steps after it, with room
+    kv = {"kv_cache_memory_bytes": 1, **variant.get("kv_cache", {})}  # replaced below, once the bytes are known
+    model = {"model_path": model_dir, "device": device, "decode_buckets": batches,
+             **{k: v for k, v in variant.items() if k != "kv_cache"}, "kv_cache": kv}
+    limit = context + 4 * steps + 64
+    config = AudioGenerationConfig.load(env={}, audio_flags=[f"max_batch_size={largest}", f"sampling.max_tokens={limit}",
+                                                              f"sampling.max_tokens_limit={limit}"],
+                                        model=model)
+    from audio_pipeline.models.llama_model import resolve_cache_dtype
+    from audio_pipeline.engine import resolve_device, resolve_dtype
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_dir)
+    dev = resolve_device(device)
+    cache_dtype = resolve_cache_dtype(config.model.kv_cache, resolve_dtype(config.model.dtype, dev), dev)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * cache_dtype.itemsize
+    config.model.kv_cache.kv_cache_memory_bytes = int(tokens * per_token * 1.25)
+    return TTSEngine(config)
+
+
+def start_requests(engine, count: int, length: int):
+    """A scheduler of ``count`` requests that never stop before ``length`` speech tokens, each
+    prefilled; it runs beside the engine's own (not started) scheduler on the same KV blocks."""
+    from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+
+    scheduler = AudioGenerationScheduler(
+        SchedulerConfig(max_batch_size=count, max_queue_size=count, enable_in_flight_batching=False, max_num_steps=1),
+        engine.scheduler.block_manager)
+    contexts = [engine.create_context("The benchmark speaks this sentence to fill its context.",
+                                      request_id=f"bench-{count}-{i}", temperature=0.8, top_p=0.95, seed=i,
+                                      min_tokens=length, max_tokens=length)
+                for i in range(count)]
+    for context in contexts:
+        scheduler.add(context)
+    return scheduler, contexts
+
+
+def run_steps(scheduler, runner, count: int, *, ahead: bool) -> float:
+    """Runs ``count`` steps; seconds from the first schedule to the last result applied."""
+    started = time.perf_counter()
+    pending = []
+    for _ in range(count):
+        output = scheduler.schedule()
+        pending.append((output, runner.launch(output.items)))
+        if not ahead or len(pending) > 1:
+            done, launched = pending.pop(0)
+            scheduler.update(done, launched.result())
+    while pending:
+        done, launched = pending.pop(0)
+        scheduler.update(done, launched.result())
+    return time.perf_counter() - started
+
+
+def decode_to(scheduler, runner, contexts, context: int) -> None:
+    """Steps (ahead) until every request's prompt is in and its context holds ``context`` tokens
+    (prompt and speech)."""
+    run_steps(scheduler, runner, 4, ahead=True)
+    while min(c.total_length for c in contexts) < context or not all(c.generated for c in contexts):
+        run_steps(scheduler, runner, 8, ahead=True)
+
+
+def time_batch(engine, batch: int, context: int, steps: int, profile=None) -> StepTimes:
+    runner = engine.pipeline.runner(engine.layout)
+    scheduler, contexts = start_requests(engine, batch, context + 4 * steps + 32)
+    try:
+        decode_to(scheduler, runner, contexts, context)
+        sync = run_steps(scheduler, runner, steps, ahead=False) / steps
+        ahead = run_steps(scheduler, runner, steps, ahead=True) / steps
+        if profile is not None:
+            profile(lambda: run_steps(scheduler, runner, 5, ahead=True))
+        return StepTimes(batch, 1000 * sync, 1000 * ahead)
+    finally:
+        for c in contexts:
+            scheduler.remove(c.request_id)
+            runner.release(c.request_id)
+
+
+def profile_steps(run, trace: str | None) -> list[str]:
+    """Profiles ``run`` (5 decode steps) and describes the middle step's device timeline."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        with torch.profiler.record_function("steps"):
+            run()
+        sync()
+    if trace:
+        prof.export_chrome_trace(trace)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    events = [e for e in prof.events() if e.device_type == kind and e.time_range.elapsed_us() > 0
+              and (cuda or e.name.startswith("aten::"))]
+    if not events:
+        return ["profile: no device events recorded"]
+    events.sort(key=lambda e: e.time_range.start)
+    start, end = events[0].time_range.start, max(e.time_range.end for e in events)
+    # The middle fifth of the span: about one step of five.
+    span = end - start
+    lo, hi = start + 2 * span / 5, start + 3 * span / 5
+    window = [e for e in events if lo <= e.time_range.start < hi]
+    busy, gaps, cursor = 0.0, [], None
+    for e in window:
+        s, t = e.time_range.start, e.time_range.end
+        if cursor is None or s > cursor:
+            if cursor is not None:
+                gaps.append(s - cursor)
+            busy += t - s
+            cursor = t
+        elif t > cursor:
+            busy += t - cursor
+            cursor = t
+    totals: dict[str, list[float]] = {}
+    for e in window:
+        totals.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    top = sorted(totals.items(), key=lambda kv: -sum(kv[1]))[:12]
+    lines = [f"profile (middle fifth of 5 steps, {span / 5 / 1000:.3f} ms): device busy {busy / 1000:.3f} ms, "
+             f"{len(gaps)} gaps totalling {sum(gaps) / 1000:.3f} ms (largest {max(gaps, default=0) / 1000:.3f} ms), "
+             f"{len(window)} device events",
+             f"{'kernel':<80} {'calls':>6} {'total ms':>9} {'share':>6}"]
+    for name, times in top:
+        lines.append(f"{name[:80]:<80} {len(times):>6} {sum(times) / 1000:>9.3f} {sum(times) / max(busy, 1e-9):>6.1%}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.decode_step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--random-model", metavar="SHAPE", default="orpheus-3b",
+                        help="a randomly initialised model of this shape (orpheus-3b, orpheus-tiny)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batches", default="1,64,128,256", help="comma-separated batch sizes (the decode buckets)")
+    parser.add_argument("--context", type=int, default=300, help="KV tokens each request holds when timing starts")
+    parser.add_argument("--steps", type=int, default=40, help="timed decode steps per batch and mode")
+    parser.add_argument("--variants", default="graphs,eager,fp8", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--profile", type=int, metavar="B", help="profile decode steps at batch B (first variant)")
+    parser.add_argument("--trace", metavar="PATH", help="with --profile, write the Chrome trace here")
+    args = parser.parse_args(argv)
+    batches = sorted({int(b) for b in args.batches.split(",")})
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+
+    from audio_pipeline.bench.serve import PassCost, read_bandwidth
+    from audio_pipeline.models.random_models import RANDOM_SHAPES, write_random_model
+
+    model_dir = tempfile.mkdtemp(prefix=f"random-{args.random_model}-")
+    try:
+        write_random_model(model_dir, args.random_model)
+        bandwidth = read_bandwidth(args.device)
+        name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        print(f"device {name}; read bandwidth {bandwidth / 1e9:.0f} GB/s (float32 sum over 512 MiB, best of 5); "
+              f"context {args.context} tokens; {args.steps} steps per measurement", flush=True)
+        config = RANDOM_SHAPES[args.random_model]
+        print(f"{'variant':<8} {'B':>5} {'sync ms':>8} {'ahead ms':>9} {'floor ms':>9} {'x floor':>8} "
+              f"{'GB/s':>7} {'tok/s':>8}", flush=True)
+        for index, variant in enumerate(variants):
+            started = time.perf_counter()
+            engine = build_engine(model_dir, args.device, batches, args.context, args.steps, VARIANTS[variant])
+            print(f"# {variant}: engine built in {time.perf_counter() - started:.1f} s (KV cache "
+                  f"{str(engine.model.cache_dtype).removeprefix('torch.')}, attention {engine.model.kv_manager.backend.name}, "
+                  f"graphs {'on' if engine.pipeline.runner(engine.layout).graphs is not None else 'off'})", flush=True)
+            cost = PassCost.of(config, str(engine.model.dtype).removeprefix("torch."),
+                               str(engine.model.cache_dtype).removeprefix("torch."))
+            try:
+                for batch in batches:
+                    profile = None
+                    if index == 0 and args.profile == batch:
+                        profile = lambda run: print("\n".join(profile_steps(run, args.trace)), flush=True)  # noqa: E731
+                    t = time_batch(engine, batch, args.context, args.steps, profile)
+                    floor = cost.floor_ms(batch, args.context, bandwidth)
+                    best = min(t.sync_ms, t.ahead_ms)
+                    print(f"{variant:<8} {batch:>5} {t.sync_ms:>8.2f} {t.ahead_ms:>9.2f} {floor:>9.3f} "
+                          f"{best / floor:>7.2f}x {cost.bytes(batch, args.context) / best / 1e6:>7.0f} "
+                          f"{1000 * batch / best:>8.0f}", flush=True)
+            finally:
+                engine.stop()
+                del engine
+                gc.collect()
+                if args.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        print("sync: one step after the other (schedule, launch, read, update); ahead: the next step launched "
+              "before this one is read (the engine's overlap); floor = (linear weights + B x context x KV bytes "
+              "per token) / read bandwidth; GB/s and tok/s at the better of the two", flush=True)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

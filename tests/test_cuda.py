@@ -1,0 +1,271 @@
+"""The CUDA serving path on a GPU (skipped without one): FlashInfer's attention in the engine, the
+decode buckets and their CUDA graphs, the overlap pipeline, the decoders, and the frame families.
+
+The model here has Orpheus-3B's attention shape (head size 128, 3 query heads per key/value head)
+at two layers, in bfloat16, so every step runs FlashInfer's decode or prefill kernel. Its weights
+are scaled (layer weights std 0.04, the final norm 20) so that attention moves the output and the
+logits spread (up to about 57) far more than bfloat16 moves them.
+
+bfloat16 results depend on how a kernel splits its sums, which changes with the batch's shape, the
+step's other rows and the CUDA-graph decode plan; the engine's scheduling depends on when requests
+arrive. So two runs of the same requests must give the same tokens, except that a request may part
+from the other run at a near-tie: where the two picks' logits, computed in float32 by transformers on
+the CPU along the shared tokens, are within TIE of each other. A wrong attention step parts at a
+clear choice, and fails. (On the CPU in bfloat16, the dense torch form: batched against alone, 5 of
+6 requests part, every one at a float32 gap of 0.02 to 0.38.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from audio_pipeline.engine import TTSEngine
+from conftest import make_config
+from test_engine_core import run
+
+#: CUDA_TESTS_DRY_RUN=1 runs these tests' own logic on the CPU (the torch attention
+#: form, no graphs, no fp8), to check them before a GPU session.
+DRY_RUN = os.environ.get("CUDA_TESTS_DRY_RUN") == "1"
+DEVICE, KERNEL = ("cpu", "torch") if DRY_RUN else ("cuda", "flashinfer")
+pytestmark = pytest.mark.skipif(not (DRY_RUN or torch.cuda.is_available()), reason="needs a CUDA GPU")
+
+#: How close (float32 logits) two picks must be for a run to part there: about what bfloat16 moves
+#: this model's logits (the dense torch form, bfloat16 against float32: at most 0.89 on the CPU).
+TIE = 1.0
+TEXTS = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
+         "Numbers: one two three four five.", "Short.", "Another prompt, of middling length."]
+GREEDY = dict(temperature=0.0, repetition_penalty=1.0, max_tokens=140)
+#: Settings that fix the batching mode (CUDA's own defaults would turn overlap and in-flight batching on).
+PLAIN = ("enable_overlap_scheduler=false", "enable_in_flight_batching=false", "max_batch_size=8")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from safetensors.torch import load_file, save_file
+
+    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+
+    path = write_tiny_orpheus_model(tmp_path_factory.mktemp("cuda-orpheus"), seed=3, hidden_size=768,
+                                    intermediate_size=1536, num_attention_heads=6, num_key_value_heads=2)
+    state = load_file(str(path / "model.safetensors"))
+    for name in state:
+        if name.startswith("model.layers.") and name.endswith("proj.weight"):
+            state[name] = state[name] * 2
+    state["model.norm.weight"] = state["model.norm.weight"] * 20
+    save_file(state, str(path / "model.safetensors"))
+    return path
+
+
+def engine_on_cuda(model_dir, *flags, **model) -> TTSEngine:
+    # A cache of 1 GiB (not 90 % of the GPU): quick to allocate, and other test processes keep their room.
+    model = {"dtype": "bfloat16", **model, "kv_cache": {"attention_kernel": KERNEL, "kv_cache_memory_bytes": 1 << 30,
+                                                        **model.get("kv_cache", {})}}
+    engine = TTSEngine(make_config(model_dir, *flags, model={"device": DEVICE, **model}))
+    engine.start()
+    return engine
+
+
+def speak(model_dir, *flags, texts=TEXTS, **model) -> list[list[int]]:
+    engine = engine_on_cuda(model_dir, *flags, **model)
+    try:
+        assert engine.model.kv_manager.backend.name == model.get("kv_cache", {}).get("attention_kernel", KERNEL)
+        contexts = run(engine, texts, **GREEDY)
+        prompts = [c.prompt_ids for c in contexts]
+        return prompts, [c.generated for c in contexts], engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """transformers' Llama in float32 on the CPU: the judge of near-ties."""
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def same_or_tie(reference, prompts, ours, theirs) -> list[str]:
+    """For each request, '=' where both runs gave the same tokens, else 'tie@i (gap)' where they
+    part at a near-tie; raises AssertionError (naming the request and the gap) where they part at a
+    clear choice."""
+    verdicts = []
+    for index, (prompt, a, b) in enumerate(zip(prompts, ours, theirs)):
+        if a == b:
+            verdicts.append("=")
+            continue
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        if at == min(len(a), len(b)):  # one stopped (end of speech) where the other went on
+            stop = a[at] if len(a) > at else b[at]
+            other = None
+        else:
+            stop, other = a[at], b[at]
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + a[:at]])).logits[0, -1]
+        if other is None:
+            verdicts.append(f"length@{at}")
+            continue
+        gap = (logits[stop] - logits[other]).abs().item()
+        assert gap <= TIE, f"request {index} parts at token {at}: {stop} against {other}, float32 gap {gap:.3f}"
+        verdicts.append(f"tie@{at} ({gap:.3f})")
+    return verdicts
+
+
+def test_flashinfer_serves_a_head_128_model_and_its_logits_are_as_close_to_float32_as_the_torch_forms(model_dir,
+                                                                                                      reference):
+    """Along the same tokens (a prompt step, then one decode step per token), FlashInfer's paged
+    attention in bfloat16 is no further from transformers' float32 logits than the dense torch form
+    in bfloat16 on the same GPU."""
+    from test_engine_core import forced_logits
+
+    prompts, spoken, _ = speak(model_dir, *PLAIN, cuda_graphs=False)
+    sequence, prompt_length = prompts[1] + spoken[1][:40], len(prompts[1])
+    with torch.no_grad():
+        want = reference(torch.tensor([sequence])).logits[0, prompt_length - 1:]
+    errors = {}
+    for kernel in (KERNEL, "torch"):
+        engine = TTSEngine(make_config(model_dir, *PLAIN, model={"device": DEVICE, "cuda_graphs": False,
+                                                                 "dtype": "bfloat16",
+                                                                 "kv_cache": {"attention_kernel": kernel,
+                                                                              "kv_cache_memory_bytes": 1 << 30}}))
+        assert engine.model.kv_manager.backend.name == kernel
+        got = forced_logits(engine, sequence, prompt_length).float().cpu()
+        errors[kernel] = (got - want).abs().max().item()
+    scale = want.abs().max().item()
+    print(f"max |logit - float32|: {KERNEL} {errors[KERNEL]:.4f}, torch {errors['torch']:.4f} "
+          f"(logits up to {scale:.1f})")
+    assert errors[KERNEL] <= 1.5 * errors["torch"] + 1e-3 * scale
+
+
+@pytest.mark.parametrize("flags,model", [
+    pytest.param(PLAIN, {"cuda_graphs": False}, id="batched-exact"),
+    pytest.param(PLAIN, {"cuda_graphs": False, "decode_buckets": [8]}, id="padded-eager"),
+    pytest.param(PLAIN, {"cuda_graphs": True, "decode_buckets": [2, 4, 8]}, id="padded-graphs"),
+    pytest.param(("max_batch_size=8",), {}, id="cuda-defaults"),  # overlap, in-flight batching, graphs
+    pytest.param(("max_batch_size=8", "max_batch_input_tokens=16"), {}, id="chunked-prefill"),
+])
+def test_batched_greedy_speech_equals_one_at_a_time_on_cuda(model_dir, reference, flags, model):
+    """Every batching mode on CUDA gives each request the tokens it gets alone (but for near-ties)."""
+    prompts, alone, _ = speak(model_dir, "enable_overlap_scheduler=false", "enable_in_flight_batching=false",
+                              "max_batch_size=1", cuda_graphs=False)
+    _, batched, _ = speak(model_dir, *flags, **model)
+    print("alone vs batched:", same_or_tie(reference, prompts, alone, batched))
+
+
+def test_cuda_graphs_give_the_eager_tokens_of_the_same_buckets(model_dir, reference):
+    """The captured decode graphs replay what the eager forward computes at the same padded shapes."""
+    prompts, eager, _ = speak(model_dir, *PLAIN, cuda_graphs=False, decode_buckets=[2, 4, 8])
+    _, graphs, _ = speak(model_dir, *PLAIN, cuda_graphs=True, decode_buckets=[2, 4, 8])
+    print("eager vs graphs:", same_or_tie(reference, prompts, eager, graphs))
+
+
+def test_overlap_gives_the_tokens_of_the_same_steps_read_one_by_one(model_dir, reference):
+    prompts, plain, _ = speak(model_dir, *PLAIN, cuda_graphs=True, decode_buckets=[2, 4, 8])
+    _, overlap, _ = speak(model_dir, "enable_overlap_scheduler=true", "enable_in_flight_batching=false",
+                          "max_batch_size=8", cuda_graphs=True, decode_buckets=[2, 4, 8])
+    print("plain vs overlap:", same_or_tie(reference, prompts, plain, overlap))
+
+
+@pytest.mark.skipif(DRY_RUN, reason="an fp8 cache needs FlashInfer")
+def test_an_fp8_cache_speaks_within_ties_of_the_bfloat16_one(model_dir, reference):
+    """An fp8 cache rounds keys and values to 3 mantissa bits: the speech may part from bfloat16's
+    sooner, but only where float32 finds the two picks close (a looser TIE, four times)."""
+    prompts, bf16, _ = speak(model_dir, *PLAIN)
+    _, fp8, engine = speak(model_dir, *PLAIN, kv_cache={"cache_dtype": "fp8_e4m3"})
+    assert engine.model.kv_manager.cache.keys[0].dtype == torch.float8_e4m3fn
+    global TIE
+    tie, TIE = TIE, 4 * TIE
+    try:
+        print("bf16 vs fp8:", same_or_tie(reference, prompts, bf16, fp8))
+    finally:
+        TIE = tie
+
+
+def test_no_block_or_request_is_held_after_the_runs(model_dir):
+    from conftest import wait_idle
+
+    engine = engine_on_cuda(model_dir, "max_batch_size=8")
+    try:
+        run(engine, TEXTS, **GREEDY)
+        wait_idle(engine)
+    finally:
+        engine.stop()
+
+
+# --- decoders -------------------------------------------------------------------------------------
+
+def _decoder_pair(name, path):
+    from audio_pipeline.decoders import load_audio_decoder
+
+    return load_audio_decoder(name, str(path)), load_audio_decoder(name, str(path), device=DEVICE)
+
+
+@pytest.mark.parametrize("name", ["snac", "mimi", "neucodec"])
+def test_each_decoder_on_cuda_equals_the_cpu(name, tmp_path):
+    """The same codes decode to the same audio on CUDA as on the CPU (float32; within the
+    tolerance of TF32 convolutions), alone and batched."""
+    from audio_pipeline.decoders.mimi import save_random_mimi_checkpoint
+    from audio_pipeline.decoders.neucodec import save_random_neucodec_checkpoint
+    from audio_pipeline.decoders.snac import save_random_snac_checkpoint
+
+    writer = {"snac": save_random_snac_checkpoint, "mimi": save_random_mimi_checkpoint,
+              "neucodec": save_random_neucodec_checkpoint}[name]
+    cpu, cuda = _decoder_pair(name, writer(tmp_path / name, seed=5))
+    generator = torch.Generator().manual_seed(1)
+    batch = [torch.randint(0, getattr(cpu, "codebook_size", 4096), (frames * cpu.tokens_per_frame,),
+                           generator=generator) for frames in (12, 5, 20)]
+    want = [cpu.decode(codes) for codes in batch]
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # float32 convolutions, as on the CPU
+    try:
+        got = cuda.decode_batch([codes.to(DEVICE) for codes in batch])
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    for w, g in zip(want, got):
+        assert g.device.type == DEVICE and g.shape == w.shape
+        torch.testing.assert_close(g.float().cpu(), w.float(), atol=1e-3 * w.abs().max().item() + 1e-5, rtol=0)
+
+
+# --- the frame families ---------------------------------------------------------------------------
+
+def test_the_builtin_frame_voice_speaks_on_cuda_as_on_the_cpu():
+    """The default voice (head size 48: the torch form on CUDA) in float32: the same greedy frames
+    on both devices, served to the end."""
+    spoken = {}
+    for device in ("cpu", DEVICE):
+        engine = TTSEngine(make_config("builtin:slt-en-frame", model={"device": device, "dtype": "float32",
+                                                                      "kv_cache": {"cache_dtype": "float32"}}))
+        engine.start()
+        try:
+            if device == "cuda":
+                assert engine.model.kv_manager.backend.name == "torch"
+                assert engine.model.devices[0].type == "cuda"
+            contexts = run(engine, ["Hello from the GPU.", "A second sentence, spoken at the same time."],
+                           temperature=0.0)
+            spoken[device] = [c.frames for c in contexts]
+        finally:
+            engine.stop()
+    assert spoken[DEVICE] == spoken["cpu"] and all(len(frames) > 20 for frames in spoken["cpu"])
+
+
+def test_csm_is_served_on_cuda_over_grpc(tmp_path):
+    """A tiny CSM (backbone, depth decoder, Mimi) behind the real gRPC server on CUDA: a request
+    streams audio to its completion."""
+    from audio_pipeline.server.background import BackgroundServer
+    from csm_model import write_tiny_csm
+    from speech_requests import audio_of, synthesize
+
+    model_dir = write_tiny_csm(tmp_path / "csm", seed=0)
+    server = BackgroundServer(make_config(model_dir, "chunk_size=32,64", "sampling.max_tokens=40",
+                                          model={"device": DEVICE})).start()
+    try:
+        assert server.engine.model.devices[0].type == DEVICE
+        chunks = synthesize(server.target, "Hello from the GPU.", seed=3, temperature=0.9)
+        usage = chunks[-1].complete.usage
+        heard = sum(len(a) for a in audio_of(chunks))
+        assert usage.generated_tokens > 0
+        assert heard == usage.generated_tokens * server.engine.decoder.samples_per_frame
+    finally:
+        server.stop()
