@@ -55,11 +55,16 @@ def resolve_model_dir(model_path: str) -> Path:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device: {name!r} asked for, but CUDA is not available")
+    """The device ``name`` (model.device) stands for; a CUDA device always with its index (the
+    current one for plain ``cuda``), since torch.cuda.set_device and the graph pools need one."""
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"model.device: {name!r} asked for, but CUDA is not available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ValueError(f"model.device: {name!r} asked for, but there are {torch.cuda.device_count()} GPUs")
     return device
 
 

@@ -75,10 +75,10 @@ want jit && stage jit 120 "$OUT/jit.log" "$PY" "$KIT/prebuild.py" ${JIT_SETS:-be
 # Phase A: correctness, side by side.
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfEs --timeout=170)
 pids=()
-want smoke && { stage smoke 90 "$OUT/smoke.log" "$PY" "$KIT/smoke.py" & pids+=($!); }
-want kernels && { stage kernels 150 "$OUT/kernels.log" "${PYTEST[@]}" tests/test_kernels.py -k flashinfer & pids+=($!); }
-want cuda && { stage cuda 200 "$OUT/cuda.log" "${PYTEST[@]}" -s tests/test_cuda.py & pids+=($!); }
-want runner && { stage runner 200 "$OUT/runner.log" env AUDIO_PIPELINE_TEST_DEVICE=${TEST_DEVICE:-cuda} \
+want smoke && { stage smoke 60 "$OUT/smoke.log" "$PY" "$KIT/smoke.py" & pids+=($!); }
+want kernels && { stage kernels 120 "$OUT/kernels.log" "${PYTEST[@]}" tests/test_kernels.py -k flashinfer & pids+=($!); }
+want cuda && { stage cuda 140 "$OUT/cuda.log" "${PYTEST[@]}" -s tests/test_cuda.py & pids+=($!); }
+want runner && { stage runner 120 "$OUT/runner.log" env AUDIO_PIPELINE_TEST_DEVICE=${TEST_DEVICE:-cuda} \
   AUDIO_PIPELINE_TEST_DTYPE=float32 "${PYTEST[@]}" tests/test_model_runner.py & pids+=($!); }
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
 for f in kernels cuda runner; do  # one file for the tests: $OUT returns at most 8 files
@@ -86,9 +86,9 @@ for f in kernels cuda runner; do  # one file for the tests: $OUT returns at most
 done
 
 # Phase B: timings, alone on the GPU.
-want step && stage step 150 "$OUT/step.log" "$PY" -m audio_pipeline.bench.decode_step \
-  ${STEP_ARGS:---batches 1,64,128,256 --context 300 --steps 30 --variants graphs,eager,fp8 --profile 128 --trace /tmp/step-trace.json}
+want step && stage step 100 "$OUT/step.log" "$PY" -m audio_pipeline.bench.decode_step \
+  ${STEP_ARGS:---batches 1,128,256 --context 300 --steps 30 --variants graphs,eager,fp8 --profile 128 --trace /tmp/step-trace.json}
 [ -f /tmp/step-trace.json ] && gzip -c /tmp/step-trace.json > "$OUT/step-trace.json.gz"
-want serve && stage serve 240 "$OUT/serve.log" "$PY" -m audio_pipeline.bench.serve --server-log "$OUT/server.log" \
-  ${SERVE_ARGS:---device cuda --random-model orpheus-3b --streams 1,64,128,256,384,512 --no-search --utterance-tokens 490 --start-timeout 150 --task-arg max_batch_size=512}
+want serve && stage serve 150 "$OUT/serve.log" "$PY" -m audio_pipeline.bench.serve --server-log "$OUT/server.log" \
+  ${SERVE_ARGS:---device cuda --random-model orpheus-3b --streams 1,128,256,512 --no-search --utterance-tokens 490 --start-timeout 100 --task-arg max_batch_size=512}
 say "total $((SECONDS - T0)) s; files: $(ls "$OUT" | tr '\n' ' ')"
