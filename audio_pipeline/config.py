@@ -147,6 +147,11 @@ class ModelConfig(BaseModel):
     cuda_graphs: bool = Field(
         True, description="On CUDA with the flashinfer attention kernel, replay each decode bucket's forward pass "
         "from a captured CUDA graph instead of launching its kernels from Python.")
+    fuse_layers: bool = Field(
+        True, description="On CUDA, run each Llama block with fewer, larger kernels: the query/key/value "
+        "projections as one matrix product and the MLP's gate/up projections as another (their weights "
+        "concatenated at load), and RMSNorm as torch's rms_norm. The same results up to float rounding; false "
+        "runs the checkpoint's layers one by one (for comparison). The CPU always runs them one by one.")
 
     @field_validator("quantization", mode="before")
     @classmethod

@@ -363,14 +363,16 @@ def forced_logits(engine, sequence: list[int], prompt_length: int, frames=None) 
     model, kv = engine.model, engine.model.kv_manager
     kv.claim("forced")
     kv.block_manager.alloc("forced", len(sequence))
-    tokens = torch.tensor(sequence)
+    device = model.devices[0]
+    tokens = torch.tensor(sequence, device=device)
     hidden = []
     try:
         with torch.inference_mode():
             for start, end in [(0, prompt_length), *((p, p + 1) for p in range(prompt_length, len(sequence)))]:
                 batch = kv.batch(["forced"], [start], [end - start])
-                extra = {} if frames is None else {"frames": frames[start:end]}
-                hidden.append(model.model(tokens[start:end], torch.arange(start, end), batch, **extra)[-1:])
+                extra = {} if frames is None else {"frames": frames[start:end].to(device)}
+                hidden.append(model.model(tokens[start:end], torch.arange(start, end, device=device), batch,
+                                          **extra)[-1:])
             return model.model.compute_logits(torch.cat(hidden))  # one product: the output layer read once
     finally:
         kv.release("forced")

@@ -50,10 +50,18 @@ def model_dir(request, tmp_path_factory):
     return write_tiny_orpheus_model(path, seed=3, with_decoder=False, **overrides)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["layers", "fused"])
 @pytest.mark.parametrize("attention_kernel", ["auto", "torch"])
-def test_logits_match_transformers_for_a_ragged_batch(model_dir, attention_kernel):
-    """Both attention forms (the native kernel that auto picks on CPU, and the torch form)."""
+def test_logits_match_transformers_for_a_ragged_batch(model_dir, attention_kernel, fused):
+    """Both attention forms (the native kernel that auto picks on CPU, and the torch form), with the
+    checkpoint's layers as they are and fused (model.fuse_layers: one q/k/v product, one gate/up
+    product, torch's rms_norm; what CUDA runs)."""
+    from audio_pipeline.models.llama import fuse_layers
+
     ours = load_ours(model_dir)
+    if fused:
+        assert fuse_layers(ours) == ours.config.num_hidden_layers
+        assert not any(name.endswith(("q_proj.weight", "gate_proj.weight")) for name in ours.state_dict())
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(0, 150000, (n,), generator=generator) for n in (5, 17, 2, 9)]

@@ -145,7 +145,7 @@ def test_device_counts_are_each_requests_codes_by_frame_slot(engine):
         expected = np.zeros((frame, layout.codebook_size), dtype=np.float32)
         for position, token in enumerate(context.generated):
             expected[position % frame, layout.token_to_code(token, position)] += 1
-        torch.testing.assert_close(runner.counts.of(context.request_id), torch.from_numpy(expected))
+        torch.testing.assert_close(runner.counts.of(context.request_id).cpu(), torch.from_numpy(expected))
         probe = type(context)(request_id="probe", prompt_ids=context.prompt_ids, sampling=context.sampling, layout=layout)
         probe.generated = context.generated
         assert np.array_equal(slot_counts(probe), expected[len(context.generated) % frame])
@@ -188,6 +188,8 @@ def test_a_step_launched_before_the_last_one_is_read_takes_its_sample_from_the_d
     reaches the host (with the CPU's worker thread, before step n has even run); the runner hands
     back plain data and writes no request; applied in order, the tokens equal one-step-at-a-time
     execution. With the built-in voice each sample is followed by forced tokens, which go in with it."""
+    if worker and engine.model.devices[0].type != "cpu":
+        pytest.skip("the worker thread is the CPU's overlap; CUDA runs ahead on its own (ModelRunner refuses it)")
     runs = []
     for ahead in (False, True):
         runner = ModelRunner(engine.model, engine.layout, worker=worker and ahead)

@@ -13,13 +13,14 @@ steps two ways:
 - ``ahead``: step n + 1 is scheduled and launched before step n's result is read (the engine's
   overlap pipeline on CUDA), so the host's work hides behind the device's.
 
-Variants: ``graphs`` (bf16 cache, CUDA graphs: the CUDA default), ``eager`` (the same shapes
-without graphs), ``fp8`` (an fp8_e4m3 cache, graphs), ``fa2`` (graphs, FA2 prefill kernel).
+Variants: ``graphs`` (bf16 cache, CUDA graphs, fused layers: the CUDA defaults), ``eager`` (the same
+without graphs), ``unfused`` (graphs, model.fuse_layers=false), ``page64`` (pages of 64 tokens), ``fp8``
+(an fp8_e4m3 cache), ``fa2`` (the FA2 prefill kernel).
 
 The floor of a step is its bytes (the layers' linear weights once, plus B x context x the KV bytes
 per token) over the device's read bandwidth, measured first (bench.serve's read_bandwidth).
 
-``--profile B`` records a few ``ahead`` steps of the first variant at batch B with the torch
+``--profile B`` records a few ``ahead`` steps of every variant at batch B with the torch
 profiler and prints, for the middle step: its wall time, the device's busy time (kernels and
 copies, overlaps merged), the idle gaps between them (count, total, largest), and the kernels
 that took the most time. ``--trace PATH`` also writes the Chrome trace.
@@ -40,6 +41,8 @@ import torch
 VARIANTS = {
     "graphs": {"cuda_graphs": True},
     "eager": {"cuda_graphs": False},
+    "unfused": {"cuda_graphs": True, "fuse_layers": False},
+    "page64": {"cuda_graphs": True, "kv_cache": {"kv_cache_page_size": 64}},
     "fp8": {"cuda_graphs": True, "kv_cache": {"cache_dtype": "fp8_e4m3"}},
     "fa2": {"cuda_graphs": True, "kv_cache": {"prefill_backend": "fa2"}},
 }
@@ -195,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=300, help="KV tokens each request holds when timing starts")
     parser.add_argument("--steps", type=int, default=40, help="timed decode steps per batch and mode")
     parser.add_argument("--variants", default="graphs,eager,fp8", help=f"comma-separated, of {', '.join(VARIANTS)}")
-    parser.add_argument("--profile", type=int, metavar="B", help="profile decode steps at batch B (first variant)")
-    parser.add_argument("--trace", metavar="PATH", help="with --profile, write the Chrome trace here")
+    parser.add_argument("--profile", type=int, metavar="B", help="profile decode steps at batch B (every variant)")
+    parser.add_argument("--trace", metavar="PATH", help="with --profile, write the first variant's Chrome trace here")
     args = parser.parse_args(argv)
     batches = sorted({int(b) for b in args.batches.split(",")})
     variants = args.variants.split(",")
@@ -228,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for batch in batches:
                     profile = None
-                    if index == 0 and args.profile == batch:
-                        profile = lambda run: print("\n".join(profile_steps(run, args.trace)), flush=True)  # noqa: E731
+                    if args.profile == batch:
+                        trace = args.trace if index == 0 else None
+                        profile = lambda run: print(f"# {variant}: " + "\n".join(profile_steps(run, trace)),  # noqa: E731
+                                                    flush=True)
                     t = time_batch(engine, batch, args.context, args.steps, profile)
                     floor = cost.floor_ms(batch, args.context, bandwidth)
                     best = min(t.sync_ms, t.ahead_ms)

@@ -658,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
                              "run that succeeds, kept and named after one that fails)")
     args = parser.parse_args(argv)
     counts = [int(s) for s in args.streams.split(",")]
+    # Every stream of a round rides one client connection: the server must let it open them all
+    # (its limits.max_concurrent_streams, 100 by default, refuses the rest with RST_STREAM).
+    if not any(arg.startswith("limits.max_concurrent_streams=") for arg in args.task_arg):
+        args.task_arg.append(f"limits.max_concurrent_streams={max(1024, 2 * max(counts))}")
 
     import torch
 

@@ -28,12 +28,31 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        #: torch's rms_norm (one kernel on CUDA) instead of the spelled-out form (see fuse_layers).
+        self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.fused:
+            x = F.rms_norm(x, x.shape[-1:], eps=self.eps)
+        else:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+def concatenated_linear(*parts: nn.Linear) -> nn.Linear:
+    """One nn.Linear whose output is the outputs of ``parts`` side by side (weights and biases
+    concatenated, on their device and dtype)."""
+    first = parts[0]
+    weight = torch.cat([p.weight.detach() for p in parts])
+    fused = nn.Linear(first.in_features, weight.shape[0], bias=first.bias is not None,
+                      device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(weight)
+        if first.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias.detach() for p in parts]))
+    return fused.requires_grad_(False)
 
 
 def rope_inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -99,12 +118,23 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=output_bias)
+        self.qkv_proj: nn.Linear | None = None
+
+    def fuse(self) -> None:
+        """The query, key and value projections as one product (fuse_layers)."""
+        self.qkv_proj = concatenated_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                              self.num_kv_heads * self.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         cos, sin = cos[:, None, :], sin[:, None, :]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -121,9 +151,33 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r} (only silu)")
+        self.gate_up_proj: nn.Linear | None = None
+
+    def fuse(self) -> None:
+        """The gate and up projections as one product (fuse_layers)."""
+        self.gate_up_proj = concatenated_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def fuse_layers(module: nn.Module) -> int:
+    """Fuses every Llama block inside ``module`` for fewer, larger kernels (model.fuse_layers): the
+    q/k/v projections become one product, the MLP's gate/up another, and RMSNorm runs as torch's
+    rms_norm. The results equal the unfused module's up to float rounding. Returns the blocks fused."""
+    count = 0
+    for sub in list(module.modules()):
+        if isinstance(sub, (Attention, MLP)) and getattr(sub, "qkv_proj", None) is None \
+                and getattr(sub, "gate_up_proj", None) is None:
+            sub.fuse()
+            count += isinstance(sub, Attention)
+        elif isinstance(sub, RMSNorm):
+            sub.fused = True
+    return count
 
 
 class DecoderLayer(nn.Module):

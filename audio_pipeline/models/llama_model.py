@@ -14,7 +14,7 @@ import torch
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
 from audio_pipeline.interfaces import KVCacheParams, ModelInputs, ModelOutputs, PipelineModel
 from audio_pipeline.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
-from audio_pipeline.models.llama import LlamaForCausalLM
+from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
 from audio_pipeline.models.weights import checkpoint_files, load_safetensors_into
 from audio_pipeline_kernels import native_attention
 
@@ -80,6 +80,8 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         self.model.eval()
         if quantization == "int8":
             self._quantize_int8()
+        if pipeline_config.model.fuse_layers and self.devices[0].type == "cuda":
+            fuse_layers(self.model)
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
         self.forward = self._make_forward(pipeline_config.model.compile)
         self.kv_manager: PagedKVCacheManager | None = None

@@ -140,6 +140,10 @@ class ModelRunner:
     def __init__(self, model: "LlamaPipelineModel", layout: Any, *, decode_buckets: Sequence[int] = (),
                  cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None,
                  worker: bool = False):
+        if worker and model.devices[0].type != "cpu":
+            # Its launches would copy step n + 1's inputs into the one device staging buffer before
+            # the worker has queued step n's forward pass that reads it; the device needs no worker.
+            raise ValueError("ModelRunner(worker=True) is the CPU's overlap; on CUDA the device runs ahead itself")
         self.model = model
         #: Seconds of the inputs, model and sample phases (the engine's step metrics).
         self.timer = timer or StepTimer()
