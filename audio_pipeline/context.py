@@ -6,12 +6,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from audio_pipeline.layouts.orpheus import OrpheusLayout
 from audio_pipeline.sampling import SamplingParams
 # The scheduler owns the stop reason; the front doors name it from here, with the request state.
 from audio_pipeline.scheduler import StopReason
+
+
+#: Uniform draws a request takes from its generator at once (see TTSContext.uniforms).
+UNIFORM_BLOCK = 64
 
 
 @dataclass(eq=False)
@@ -53,6 +58,9 @@ class TTSContext:
 
     def __post_init__(self) -> None:
         self.generator = self.sampling.make_generator()
+        # Uniform draws made ahead, handed out in order by uniforms().
+        self._uniforms: list[float] = []
+        self._uniform_next = 0
         frame = self.layout.tokens_per_frame
         # The largest whole-frame count within max_tokens: generation never stops mid-frame.
         self.token_budget = self.sampling.max_tokens - self.sampling.max_tokens % frame
@@ -128,6 +136,21 @@ class TTSContext:
         mask[self.layout.codebook_size: self.layout.codebook_size + stops] = (
             self.layout.stops_by_token and self.may_stop(position))
         return mask
+
+    def uniforms(self, count: int) -> list[float]:
+        """The next ``count`` uniform draws of this request's generator. They are drawn UNIFORM_BLOCK
+        at a time (one call instead of one per step: at hundreds of rows a step the calls were most
+        of the host's staging time), which gives the very numbers one draw at a time gives, so a
+        seed still means the same speech."""
+        if self._uniform_next + count > len(self._uniforms):
+            rest = self._uniforms[self._uniform_next:]
+            # Drawn into a numpy buffer: a host value that no host-sync check mistakes for a device read.
+            fresh = np.empty(max(UNIFORM_BLOCK, count - len(rest)), dtype=np.float32)
+            torch.rand(fresh.shape, generator=self.generator, out=torch.from_numpy(fresh))
+            self._uniforms, self._uniform_next = rest + fresh.tolist(), 0
+        start = self._uniform_next
+        self._uniform_next += count
+        return self._uniforms[start:start + count]
 
     def may_stop(self, position: int) -> bool:
         """Whether the speech may end at generated ``position``: on a frame boundary, after

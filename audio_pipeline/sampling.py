@@ -128,37 +128,48 @@ class SamplingRows:
         """Row i samples generated position ``positions[i]`` of ``contexts[i]`` (default: the
         position after its generated tokens; a step launched before the one before it is applied
         samples further on)."""
+        # Column by column (a few Python lists turned into arrays at once), not a numpy write per row
+        # and field: at hundreds of rows a step this is most of the host's staging time.
         layout = contexts[0].layout
         codebook, frame, eos = layout.codebook_size, layout.tokens_per_frame, layout.end_of_speech
-        stops = [c.stop_ids for c in contexts]
-        width = max(len(s) for s in stops)
         batch = len(contexts)
-        starts = np.empty(batch, dtype=np.int64)
-        forced = np.full(batch, -1, dtype=np.int64)
-        extra_ids = np.full((batch, width), eos, dtype=np.int64)
+        if positions is None:
+            positions = [len(c.generated) for c in contexts]
+        stops = [c.stop_ids for c in contexts]
+        lengths = [len(s) for s in stops]
+        width = max(lengths)
+        slots = np.fromiter((p % frame for p in positions), dtype=np.int64, count=batch)
+        # A position's candidate range depends on its frame slot alone (its codebook).
+        slot_starts = np.array([layout.token_range(slot)[0] for slot in range(frame)], dtype=np.int64)
+        starts = slot_starts[slots]
+        if min(lengths) == width:
+            extra_ids = np.array(stops, dtype=np.int64).reshape(batch, width)
+        else:
+            extra_ids = np.full((batch, width), eos, dtype=np.int64)
+            for row, ids in enumerate(stops):
+                extra_ids[row, :len(ids)] = ids
+        # Stop ids may be chosen only where the speech may end; the padding never.
+        stop_by_token = layout.stops_by_token
+        allowed = np.fromiter((n if stop_by_token and c.may_stop(p) else 0
+                               for c, p, n in zip(contexts, positions, lengths)), dtype=np.int64, count=batch)
         blocked = np.zeros((batch, codebook + width), dtype=bool)
-        floats = np.zeros((len(FLOAT_FIELDS), batch), dtype=np.float32)
-        uniform = torch.from_numpy(floats[FLOAT_FIELDS.index("uniform")])
-        top_k = np.empty(batch, dtype=np.int64)
-        slots = np.empty(batch, dtype=np.int64)
-        for row, context in enumerate(contexts):
-            position = len(context.generated) if positions is None else positions[row]
-            params = context.sampling
-            starts[row] = layout.token_range(position)[0]
-            slots[row] = position % frame
-            fixed = context.alignment.forced(position) if context.alignment is not None else None
-            extra_ids[row, :len(stops[row])] = stops[row]
-            may_stop = layout.stops_by_token and context.may_stop(position)
-            blocked[row, codebook + (len(stops[row]) if may_stop else 0):] = True
-            if fixed is not None:
-                forced[row] = fixed
-            floats[:6, row] = (params.temperature, params.top_p, params.min_p, params.repetition_penalty,
-                               params.frequency_penalty, params.presence_penalty)
-            top_k[row] = params.top_k if 0 < params.top_k < codebook + width else codebook + width
-            if draw and params.temperature > 0:  # drawn straight into the row: no value is read back
-                torch.rand(1, generator=context.generator, out=uniform[row:row + 1])
+        blocked[:, codebook:] = np.arange(width)[None, :] >= allowed[:, None]
         params = [c.sampling for c in contexts]
-        sampled_top_k = [int(k) for p, k in zip(params, top_k) if p.temperature > 0]
+        floats = np.zeros((len(FLOAT_FIELDS), batch), dtype=np.float32)
+        floats[:6] = np.array([(p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.frequency_penalty,
+                                p.presence_penalty) for p in params], dtype=np.float32).reshape(batch, 6).T
+        top_k = np.array([p.top_k for p in params], dtype=np.int64)
+        top_k = np.where((top_k > 0) & (top_k < codebook + width), top_k, codebook + width)
+        sampling = [row for row, p in enumerate(params) if p.temperature > 0]
+        if draw and sampling:  # each row's from its request's own generator, on the host: nothing read back
+            floats[FLOAT_FIELDS.index("uniform"), sampling] = [contexts[row].uniforms(1)[0] for row in sampling]
+        forced = np.full(batch, -1, dtype=np.int64)
+        for row, context in enumerate(contexts):
+            if context.alignment is not None:
+                fixed = context.alignment.forced(positions[row])
+                if fixed is not None:
+                    forced[row] = fixed
+        sampled_top_k = top_k[sampling].tolist()
         flags = dict(any_sampling=bool(sampled_top_k),
                      penalized=any(p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty
                                    for p in params),

@@ -115,17 +115,20 @@ def test_sampling_without_reading_back_picks_what_the_checked_rule_picks(spread)
     from audio_pipeline.sampling import SamplingParams
 
     layout = OrpheusLayout()
-    contexts = [TTSContext(request_id=f"s{i}", prompt_ids=[1, 2], layout=layout,
+
+    def contexts_seeded():  # fresh requests: the same seeds, so the same draws
+        return [TTSContext(request_id=f"s{i}", prompt_ids=[1, 2], layout=layout,
                            sampling=SamplingParams(**{"seed": 100 + i, **SETTINGS[i % len(SETTINGS)]}))
                 for i in range(24)]
+
+    contexts = contexts_seeded()
     generator = torch.Generator().manual_seed(int(spread * 10))
     width = SamplingRows.build(contexts, draw=False).width
     scores = torch.randn(len(contexts), width, generator=generator) * spread
     counts = torch.poisson(torch.full((len(contexts), layout.codebook_size), 0.01), generator=generator)
     picks = []
     for sync_free in (True, False):
-        for context in contexts:
-            context.generator.manual_seed(context.sampling.seed)
+        contexts = contexts_seeded()
         rows = SamplingRows.build(contexts)
         device_rows = DeviceSamplingRows.copy_of(rows, torch.device("cpu"))
         picks.append(sample_rows(scores.clone(), rows, device_rows, counts, sync_free=sync_free).tolist())

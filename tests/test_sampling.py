@@ -175,3 +175,20 @@ def test_non_finite_logits_still_give_an_allowed_token_and_spare_the_batch(bad, 
     start, end = LAYOUT.token_range(0)
     assert start <= tokens[0] < end  # an id of the first frame slot; never a stop or another slot's id
     assert tokens[1:] == alone
+
+
+def test_a_requests_draws_come_in_blocks_that_equal_single_draws():
+    """TTSContext.uniforms draws ahead in blocks; what it hands out, in any pattern of counts (the
+    backbone takes one a step, a depth decoder several), is the same stream one draw at a time
+    from a generator of the same seed gives."""
+    from audio_pipeline.context import UNIFORM_BLOCK, TTSContext
+    from audio_pipeline.layouts.orpheus import OrpheusLayout
+    from audio_pipeline.sampling import SamplingParams
+
+    context = TTSContext(request_id="r", prompt_ids=[1], layout=OrpheusLayout(),
+                         sampling=SamplingParams(seed=42, temperature=0.8))
+    counts = [1, 3, 1, 1, UNIFORM_BLOCK + 5, 7, 1] * 3
+    handed = [value for count in counts for value in context.uniforms(count)]
+    reference = torch.Generator().manual_seed(42)
+    single = [torch.rand(1, generator=reference).item() for _ in handed]
+    assert handed == single

@@ -380,7 +380,7 @@ class ModelRunner:
             if codes is not None:
                 fixed[row] = codes(position)
             if context.sampling.temperature > 0:
-                floats[:, uniform, row] = torch.rand(depth, generator=context.generator).numpy()
+                floats[:, uniform, row] = context.uniforms(depth)
         top_k = np.array([c.sampling.top_k for c in contexts], dtype=np.int64)
         host["depth_top_k"][:] = np.where((top_k > 0) & (top_k < codebook + 1), top_k, codebook + 1)
         host["depth_starts"][:] = 0
@@ -448,11 +448,15 @@ class ModelRunner:
         ids = sample_rows(logits, rows, device_rows, counts, sync_free=self.sync_free)
         codes = ids - device["starts"]
         counted = ((codes >= 0) & (codes < codebook)).float()
-        table.index_put_((device["count_rows"], codes.clamp(0, codebook - 1)), counted, accumulate=True)
+        # index_add_ on the flat table: atomic adds (index_put_ with accumulate sorts its indices first,
+        # the costliest host call of a CUDA step's sampling); the counts are small whole numbers, exact
+        # in any order.
+        flat, width = table.view(-1), table.shape[1]
+        flat.index_add_(0, device["count_rows"] * width + codes.clamp(0, codebook - 1), counted)
         if self.codes > 1:
             frames = self._depth_frames(states, codes, device, depth_rows)
             ids = torch.cat([ids[:, None], frames], dim=1)
         if "follow_rows" in device:
-            table.index_put_((device["follow_rows"], device["follow_codes"]),
-                             counted.index_select(0, device["follow_owner"]), accumulate=True)
+            flat.index_add_(0, device["follow_rows"] * width + device["follow_codes"],
+                            counted.index_select(0, device["follow_owner"]))
         return ids
