@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's GPU check, one time-boxed command for a GPU machine with no network (README: "GPU").
-# From the repository root, with the GPU kit copied to .gpukit/ (site312.tar.xz, its espeak extra, the
-# transformers wheel the project needs, prebuild.py, smoke.py):
+# From the repository root, with the GPU kit copied to .gpukit/ (site312.tar.xz, its espeak extra, prebuild.py,
+# smoke.py) and a transformers wheel the project takes (>= 5.24; the GPU machine has 5.17), e.g.
+#     pip download transformers==5.24.0 --no-deps -d .gpukit
+# (the tree and .gpukit together must stay under the 64 MiB a GPU call carries):
 #     bash scripts/gpu_check.sh [BUDGET_S, default 540]
 # Phase A runs the correctness checks side by side (they share the GPU; no timing is read from them):
 #   smoke     FlashInfer against the reference at Orpheus-3B's shape, eager and in a re-planned CUDA graph
@@ -88,8 +90,8 @@ done
 
 # Phase B: timings, alone on the GPU.
 want step && stage step 100 "$OUT/step.log" "$PY" -m audio_pipeline.bench.decode_step \
-  ${STEP_ARGS:---batches 1,128,256 --context 300 --steps 30 --variants graphs,eager,fp8 --profile 128 --trace /tmp/step-trace.json}
+  ${STEP_ARGS:---batches 1,128,256 --context 300 --steps 30 --variants graphs,unfused,eager,fp8 --profile 128 --trace /tmp/step-trace.json}
 [ -f /tmp/step-trace.json ] && gzip -c /tmp/step-trace.json > "$OUT/step-trace.json.gz"
 want serve && stage serve 150 "$OUT/serve.log" "$PY" -m audio_pipeline.bench.serve --server-log "$OUT/server.log" \
-  ${SERVE_ARGS:---device cuda --random-model orpheus-3b --streams 1,128,256,512 --no-search --utterance-tokens 490 --start-timeout 100 --task-arg max_batch_size=512}
+  ${SERVE_ARGS:---device cuda --random-model orpheus-3b --streams 1,32,64,128,256 --utterance-tokens 490 --start-timeout 100 --task-arg max_batch_size=512}
 say "total $((SECONDS - T0)) s; files: $(ls "$OUT" | tr '\n' ' ')"
