@@ -81,6 +81,82 @@ def test_synthesize_reports_a_missing_model_directory(tmp_path, capsys):
     assert not (tmp_path / "x.wav").exists()
 
 
+#: A text of several sentences: the service speaks it segment by segment, each submitted to the
+#: engine as the one before it plays out.
+LONG_TEXT = ("The morning train left the station on time. It crossed the river and the fields beyond it. "
+             "By noon it had reached the coast, where the wind was cold. The passengers walked along the "
+             "harbour and watched the boats come in. Later that day they found a small cafe near the old lighthouse.")
+
+
+def test_sigterm_lets_every_admitted_multi_segment_stream_finish(tmp_path):
+    """SIGTERM while eight long texts stream: the server takes no new request, but every stream it
+    admitted is spoken to its end (all its segments, each submitted after the signal too) within
+    the grace period, and the process exits 0."""
+    import threading
+
+    assert len(LONG_TEXT) > 280
+    server = subprocess.Popen([sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1",
+                               "--port", "0", "--device", "cpu", "--task-arg", "grace_period_s=120"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in server.stderr:
+            if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+                port = int(match.group(1))
+                break
+        assert port, "the server never printed its port"
+        threading.Thread(target=server.stderr.read, daemon=True).start()  # keep its pipe drained
+        target = f"127.0.0.1:{port}"
+        with grpc.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 120
+            while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline, "never became SERVING"
+                time.sleep(0.1)
+            stub = tts_pb2_grpc.TextToSpeechStub(channel)
+            first_audio = threading.Barrier(9)
+            results: list = [None] * 8
+
+            def speak(index):
+                messages = []
+                try:
+                    for message in stub.Synthesize(tts_pb2.SynthesizeRequest(text=LONG_TEXT), timeout=300):
+                        messages.append(message)
+                        if message.HasField("audio") and sum(m.HasField("audio") for m in messages) == 1:
+                            first_audio.wait(timeout=120)
+                    results[index] = messages
+                except grpc.RpcError as error:
+                    results[index] = error
+
+            threads = [threading.Thread(target=speak, args=(i,)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            first_audio.wait(timeout=120)
+            signalled = time.monotonic()
+            server.send_signal(signal.SIGTERM)
+            # A new request after the signal is refused.
+            time.sleep(0.5)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.Synthesize(tts_pb2.SynthesizeRequest(text="Too late."), timeout=30))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            for thread in threads:
+                thread.join(timeout=200)
+        errors = [r for r in results if not isinstance(r, list)]
+        assert not errors, [f"{e.code()}: {e.details()}" for e in errors]
+        for messages in results:
+            usage = messages[-1].complete.usage
+            assert messages[-1].HasField("complete") and usage.generated_tokens > 0
+            heard = sum(m.audio.num_samples for m in messages if m.HasField("audio"))
+            assert heard / 16000 > 10  # the whole text: five sentences, not the first one or two
+        assert server.wait(timeout=60) == 0
+        assert time.monotonic() - signalled < 120
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        server.stderr.close()
+
+
 def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
     server = subprocess.Popen([sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1",
                                "--port", "0", "--model", str(tiny_model_dir), "--device", "cpu",

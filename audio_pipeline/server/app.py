@@ -193,8 +193,9 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
         await stop.wait()
     finally:
         logger.info("shutting down: draining in-flight streams for up to %.1f s", config.grace_period_s)
-        running.service.ready = False
-        engine.generation.stop_accepting()
+        # New requests are refused from here; the engine still takes the later segments of the
+        # streams already admitted, so each of them is spoken to its end within the grace period.
+        running.service.drain()
         await running.set_serving(False)
         if http is not None:
             http_server, http_task = http

@@ -144,7 +144,7 @@ class TextToSpeechReplica:
         # Serve calls this after draining (graceful_shutdown_timeout_s): nothing runs any more.
         engine = getattr(self, "engine", None)
         if engine is not None:
-            self.service.ready = False
+            self.service.drain()
             self.service.close()
             engine.stop(0.0)
 

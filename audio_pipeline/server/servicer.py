@@ -204,7 +204,8 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         if isinstance(request, MalformedRequest):
             await self._refuse(context, InvalidArgument(request.reason))
         if not self.service.ready:
-            await self._refuse(context, Unavailable("the server is warming up; retry shortly"))
+            await self._refuse(context, Unavailable("the server is shutting down; retry on another replica"
+                                                    if self.service.draining else "the server is warming up; retry shortly"))
         try:
             voice = await asyncio.get_running_loop().run_in_executor(
                 None, self.engine.register_voice, request.name, request.reference.audio,

@@ -77,6 +77,8 @@ class SpeechService:
         self.count = count or (lambda outcome: None)
         #: False while warming up and once shutting down: new requests are refused as UNAVAILABLE.
         self.ready = False
+        #: Shutting down: admitted requests run to their end, new ones are refused.
+        self.draining = False
         self.frontend = started_pool(FRONTEND_WORKERS, "frontend")
         self.encoders = started_pool(ENCODER_WORKERS, "encoder")
         #: Client labels of the running requests (the engine knows them by the server's own ids).
@@ -87,6 +89,12 @@ class SpeechService:
     def close(self) -> None:
         self.frontend.shutdown(wait=False, cancel_futures=True)
         self.encoders.shutdown(wait=False, cancel_futures=True)
+
+    def drain(self) -> None:
+        """Takes no new request from now on; the requests admitted go on (their later segments
+        included) until they end or the engine stops."""
+        self.draining = True
+        self.ready = False
 
     @property
     def serving(self) -> bool:
@@ -101,6 +109,8 @@ class SpeechService:
         The engine runs a request under an id of the server's making; the client's id is a label
         for its own chunks and the logs, so it can never name (or cancel) another client's request.
         A burst is refused before it is prepared, counting the requests already being prepared."""
+        if self.draining:
+            raise Unavailable("the server is shutting down; retry on another replica")
         if not self.ready:
             raise Unavailable("the server is warming up; retry shortly")
         request_id = uuid.uuid4().hex
