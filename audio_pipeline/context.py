@@ -47,8 +47,6 @@ class TTSContext:
     processed: int = 0
     #: Generated tokens already turned into audio.
     decoded_index: int = 0
-    #: Audio chunks decoded so far.
-    chunks_decoded: int = 0
     #: Why it ended; written by the scheduler alone (its update and finish).
     stop_reason: StopReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
@@ -100,9 +98,6 @@ class TTSContext:
     @property
     def is_done(self) -> bool:
         return self.stop_reason is not None
-
-    def unprocessed_tokens(self) -> list[int]:
-        return self.all_tokens[self.processed:]
 
     @property
     def stop_ids(self) -> tuple[int, ...]:

@@ -251,15 +251,18 @@ def test_logits_of_the_paged_model_match_transformers(tiny_model_dir):
     engine = TTSEngine(make_config(tiny_model_dir))
     reference = Reference.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     context = engine.create_context("Compare logits with transformers.", temperature=0.0, max_tokens=14)
-    manager = engine.scheduler.block_manager
-    manager.claim(context.request_id)
-    manager.alloc(context.request_id, context.total_length)
-    inputs = engine.model.prepare_initial_token_inputs([context])
-    ours = engine.model.execute(inputs).logits[0]
+    prompt = context.prompt_ids
+    kv = engine.model.kv_manager
+    kv.claim(context.request_id)
+    kv.block_manager.alloc(context.request_id, len(prompt))
+    with torch.inference_mode():  # the prompt as one step of the runner's forward, on the paged cache
+        hidden = engine.model.forward(torch.tensor(prompt), torch.arange(len(prompt)),
+                                      kv.batch([context.request_id], [0], [len(prompt)]))
+        ours = engine.model.model.compute_logits(hidden[-1:])[0]
     with torch.no_grad():
-        theirs = reference(torch.tensor([context.prompt_ids])).logits[0, -1]
+        theirs = reference(torch.tensor([prompt])).logits[0, -1]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
-    manager.release(context.request_id)
+    kv.release(context.request_id)
 
 
 def test_candidate_logits_equal_the_same_columns_of_the_full_logits(tiny_model_dir):

@@ -195,14 +195,6 @@ class BlockManager:
             else:
                 self._free.append(block)
 
-    def reset_prefix_cache(self) -> None:
-        """Forgets every cached prefix (blocks in use stay allocated)."""
-        for block in list(self._evictable):
-            self._free.append(block)
-        self._evictable.clear()
-        self._cached.clear()
-        self._block_key.clear()
-
     # --- internals -------------------------------------------------------------------------------
 
     @staticmethod

@@ -83,9 +83,6 @@ class PagedKVCacheManager:
     def claim(self, request_id: str, tokens: Sequence[int] = ()) -> int:
         return self.block_manager.claim(request_id, tokens)
 
-    def contains(self, request_id: str) -> bool:
-        return request_id in self.block_manager
-
     def release(self, request_id: str) -> None:
         self.block_manager.release(request_id)
 

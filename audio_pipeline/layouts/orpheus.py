@@ -96,16 +96,3 @@ class OrpheusLayout(FrameRules):
     def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
         """Inverse of tokens_to_codes."""
         return [self.token_range(first_position + i)[0] + int(c) for i, c in enumerate(codes)]
-
-    def allowed_token_mask(self, position: int, vocab_size: int, *, allow_end: bool) -> torch.Tensor:
-        """Boolean mask over the vocabulary of the ids sampling may produce at ``position``.
-
-        End-of-speech is only allowed on a frame boundary (and when ``allow_end``), so a stream can
-        never end in the middle of a frame.
-        """
-        mask = torch.zeros(vocab_size, dtype=torch.bool)
-        start, end = self.token_range(position)
-        mask[start:end] = True
-        if allow_end and position % self.tokens_per_frame == 0:
-            mask[self.end_of_speech] = True
-        return mask

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -12,27 +10,14 @@ import numpy as np
 import torch
 
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
-from audio_pipeline.interfaces import KVCacheParams, ModelInputs, ModelOutputs, PipelineModel
+from audio_pipeline.interfaces import KVCacheParams, PipelineModel
 from audio_pipeline.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
-from audio_pipeline.models.weights import checkpoint_files, load_safetensors_into
+from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention
 
 if TYPE_CHECKING:
     from audio_pipeline.config import KVCacheConfig, PipelineConfig
-    from audio_pipeline.context import TTSContext
-
-
-@dataclass
-class LlamaInputs(ModelInputs):
-    """A flat batch: every sequence's new tokens back to back, and the paged KV view of the step."""
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    #: Rows of the flat batch whose logits are wanted (the last token of each sampling sequence).
-    logit_indices: torch.Tensor
-    batch: PagedBatch
-    request_ids: list[str] | None = None
 
 
 #: model.kv_cache.cache_dtype values other than "auto".
@@ -55,7 +40,7 @@ def resolve_cache_dtype(kv_cache_config: "KVCacheConfig", dtype: torch.dtype, de
     return dtype
 
 
-class LlamaPipelineModel(PipelineModel["TTSContext"]):
+class LlamaPipelineModel(PipelineModel):
     """Llama-family causal LM over the paged KV cache."""
 
     #: model.quantization=int8 applies (the decoder layers' linears: _quantize_int8).
@@ -130,14 +115,6 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         return asked
 
     @classmethod
-    def estimate_weights_size(cls, pipeline_config: "PipelineConfig") -> int:
-        model_dir = Path(pipeline_config.model.model_path)
-        try:
-            return sum(os.path.getsize(f) for f in checkpoint_files(model_dir))
-        except (FileNotFoundError, OSError):
-            return 0
-
-    @classmethod
     def get_num_layers(cls, huggingface_config: Any) -> int:
         return int(huggingface_config.num_hidden_layers)
 
@@ -171,14 +148,6 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         wanted = batch * cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
         return min(wanted, available_cache_memory)
 
-    @classmethod
-    def infer_optimal_batch_size(cls, pipeline_config, available_cache_memory, huggingface_config, devices,
-                                 kv_cache_config, cache_dtype) -> int:
-        params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype,
-                                   device_type=devices[0].type)
-        per_sequence = cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
-        return max(1, available_cache_memory // per_sequence)
-
     def load_kv_manager(self, available_cache_memory: int | None = None, *, reserve_bytes: int = 0
                         ) -> PagedKVCacheManager:
         """Builds the paged cache: sized from ``available_cache_memory`` bytes, or from the memory
@@ -201,60 +170,6 @@ class LlamaPipelineModel(PipelineModel["TTSContext"]):
         return self.kv_manager
 
     # --- execution -------------------------------------------------------------------------------
-
-    def prepare_initial_token_inputs(self, context_batch: Sequence["TTSContext"], kv_cache_inputs: Any = None,
-                                     return_n_logits: int = 1, *, sample_rows: Sequence[bool] | None = None,
-                                     ) -> LlamaInputs:
-        """Each context's tokens not yet in its cache, in one flat batch. Logits are computed for the
-        last token of the contexts in ``sample_rows`` (default: all)."""
-        if self.kv_manager is None:
-            raise RuntimeError("load_kv_manager() must run before execution")
-        tokens: list[int] = []
-        positions: list[int] = []
-        starts, lengths, rows = [], [], []
-        sample_rows = sample_rows if sample_rows is not None else [True] * len(context_batch)
-        for context, sample in zip(context_batch, sample_rows):
-            new = context.unprocessed_tokens()
-            if not new:
-                raise ValueError(f"request {context.request_id}: no tokens to compute")
-            starts.append(context.processed)
-            lengths.append(len(new))
-            positions.extend(range(context.processed, context.processed + len(new)))
-            tokens.extend(new)
-            if sample:
-                rows.append(len(tokens) - 1)
-        request_ids = [c.request_id for c in context_batch]
-        device = self.devices[0]
-        return LlamaInputs(
-            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            logit_indices=torch.tensor(rows, dtype=torch.long, device=device),
-            batch=self.kv_manager.batch(request_ids, starts, lengths), request_ids=request_ids)
-
-    def prepare_next_token_inputs(self, next_tokens: torch.Tensor, prev_model_inputs: LlamaInputs) -> LlamaInputs:
-        """One new token per sequence that sampled in the previous step (their KV must be allocated)."""
-        prev = prev_model_inputs
-        count = next_tokens.shape[0]
-        if count != prev.logit_indices.shape[0]:
-            raise ValueError("next_tokens must hold one token per sampled row of the previous step")
-        lengths = prev.batch.metadata.seq_lens.tolist()
-        ends = list(itertools.accumulate(prev.batch.query_lengths, initial=-1))[1:]
-        sampled = [ends.index(row) for row in prev.logit_indices.tolist()]
-        request_ids = [prev.request_ids[i] for i in sampled]
-        return LlamaInputs(
-            tokens=next_tokens.to(prev.tokens.device),
-            positions=prev.positions[prev.logit_indices] + 1,
-            logit_indices=torch.arange(count, device=prev.tokens.device),
-            batch=self.kv_manager.batch(request_ids, [lengths[i] for i in sampled], [1] * count),
-            request_ids=request_ids)
-
-    @torch.inference_mode()
-    def execute(self, model_inputs: LlamaInputs) -> ModelOutputs:
-        """Runs the step; logits over the whole vocabulary of each logit row."""
-        hidden = self.forward(model_inputs.tokens, model_inputs.positions, model_inputs.batch)
-        logits = self.model.compute_logits(hidden[model_inputs.logit_indices])
-        offsets = torch.arange(logits.shape[0] + 1, device=logits.device)
-        return ModelOutputs(logits=logits, next_token_logits=logits, logit_offsets=offsets)
 
     def compute_candidate_logits(self, hidden: torch.Tensor, groups: Sequence[tuple[int, int, int]],
                                  order: torch.Tensor, extra_ids: torch.Tensor, width: int) -> torch.Tensor:

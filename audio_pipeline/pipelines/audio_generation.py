@@ -461,7 +461,6 @@ class AudioGenerationEngine:
             context = request.context
             samples = wave.numpy()
             context.decoded_index = request.stream.decoded_index
-            context.chunks_decoded = request.stream.chunks_decoded
             if context.first_audio_time is None:
                 context.first_audio_time = time.monotonic()
                 self.metrics.time_to_first_audio.observe(context.first_audio_time - context.arrival_time)

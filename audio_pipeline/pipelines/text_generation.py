@@ -92,10 +92,6 @@ class TextGenerationPipeline:
     def kv_manager(self):
         return self.pipeline_model.kv_manager
 
-    @property
-    def kv_managers(self) -> list:
-        return [self.kv_manager]
-
     def forget(self, request_id: str) -> None:
         """Frees the model runner's state of a finished request (its repetition counts)."""
         if self._runner is not None:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
-import numpy as np
 
 from audio_pipeline.context import StopReason
 from audio_pipeline.engine import RequestSettings, TTSEngine
