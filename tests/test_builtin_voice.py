@@ -297,22 +297,24 @@ def _greedy_tokens(engine, texts):
 
 
 def test_forced_tokens_take_no_model_step(engine):
+    """The model runner's forward passes (what it calls for every step) are counted."""
     calls = []
-    execute = engine.model.execute
+    forward = engine.model.forward
 
-    def counting(inputs):
+    def counting(*args, **kwargs):
         calls.append(1)
-        return execute(inputs)
+        return forward(*args, **kwargs)
 
-    engine.model.execute = counting
+    engine.model.forward = counting
     try:
         (tokens,), (context,) = _greedy_tokens(engine, TEXTS[1:2])
     finally:
-        del engine.model.execute
+        engine.model.forward = forward
     frames = len(tokens) // 4
     assert len(tokens) == context.alignment.tokens
-    # One step for the prompt and the first frame's phoneme, then two per frame (envelope, prosody).
-    assert len(calls) <= 2 * frames + 2
+    # One step for the prompt and the first frame's phoneme, then two per frame (envelope, prosody);
+    # at least one a frame (the count is real: the runner's steps go through forward).
+    assert frames <= len(calls) <= 2 * frames + 2
 
 
 @pytest.mark.parametrize("flags", [("enable_overlap_scheduler=true",),
