@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,10 +13,10 @@ import grpc
 import numpy as np
 import pytest
 import soundfile as sf
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from audio_pipeline.cli import main
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from serve_process import listening_port, wait_serving
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -99,20 +98,11 @@ def test_sigterm_lets_every_admitted_multi_segment_stream_finish(tmp_path):
                                "--port", "0", "--device", "cpu", "--task-arg", "grace_period_s=120"],
                               stderr=subprocess.PIPE, text=True)
     try:
-        port = None
-        for line in server.stderr:
-            if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-                port = int(match.group(1))
-                break
-        assert port, "the server never printed its port"
+        port = listening_port(server)
         threading.Thread(target=server.stderr.read, daemon=True).start()  # keep its pipe drained
         target = f"127.0.0.1:{port}"
         with grpc.insecure_channel(target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + 120
-            while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline, "never became SERVING"
-                time.sleep(0.1)
+            wait_serving(channel)
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
             first_audio = threading.Barrier(9)
             results: list = [None] * 8
@@ -163,19 +153,10 @@ def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
                                "--task-arg", "chunk_size=28", "--task-arg", "grace_period_s=60"],
                               stderr=subprocess.PIPE, text=True)
     try:
-        port = None
-        for line in server.stderr:
-            if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-                port = int(match.group(1))
-                break
-        assert port, "the server never printed its port"
+        port = listening_port(server)
         target = f"127.0.0.1:{port}"
         with grpc.insecure_channel(target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + 120
-            while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline, "never became SERVING"
-                time.sleep(0.1)
+            wait_serving(channel)
             stream = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(
                 text="A longer sentence to keep the server busy.",
                 sampling=tts_pb2.SamplingParams(max_tokens=700, min_tokens=700)), timeout=300)

@@ -6,14 +6,13 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from serve_process import listening_port, wait_serving
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -50,19 +49,9 @@ def test_metrics_endpoint_reports_the_engine(tiny_model_dir, tmp_path, mode):
                                "--task-arg", "chunk_size=28", "--task-arg", "model.kv_cache.kv_cache_page_size=16"],
                               stderr=subprocess.PIPE, text=True, env=env)
     try:
-        port = None
-        for line in server.stderr:
-            if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-                port = int(match.group(1))
-                break
-        assert port, "the server never printed its port"
+        port = listening_port(server)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + 120
-            while health.Check(health_pb2.HealthCheckRequest(), timeout=10).status != \
-                    health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline, "never became SERVING"
-                time.sleep(0.1)
+            wait_serving(channel)
             # What the warm-up left, so the requests' own figures can be told apart.
             before = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
             stub = tts_pb2_grpc.TextToSpeechStub(channel)

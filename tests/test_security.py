@@ -5,7 +5,6 @@ tts-client (mutual TLS by the generated stubs: the client library has no client-
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from audio_pipeline.server.auth import AuthTokens
 from audio_pipeline.server.background import BackgroundServer
 from audio_pipeline.server.tls import TLSFiles
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
+from serve_process import listening_port
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from audio_pipeline_client.cli import main as tts_client
 from audio_pipeline_client.protocol import float_to_pcm16
@@ -405,12 +405,7 @@ def test_serve_command_with_tls_tokens_and_metrics_host(tiny_model_dir, pki, tmp
                                "--admin-token-file", str(admins), "--task-arg", f"voices_dir={tmp_path / 'v'}"],
                               stderr=subprocess.PIPE, text=True)
     try:
-        port = None
-        for line in server.stderr:
-            if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-                port = int(match.group(1))
-                break
-        assert port, "the server never printed its port"
+        port = listening_port(server)
         connection = ["--server", f"127.0.0.1:{port}", "--ca-file", str(pki.ca.cert_file), "--wait-ready", "120"]
         out = tmp_path / "served.wav"
         assert tts_client([*connection, "--token", CLIENT_TOKEN, "--text", "Hi.", "--output", str(out),

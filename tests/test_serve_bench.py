@@ -206,3 +206,20 @@ def test_the_benchmark_keeps_and_names_the_log_of_a_failed_start(tmp_path, capsy
               "--task-arg", "model.kv_cache.kv_cache_memory_bytes=1", "--server-log", str(log),
               "--start-timeout", "120"])
     assert "kv_cache_memory_bytes" in log.read_text()
+
+
+def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_floor(capsys):
+    """python -m audio_pipeline.bench.decode_step on the tiny random shape (CPU): a row per variant and
+    batch with both timings and the floor, and the profiled step's summary (times never asserted)."""
+    from audio_pipeline.bench.decode_step import main as decode_step
+
+    threads = torch.get_num_threads()
+    try:
+        assert decode_step(["--random-model", "orpheus-tiny", "--device", "cpu", "--batches", "1,3", "--context", "40",
+                            "--steps", "3", "--variants", "graphs,unfused", "--profile", "3"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(\w+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+x", out, re.M)
+    assert rows == [("graphs", "1"), ("graphs", "3"), ("unfused", "1"), ("unfused", "3")]
+    assert len(re.findall(r"profile \(middle fifth of 5 steps, [\d.]+ ms\): device busy", out)) == 2

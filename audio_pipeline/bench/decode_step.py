@@ -57,29 +57,24 @@ class StepTimes:
 
 def build_engine(model_dir: str, device: str, batches: list[int], context: int, steps: int, variant: dict):
     """The engine's parts for ``model_dir`` sized for the largest batch (not started)."""
+    import json
+    from pathlib import Path
+
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
 
     largest = max(batches)
-    tokens = largest * (context + 2 * steps + 64)  # every request's context and the steps after it, with room
-    kv = {"kv_cache_memory_bytes": 1, **variant.get("kv_cache", {})}  # replaced below, once the bytes are known
+    limit = context + 4 * steps + 64  # every request's context and the steps timed after it, with room
+    # A cache that holds them all, at 4 bytes an element: no cache dtype is wider (float32 on the CPU).
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    per_token = 2 * hf["num_hidden_layers"] * hf["num_key_value_heads"] * head_dim * 4
+    kv = {"kv_cache_memory_bytes": largest * limit * per_token, **variant.get("kv_cache", {})}
     model = {"model_path": model_dir, "device": device, "decode_buckets": batches,
              **{k: v for k, v in variant.items() if k != "kv_cache"}, "kv_cache": kv}
-    limit = context + 4 * steps + 64
-    config = AudioGenerationConfig.load(env={}, audio_flags=[f"max_batch_size={largest}", f"sampling.max_tokens={limit}",
-                                                              f"sampling.max_tokens_limit={limit}"],
-                                        model=model)
-    from audio_pipeline.models.llama_model import resolve_cache_dtype
-    from audio_pipeline.engine import resolve_device, resolve_dtype
-    from transformers import AutoConfig
-
-    hf = AutoConfig.from_pretrained(model_dir)
-    dev = resolve_device(device)
-    cache_dtype = resolve_cache_dtype(config.model.kv_cache, resolve_dtype(config.model.dtype, dev), dev)
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * cache_dtype.itemsize
-    config.model.kv_cache.kv_cache_memory_bytes = int(tokens * per_token * 1.25)
-    return TTSEngine(config)
+    return TTSEngine(AudioGenerationConfig.load(
+        env={}, audio_flags=[f"max_batch_size={largest}", f"sampling.max_tokens={limit}",
+                             f"sampling.max_tokens_limit={limit}"], model=model))
 
 
 def start_requests(engine, count: int, length: int):

@@ -171,10 +171,11 @@ def fuse_layers(module: nn.Module) -> int:
     rms_norm. The results equal the unfused module's up to float rounding. Returns the blocks fused."""
     count = 0
     for sub in list(module.modules()):
-        if isinstance(sub, (Attention, MLP)) and getattr(sub, "qkv_proj", None) is None \
-                and getattr(sub, "gate_up_proj", None) is None:
+        if isinstance(sub, Attention) and sub.qkv_proj is None:
             sub.fuse()
-            count += isinstance(sub, Attention)
+            count += 1
+        elif isinstance(sub, MLP) and sub.gate_up_proj is None:
+            sub.fuse()
         elif isinstance(sub, RMSNorm):
             sub.fused = True
     return count
