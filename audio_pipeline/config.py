@@ -412,6 +412,10 @@ class AudioGenerationConfig(PipelineConfig):
     audio_decoder_config: dict[str, Any] = Field(
         default_factory=dict, description="Decoder-specific settings; given as text (environment, flags), each "
                                           "value is read as JSON where it parses, else kept as a string.")
+    audio_decoder_thread: bool | None = Field(
+        None, description="Decode audio on a thread of its own, beside the generation loop; None = on CUDA (there "
+                          "the loop would otherwise wait for every chunk's decoding on the GPU), off on the CPU "
+                          "(there the decoder shares the loop's cores).")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
     voices_dir: str | None = Field(
         None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "
@@ -499,6 +503,8 @@ class AudioGenerationConfig(PipelineConfig):
     def _basic_config_lines(self) -> list[str]:
         weights = self.audio_decoder_weights or "from the model"
         settings = f", settings={self.audio_decoder_config}" if self.audio_decoder_config else ""
+        if self.audio_decoder_thread is not None:
+            settings += f", on its own thread: {str(self.audio_decoder_thread).lower()}"
         return super()._basic_config_lines() + [
             f"audio decoder: {self.resolved_audio_decoder} (weights {weights}{settings})",
             f"streaming: chunk_size={self.chunk_size or 'off (one chunk)'}, buffer={self.buffer}, "

@@ -203,7 +203,15 @@ class TTSEngine:
         self.preset_prompts = self._preset_prompts()
         self.generation = AudioGenerationEngine(pipeline, self.decoder, StreamSettings.from_config(config),
                                                 self.scheduler, metrics=self.metrics, num_threads=self.num_threads,
-                                                decode_stream=torch.cuda.Stream(device) if device.type == "cuda" else None)
+                                                decode_stream=self._decode_stream(device),
+                                                decode_thread=config.audio_decoder_thread)
+
+    @staticmethod
+    def _decode_stream(device: torch.device) -> torch.cuda.Stream | None:
+        """CUDA: the decoder's stream, at the highest priority: a chunk's few decoder kernels go ahead
+        of the model's queued ones, so its audio is not held up behind whole forward passes (a
+        stream that waits for audio is about to stall; the model's steps have slack)."""
+        return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
     def _activation_reserve(self) -> int:
         """Device memory the KV cache must leave for the largest step and decoder call, measured by

@@ -11,16 +11,18 @@
 #   cuda      tests/test_cuda.py (the engine on FlashInfer, buckets, graphs, overlap, fp8, decoders, CSM, frame voice)
 #   runner    tests/test_model_runner.py on CUDA in float32 (the host-sync guard on the CUDA runner)
 # Phase B runs the timings one after the other, alone on the GPU:
+#   decoder   python -m audio_pipeline.bench.decoder (SNAC 24 kHz on CUDA: seconds of audio per second, batched)
 #   step      python -m audio_pipeline.bench.decode_step (graphs / eager / fp8 per batch, floor, a profiled step)
 #   serve     python -m audio_pipeline.bench.serve --random-model orpheus-3b (streams holding real time)
 # STAGES picks stages (default all); STEP_ARGS and SERVE_ARGS replace each benchmark's arguments; CUDA_K
-# selects tests of tests/test_cuda.py (pytest -k).
+# selects tests of tests/test_cuda.py (pytest -k); SERVE2_ARGS adds a second serving run; PROFILE=1 records the
+# first with py-spy (a static py-spy binary at .gpukit/py-spy).
 # Everything lands in $OUT (default /tmp/gpu-check): summary.txt first; at most 8 files.
 set -u
 cd "$(dirname "$0")/.."
 KIT=${KIT:-$PWD/.gpukit} OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 T0=$SECONDS DEADLINE=$((SECONDS + ${1:-540})) S=$OUT/summary.txt
-STAGES=${STAGES:-jit smoke kernels cuda runner step serve}
+STAGES=${STAGES:-jit smoke kernels cuda runner decoder step serve}
 say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$S"; }
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 limit() {  # the smaller of $1 and what is left before the deadline (20 s kept back)
@@ -89,9 +91,20 @@ for f in kernels cuda runner; do  # one file for the tests: $OUT returns at most
 done
 
 # Phase B: timings, alone on the GPU.
+want decoder && stage decoder 90 "$OUT/decoder.log" "$PY" -m audio_pipeline.bench.decoder \
+  ${DECODER_ARGS:---decoder snac --device cuda --streams 1,64,256 --chunk 56}
 want step && stage step 100 "$OUT/step.log" "$PY" -m audio_pipeline.bench.decode_step \
   ${STEP_ARGS:---batches 1,128,256 --context 300 --steps 30 --variants graphs,unfused,eager,fp8 --profile 128 --trace /tmp/step-trace.json}
 [ -f /tmp/step-trace.json ] && gzip -c /tmp/step-trace.json > "$OUT/step-trace.json.gz"
-want serve && stage serve 150 "$OUT/serve.log" "$PY" -m audio_pipeline.bench.serve --server-log "$OUT/server.log" \
+# PROFILE=1 with a py-spy binary at .gpukit/py-spy: the first serve stage runs under it (as its parent: a
+# container's ptrace rules let a parent read its children), raw stacks of every thread into pyspy.txt.
+SPY=(); [ -n "${PROFILE:-}" ] && [ -x "$KIT/py-spy" ] && \
+  SPY=("$KIT/py-spy" record --subprocesses --nonblocking -r "${PROFILE_RATE:-100}" -f raw -o "$OUT/pyspy.txt" --)
+want serve && stage serve ${SERVE_LIMIT:-150} "$OUT/serve.log" "${SPY[@]}" "$PY" -m audio_pipeline.bench.serve --server-log "$OUT/server.log" \
   ${SERVE_ARGS:---device cuda --random-model orpheus-3b --streams 1,32,64,128,256 --utterance-tokens 490 --start-timeout 100 --task-arg max_batch_size=512}
+# SERVE2_ARGS .. SERVE4_ARGS: more serving benchmarks (e.g. other settings, --spread), each with its own server.
+for n in 2 3 4; do
+  a=SERVE${n}_ARGS l=SERVE${n}_LIMIT
+  want serve && [ -n "${!a:-}" ] && stage serve$n ${!l:-150} "$OUT/serve$n.log" "$PY" -m audio_pipeline.bench.serve ${!a}
+done
 say "total $((SECONDS - T0)) s; files: $(ls "$OUT" | tr '\n' ' ')"

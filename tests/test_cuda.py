@@ -194,6 +194,48 @@ def test_no_block_or_request_is_held_after_the_runs(model_dir):
         engine.stop()
 
 
+def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(model_dir):
+    """On CUDA the audio is decoded on the decoder thread (its own stream) while the loop goes on:
+    each request's chunks arrive in order, before its completion, and are the audio of its windows
+    decoded one at a time, in order, on a stream of its own (within batched-kernel rounding)."""
+    import queue
+
+    from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
+    from conftest import wait_idle
+
+    engine = engine_on_cuda(model_dir, "max_batch_size=8", "chunk_size=28,56")
+    try:
+        assert engine.generation._decoder is not None or DRY_RUN
+        events: queue.Queue = queue.Queue()
+        contexts = [engine.create_context(t, **{**GREEDY, "min_tokens": 140}) for t in TEXTS[:4]]
+        for context in contexts:
+            engine.submit(context, events.put)
+        audio = {c.request_id: [] for c in contexts}
+        settings = engine.generation.streaming
+        done = 0
+        while done < len(contexts):
+            event = events.get(timeout=120)
+            assert event.kind != "error", event.error
+            assert event.request_id in audio, "an event after the request's completion"
+            if event.kind == "audio":
+                audio[event.request_id].append(torch.from_numpy(event.samples))
+                continue
+            done += 1
+            chunks = audio.pop(event.request_id)
+            context = next(c for c in contexts if c.request_id == event.request_id)
+            alone = DecoderStream(engine.decoder, chunk_size=settings.chunk_size, buffer=settings.buffer,
+                                  block_causal=settings.block_causal, prepend=settings.prepend)
+            want = []
+            while (window := alone.next_window(len(context.generated), finished=True)) is not None:
+                want += decode_windows(engine.decoder, [(alone, window, context.speech_codes(window.start, window.end))])
+            assert len(chunks) == len(want) >= 3
+            for got, expected in zip(chunks, want):
+                torch.testing.assert_close(got, expected.float(), atol=1e-3 * expected.abs().max().item() + 1e-5, rtol=0)
+        wait_idle(engine)
+    finally:
+        engine.stop()
+
+
 # --- decoders -------------------------------------------------------------------------------------
 
 def _decoder_pair(name, path):

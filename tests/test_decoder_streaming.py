@@ -468,7 +468,10 @@ def test_decode_windows_rejects_inconsistent_jobs(decoders):
     ("block_causal=true", "chunk_size=14,28"),
     ("chunk_size=7,28", "buffer=56"),
 ])
-def test_the_engine_streams_the_same_audio_as_a_one_shot_decode(tiny_model_dir, tmp_path, flags):
+@pytest.mark.parametrize("decode_thread", [False, True], ids=["in-loop", "decoder-thread"])
+def test_the_engine_streams_the_same_audio_as_a_one_shot_decode(tiny_model_dir, tmp_path, flags, decode_thread):
+    """In the loop (the CPU's default) and on the decoder thread (CUDA's), the chunks add up to the
+    one-shot decode."""
     import queue
 
     from audio_pipeline.engine import TTSEngine
@@ -476,9 +479,10 @@ def test_the_engine_streams_the_same_audio_as_a_one_shot_decode(tiny_model_dir, 
 
     weights = save_random_causal_checkpoint(tmp_path / "causal")
     engine = TTSEngine(make_config(tiny_model_dir, *flags, audio_decoder="causal-conv",
-                                   audio_decoder_weights=str(weights)))
+                                   audio_decoder_weights=str(weights), audio_decoder_thread=decode_thread))
     engine.start()
     try:
+        assert (engine.generation._decoder is not None) == decode_thread
         events = queue.Queue()
         contexts = [engine.create_context(t, temperature=0.0, max_tokens=70, min_tokens=70) for t in ("One.", "Two!")]
         for context in contexts:

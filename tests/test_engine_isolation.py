@@ -8,10 +8,12 @@ every other part is the real engine on the tiny model.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 
 import pytest
 
+from audio_pipeline.context import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import Unavailable
 from audio_pipeline.pipelines import audio_generation
@@ -21,9 +23,11 @@ TEXTS = ["Hello there.", "A longer sentence for the model to speak.", "Hi!", "Sh
 GREEDY = dict(temperature=0.0, max_tokens=70)
 
 
-@pytest.fixture
-def engine(tiny_model_dir):
-    engine = TTSEngine(make_config(tiny_model_dir, "enable_overlap_scheduler=true"))
+@pytest.fixture(params=[False, True], ids=["in-loop", "decoder-thread"])
+def engine(tiny_model_dir, request):
+    """The engine, its audio decoded in the loop (the CPU's default) or on the decoder thread (CUDA's)."""
+    engine = TTSEngine(make_config(tiny_model_dir, "enable_overlap_scheduler=true",
+                                   f"audio_decoder_thread={str(request.param).lower()}"))
     engine.start()
     yield engine
     engine.stop(5.0)
@@ -74,6 +78,39 @@ def test_a_decoder_failure_fails_only_its_own_request(engine, monkeypatch):
     again, events = submit_all(engine, TEXTS)
     assert set(outcomes(events, len(again))[0].values()) == {"complete"}
     assert [c.generated for i, c in enumerate(contexts) if i != 1] == [c.generated for i, c in enumerate(again) if i != 1]
+
+
+def test_a_request_cancelled_while_its_audio_is_decoded_ends_cancelled_and_frees_everything(engine, monkeypatch):
+    real = audio_generation.decode_windows
+    decoding = threading.Event()
+    release = threading.Event()
+    target = {}
+
+    def slow_for_one(decoder, jobs):
+        if any(id(stream) == target.get("stream") for stream, _window, _codes in jobs):
+            decoding.set()
+            release.wait(5)  # in the loop this holds the loop; on the decoder thread only the decoder
+        return real(decoder, jobs)
+
+    monkeypatch.setattr(audio_generation, "decode_windows", slow_for_one)
+    contexts, events = submit_all(engine, TEXTS[:2])
+    target["stream"] = id(engine.generation._requests[contexts[0].request_id].stream)
+    assert decoding.wait(60), "the request's audio was never decoded"
+    engine.cancel(contexts[0].request_id)
+    release.set()
+    last = {}
+    while len(last) < 2:
+        event = events.get(timeout=120)
+        if event.kind in ("complete", "error"):
+            last[event.request_id] = event
+    assert last[contexts[0].request_id].stop_reason is StopReason.CANCELLED
+    assert last[contexts[1].request_id].kind == "complete"
+    assert last[contexts[1].request_id].usage.audio_samples > 0
+    wait_idle(engine)
+    assert not engine.generation._decoding and not engine.generation._requests
+    # Nothing of it reaches its sink after its last event.
+    time.sleep(0.2)
+    assert events.empty()
 
 
 def test_one_loop_failure_fails_the_requests_held_and_the_loop_goes_on(engine, monkeypatch):

@@ -223,3 +223,16 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
     rows = re.findall(r"^(\w+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+x", out, re.M)
     assert rows == [("graphs", "1"), ("graphs", "3"), ("unfused", "1"), ("unfused", "3")]
     assert len(re.findall(r"profile \(middle fifth of 5 steps, [\d.]+ ms\): device busy", out)) == 2
+
+
+def test_a_spread_round_starts_its_streams_evenly_and_times_each_from_its_own_start(idle_server):
+    """--spread S: stream i of N starts i * S / N seconds into the round; its TTFA counts from there."""
+    import asyncio
+
+    from audio_pipeline.bench.serve import run_round
+
+    results, wall = asyncio.run(run_round(idle_server.target, 4, 0, tokens=14, spread=1.2))
+    assert len(results) == 4 and all(r.audio_seconds > 0 for r in results)
+    # The last stream starts 0.9 s in: the round lasts at least that; no TTFA includes the wait.
+    assert wall >= 0.9
+    assert max(r.ttfa for r in results) < wall - 0.5

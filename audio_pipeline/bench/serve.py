@@ -11,7 +11,8 @@ max_tokens), since a random model's end of speech means nothing, and the plain f
 
 It starts `audio-pipeline serve` in a subprocess (default settings unless ``--task-arg`` or
 ``--model`` say otherwise), waits for it to report SERVING, then for each N starts N streams at once
-with the client library (`AsyncTTSClient.stream`) and records when every audio chunk arrives.
+(or, with ``--spread S``, one every S/N seconds) with the client library (`AsyncTTSClient.stream`)
+and records when every audio chunk arrives.
 
 Per stream:
 - TTFA: request sent to first audio chunk received.
@@ -19,12 +20,14 @@ Per stream:
 - stall: a player that starts at the first chunk and plays continuously waits
   ``max_k(arrival_k - t_first - audio_before_k)`` (at least 0); the stream *holds real time* when
   that is at most 100 ms.
+- TTFT (the server's, mean over the round): arrival at the engine to the first speech token, the
+  part of the TTFA spent queueing and in prefill.
 
-It prints, per N: TTFA p50/p99, RTF median, streams holding real time, aggregate x real time (all
-audio over the round's wall time), forward passes per second and the engine's time split (from
-the server's /metrics: scheduling, inputs, model, sampling, update, audio decoding, delivery, in
-ms per forward pass). With the search
-on, it then finds the largest N at which every stream holds real time with TTFA p99 under 300 ms.
+It prints, per N: TTFA p50/p99, RTF median, streams holding real time, the worst stall, TTFT,
+aggregate x real time (all audio over the round's wall time), forward passes per second and the
+engine's time split (from the server's /metrics: scheduling, inputs, model, sampling, update, audio
+decoding, delivery, in ms per forward pass; audio decoding on the decoder thread is its own time,
+beside the loop's). With the search on, it then finds the largest N at which every stream holds real time with TTFA p99 under 300 ms.
 
 In the same run it times a plain padded-batch forward of the same model (contiguous per-sequence
 KV, one ``scaled_dot_product_attention`` per layer, eager torch, in this process) at batch 1 and 16,
@@ -221,8 +224,10 @@ async def wait_ready(target: str, timeout: float) -> None:
         await client.wait_ready(timeout=timeout)
 
 
-async def one_stream(client, text: str, tokens: int | None = None) -> StreamResult:
-    """One streamed request; with ``tokens``, exactly that many speech tokens."""
+async def one_stream(client, text: str, tokens: int | None = None, delay: float = 0.0) -> StreamResult:
+    """One streamed request, sent after ``delay`` seconds; with ``tokens``, exactly that many speech tokens."""
+    if delay:
+        await asyncio.sleep(delay)
     arrivals: list[tuple[float, float]] = []
     words: list = []
     sent = time.perf_counter()
@@ -239,14 +244,16 @@ async def one_stream(client, text: str, tokens: int | None = None) -> StreamResu
     raise RuntimeError("the stream ended without its completion")
 
 
-async def run_round(target: str, count: int, offset: int, tokens: int | None = None
+async def run_round(target: str, count: int, offset: int, tokens: int | None = None, spread: float = 0.0
                     ) -> tuple[list[StreamResult], float]:
-    """``count`` streams at once; (their results, the round's wall seconds)."""
+    """``count`` streams, started at once or evenly over ``spread`` seconds; (their results, the
+    round's wall seconds)."""
     from audio_pipeline_client import AsyncTTSClient
 
     async with AsyncTTSClient(target, retries=0) as client:
         started = time.perf_counter()
-        results = await asyncio.gather(*(one_stream(client, TEXTS[(offset + i) % len(TEXTS)], tokens)
+        results = await asyncio.gather(*(one_stream(client, TEXTS[(offset + i) % len(TEXTS)], tokens,
+                                                    delay=spread * i / count)
                                          for i in range(count)))
         return list(results), time.perf_counter() - started
 
@@ -288,6 +295,9 @@ class RoundSummary:
     #: Decode steps, and the requests in them all (the server's tts_batch_size histogram).
     decode_steps: int = 0
     decode_step_rows: int = 0
+    #: Mean seconds from a request's arrival at the engine to its first speech token (the server's
+    #: tts_time_to_first_token_seconds): what of the TTFA is queueing and prefill.
+    ttft: float = float("nan")
 
     @property
     def requests(self) -> int:
@@ -342,19 +352,21 @@ class RoundSummary:
         return (f"{self.count:>4} {1000 * percentile(ttfa, 50):>8.0f} {1000 * percentile(ttfa, 99):>8.0f} "
                 f"{statistics.median(r.rtf for r in self.results):>7.3f} "
                 f"{self.holding:>4}/{self.count:<4} {max(r.stall for r in self.results):>7.2f} "
+                f"{1000 * self.ttft:>6.0f} "
                 f"{audio / self.wall:>7.1f}x {self.steps / self.wall:>7.0f} {split}")
 
 
-HEADER = (f"{'N':>4} {'TTFA p50':>8} {'TTFA p99':>8} {'RTF med':>7} {'holding':>9} {'stall s':>7} "
+HEADER = (f"{'N':>4} {'TTFA p50':>8} {'TTFA p99':>8} {'RTF med':>7} {'holding':>9} {'stall s':>7} {'TTFT':>6} "
           f"{'x real':>8} {'fwd/s':>7} " + " ".join(f"{p[:6]:>6}" for p in PHASES))
 
 
-def measure(server: Server, count: int, rounds: int, offset: int, tokens: int | None = None) -> RoundSummary:
+def measure(server: Server, count: int, rounds: int, offset: int, tokens: int | None = None,
+            spread: float = 0.0) -> RoundSummary:
     before = server.metrics()
     results: list[StreamResult] = []
     wall = 0.0
     for r in range(rounds):
-        got, seconds = asyncio.run(run_round(server.target, count, offset + r * count, tokens))
+        got, seconds = asyncio.run(run_round(server.target, count, offset + r * count, tokens, spread))
         results += got
         wall += seconds
     after = server.metrics()
@@ -368,11 +380,14 @@ def measure(server: Server, count: int, rounds: int, offset: int, tokens: int | 
                         output_tokens=delta("tts_output_tokens_total"),
                         decode_passes=delta('tts_forward_passes_total{kind="tg"}'),
                         decode_steps=delta('tts_batch_size_count{kind="tg"}'),
-                        decode_step_rows=delta('tts_batch_size_sum{kind="tg"}'))
+                        decode_step_rows=delta('tts_batch_size_sum{kind="tg"}'),
+                        ttft=(after.get("tts_time_to_first_token_seconds_sum", 0.0)
+                              - before.get("tts_time_to_first_token_seconds_sum", 0.0))
+                        / max(delta("tts_time_to_first_token_seconds_count"), 1))
 
 
 def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, print_row,
-           tokens: int | None = None) -> int:
+           tokens: int | None = None, spread: float = 0.0) -> int:
     """Largest N that passes: doubling past the largest passing N measured, then bisection."""
     passing = [n for n, s in summaries.items() if s.passes]
     failing = [n for n, s in summaries.items() if not s.passes]
@@ -381,7 +396,7 @@ def search(server: Server, summaries: dict[int, RoundSummary], rounds: int, prin
 
     def probe(n: int) -> bool:
         if n not in summaries:
-            summaries[n] = measure(server, n, rounds, offset=n, tokens=tokens)
+            summaries[n] = measure(server, n, rounds, offset=n, tokens=tokens, spread=spread)
             print_row(summaries[n])
         return summaries[n].passes
 
@@ -650,6 +665,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(Llama 3.2 3B + SNAC 24 kHz) or orpheus-tiny")
     parser.add_argument("--utterance-tokens", type=int, default=490,
                         help="with --random-model, speech tokens per stream (default 490: 70 frames, 6 s)")
+    parser.add_argument("--spread", type=float, default=0.0, metavar="SECONDS",
+                        help="start each round's N streams evenly over this many seconds instead of all at once "
+                             "(default 0); TTFA is counted from each stream's own start")
     parser.add_argument("--start-timeout", type=float, default=600.0,
                         help="seconds the server may take to start (load, profile, capture graphs) before the "
                              "benchmark stops it and fails, keeping its log (default 600)")
@@ -701,10 +719,11 @@ def main(argv: list[str] | None = None) -> int:
         print(HEADER + "   (engine phases: ms per forward pass)", flush=True)
         summaries: dict[int, RoundSummary] = {}
         for count in counts:
-            summaries[count] = measure(server, count, args.rounds, offset=count, tokens=tokens)
+            summaries[count] = measure(server, count, args.rounds, offset=count, tokens=tokens, spread=args.spread)
             print(summaries[count].row(), flush=True)
         if args.search:
-            best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True), tokens)
+            best = search(server, summaries, args.rounds, lambda s: print(s.row(), flush=True), tokens,
+                          args.spread)
             print(f"largest N with every stream holding real time (stall <= {1000 * STALL_LIMIT_S:.0f} ms) and "
                   f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
         print("\n".join(floor_report(summaries, served, bandwidth, logged_cache_dtype)), flush=True)

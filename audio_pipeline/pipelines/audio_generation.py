@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
@@ -92,6 +93,8 @@ class _Request:
     audio_samples: int = 0
     #: How it ended, once the scheduler let it go (sent with its last event once its audio is decoded).
     finished: Finished | None = None
+    #: A window of it is being decoded on the decoder thread (its next one waits for that one).
+    decoding: bool = False
 
 
 #: Consecutive failed rounds of the engine loop after which it stops and reports unhealthy.
@@ -104,7 +107,7 @@ class AudioGenerationEngine:
     def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, streaming: StreamSettings,
                  scheduler: AudioGenerationScheduler, *, metrics: EngineMetrics | None = None,
                  on_step: Callable[["AudioGenerationEngine"], None] | None = None, num_threads: int | None = None,
-                 decode_stream: torch.cuda.Stream | None = None):
+                 decode_stream: torch.cuda.Stream | None = None, decode_thread: bool | None = None):
         self.pipeline = pipeline
         self.decoder = decoder
         self.streaming = streaming
@@ -116,6 +119,15 @@ class AudioGenerationEngine:
         #: CUDA: the decoder's own stream, so audio decoding neither waits behind the model's queued
         #: steps nor holds them up (its output comes back to the host on this stream alone).
         self.decode_stream = decode_stream
+        #: Audio is decoded on a thread of its own (the default with a decode stream: on CUDA the loop
+        #: would otherwise wait for the decoder's kernels and the audio's copy back on every chunk,
+        #: while the GPU could run the next steps). On the CPU the decoder shares the loop's cores and
+        #: runs in the loop. Each request has at most one window in decoding; batches are delivered in
+        #: the order they were started.
+        self.decode_thread = decode_stream is not None if decode_thread is None else decode_thread
+        self._decoder: ThreadPoolExecutor | None = None
+        #: Windows being decoded on the decoder thread: (their requests and windows, the result).
+        self._decoding: deque[tuple[list[tuple[_Request, DecodeWindow]], Future]] = deque()
         self._requests: dict[str, _Request] = {}
         #: The requests the scheduler let go, until their last event is sent.
         self._ended: dict[str, _Request] = {}
@@ -152,6 +164,8 @@ class AudioGenerationEngine:
                 return
             self._accepting = True
             self._stopping = False
+            if self.decode_thread and self._decoder is None:
+                self._decoder = ThreadPoolExecutor(1, thread_name_prefix="audio-decode")
             self._thread = threading.Thread(target=self._run, name="audio-generation", daemon=True)
             self._thread.start()
 
@@ -173,6 +187,10 @@ class AudioGenerationEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=True)
+            self._decoder = None
+            self._decoding.clear()  # only requests that ended before their audio (cancelled, failed)
         close = getattr(self.pipeline, "close", None)
         if close is not None:
             close()
@@ -273,6 +291,12 @@ class AudioGenerationEngine:
         if output.preempted:
             self.metrics.preemptions.inc(len(output.preempted))
         if not output.items and not self._pending and not self._decode_ready():
+            if self._decoding:  # nothing to compute: the audio being decoded is what comes next
+                self._collect_decoded(wait=True)
+                with self._lock:
+                    self._deliver_ended()
+                    self._update_load()
+                return True
             with self._lock:
                 if not self._deliver_ended() and not self._cancelled:
                     self._lock.wait(timeout=output.wait_s or 0.005)
@@ -342,13 +366,17 @@ class AudioGenerationEngine:
                     if request.context.first_token_time is None:
                         request.context.first_token_time = now
                         self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
-            with self._lock:
-                active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
-            windows = [(r, self._next_window(r)) for r in active]
-            self._decode([(r, w) for r, w in windows if w is not None])
-            # A request may need several windows at the end (a long remainder after the last chunk).
-            while pending := [(r, w) for r in active if r.context.is_done and (w := self._next_window(r))]:
-                self._decode(pending)
+            self._collect_decoded()
+            if not self._decoder_busy:
+                with self._lock:
+                    active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
+                windows = [(r, self._next_window(r)) for r in active]
+                self._decode([(r, w) for r, w in windows if w is not None])
+                # A request may need several windows at the end (a long remainder after the last chunk);
+                # on the decoder thread they come one batch after another.
+                while self._decoder is None and (
+                        pending := [(r, w) for r in active if r.context.is_done and (w := self._next_window(r))]):
+                    self._decode(pending)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not take the engine down
             logger.exception("generation step failed; failing its %d request(s)", len(batch))
             self._recover_from_failure(batch, exc)
@@ -427,40 +455,83 @@ class AudioGenerationEngine:
             self._deliver_ended()
             self._update_load()
 
+    @property
+    def _decoder_busy(self) -> bool:
+        """The decoder thread is decoding a batch: windows ready meanwhile wait for it, and go
+        together in the next one (so that streams whose chunks fall due on different passes still
+        share decoder calls, and calls never queue up behind each other)."""
+        return bool(self._decoding)
+
     def _decode_ready(self) -> bool:
+        if self._decoder_busy:
+            return False
         with self._lock:
             return any(self._next_window(r) is not None for r in self._requests.values())
 
     def _next_window(self, request: _Request) -> DecodeWindow | None:
         context = request.context
-        if context.stop_reason in (StopReason.CANCELLED, StopReason.FAILED):
+        if request.decoding or context.stop_reason in (StopReason.CANCELLED, StopReason.FAILED):
             return None
         return request.stream.next_window(context.speech_code_count, finished=context.is_done)
 
     def _decode(self, jobs: list[tuple[_Request, DecodeWindow]]) -> None:
+        """Decodes the jobs' windows in one batch: here, or started on the decoder thread (their audio
+        is delivered by _collect_decoded once it is done)."""
         if not jobs:
             return
-        timer = self.pipeline.timer
-        try:
-            with timer.phase("decode"), self._on_decode_stream():
-                waves = decode_windows(self.decoder, [(r.stream, w, r.context.speech_codes(w.start, w.end))
-                                                      for r, w in jobs])
-        except Exception as exc:  # noqa: BLE001 - one request's bad codes must not fail its batch mates
-            if len(jobs) > 1:  # decode each alone: only the windows that fail on their own fail
-                for job in jobs:
-                    self._decode([job])
-                return
-            request = jobs[0][0]
-            logger.warning("request %s: audio decoding failed: %s", request.context.request_id, exc)
-            with self._lock:  # let go once no step of it is in flight
-                self._take_ended(self.scheduler.finish(request.context, StopReason.FAILED,
-                                                       f"audio decoding failed: {exc}"))
+        work = [(r.stream, w, r.context.speech_codes(w.start, w.end)) for r, w in jobs]
+        if self._decoder is None:
+            waves, seconds = self._decode_work(work)
+            self.pipeline.timer.add("decode", seconds)
+            self._deliver_audio(jobs, waves)
             return
+        for request, _ in jobs:
+            request.decoding = True
+        self._decoding.append((jobs, self._decoder.submit(self._decode_on_thread, work)))
+
+    def _decode_on_thread(self, work: list) -> tuple[list, float]:
+        if self.decode_stream is not None:
+            torch.cuda.set_device(self.decode_stream.device)
+        return self._decode_work(work)
+
+    def _decode_work(self, work: list) -> tuple[list, float]:
+        """(Each window's audio as a CPU tensor, or the exception that failed it; the seconds taken)."""
+        started = time.perf_counter()
+        try:
+            with self._on_decode_stream():
+                waves: list = decode_windows(self.decoder, work)
+        except Exception as exc:  # noqa: BLE001 - one request's bad codes must not fail its batch mates
+            # Decode each alone: only the windows that fail on their own fail.
+            waves = [self._decode_work([job])[0][0] for job in work] if len(work) > 1 else [exc]
+        return waves, time.perf_counter() - started
+
+    def _collect_decoded(self, wait: bool = False) -> bool:
+        """Delivers the audio of the decoder thread's finished batches, in the order they started;
+        with ``wait``, waits for the oldest first. True if any."""
+        collected = False
+        while self._decoding and (wait or self._decoding[0][1].done()):
+            jobs, future = self._decoding.popleft()
+            waves, seconds = future.result()
+            self.pipeline.timer.add("decode", seconds)
+            self._deliver_audio(jobs, waves)
+            collected, wait = True, False
+        return collected
+
+    def _deliver_audio(self, jobs: list[tuple[_Request, DecodeWindow]], waves: list) -> None:
         started = time.perf_counter()
         for (request, window), wave in zip(jobs, waves):
+            request.decoding = False
             context = request.context
+            if self._requests.get(context.request_id) is not request or request.stream.closed:
+                continue  # it ended while its audio was decoded (cancelled, failed): nothing to send
+            if isinstance(wave, Exception):
+                logger.warning("request %s: audio decoding failed: %s", context.request_id, wave)
+                with self._lock:  # let go once no step of it is in flight
+                    self._take_ended(self.scheduler.finish(context, StopReason.FAILED,
+                                                           f"audio decoding failed: {wave}"))
+                continue
             samples = wave.numpy()
-            context.decoded_index = request.stream.decoded_index
+            context.decoded_index = window.end
             if context.first_audio_time is None:
                 context.first_audio_time = time.monotonic()
                 self.metrics.time_to_first_audio.observe(context.first_audio_time - context.arrival_time)
@@ -468,7 +539,7 @@ class AudioGenerationEngine:
             self.metrics.audio_seconds.inc(samples.shape[0] / self.decoder.sample_rate)
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
-        timer.add("deliver", time.perf_counter() - started)
+        self.pipeline.timer.add("deliver", time.perf_counter() - started)
 
     def _on_decode_stream(self):
         return torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else nullcontext()
