@@ -17,22 +17,23 @@ import numpy as np
 import torch
 
 from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
-from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.core.request import TTSContext
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
-from audio_pipeline.metrics import EngineMetrics
+from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.layouts.manifest import ModelManifest, VoiceInfo
-from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.text.normalize import NormalizedText, normalize
 from audio_pipeline.text.timings import word_timings
 from audio_pipeline.text.segment import segments
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    codes_file, read_reference_audio, read_voice_entry)
-from audio_pipeline.pipelines.audio_generation import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
-from audio_pipeline.pipelines.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
-from audio_pipeline.runtime import default_num_threads
-from audio_pipeline.sampling import SamplingParams
+from audio_pipeline.core.engine_core import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
+from audio_pipeline.core.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
+from audio_pipeline.core.runtime import default_num_threads
+from audio_pipeline.core.sampler import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ class TTSEngine:
         config = self.config
         if self.decoder_device.type != "cuda" or config.model.kv_cache.kv_cache_memory_bytes is not None:
             return 0
-        from audio_pipeline.pipelines.memory_profile import largest_step_peak_bytes
+        from audio_pipeline.core.memory_profile import largest_step_peak_bytes
 
         window = max(config.chunk_size) if config.chunk_size else config.sampling.max_tokens  # none: one chunk
         started = time.perf_counter()

@@ -4,13 +4,13 @@ import sys
 
 import pytest
 
-from audio_pipeline.kv_cache.block_manager import BlockManager, KVCacheFull
+from audio_pipeline.core.kv_cache.block_manager import BlockManager, KVCacheFull
 
 
 def test_the_block_manager_does_not_import_torch():
     import subprocess
 
-    code = "import sys, audio_pipeline.kv_cache.block_manager, audio_pipeline.scheduler; print('torch' in sys.modules)"
+    code = "import sys, audio_pipeline.core.kv_cache.block_manager, audio_pipeline.core.scheduler; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -16,7 +16,7 @@ import soundfile
 
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from audio_pipeline_client.cli import main
-from audio_pipeline.context import StopReason
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline_client.protocol import float_to_pcm16
 from conftest import wait_idle
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, CsmForConditionalGeneration
 
 from audio_pipeline.config import KVCacheConfig, PipelineConfig
-from audio_pipeline.kv_cache import PagedKVCacheManager
+from audio_pipeline.core.kv_cache import PagedKVCacheManager
 from audio_pipeline.models.csm import CsmSpeechLM
 from audio_pipeline.models.csm_model import CsmPipelineModel
 from audio_pipeline.models.weights import load_safetensors_into

@@ -15,7 +15,7 @@ import yaml
 
 from audio_pipeline.cli import build_parser
 from audio_pipeline.config import AudioGenerationConfig
-from audio_pipeline.metrics import EngineMetrics
+from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.server.app import SERVICE_NAME
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from audio_pipeline.context import StopReason
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.layouts import orpheus
 from audio_pipeline.models.llama_model import candidate_groups
-from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
+from audio_pipeline.core.text_generation import TextGenerationPipeline
 from conftest import make_config, wait_idle
 
 TEXTS = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
@@ -178,7 +178,7 @@ def test_generate_plans_with_a_scheduler_and_equals_the_engine(tiny_model_dir, r
     """generate runs schedule -> runner -> scheduler.update as the engine does, with a scheduler of
     its own over the same KV cache: too small for the six requests at once, it preempts and
     recomputes, and every request's tokens and stop reason equal the engine's."""
-    from audio_pipeline.pipelines import text_generation
+    from audio_pipeline.core import text_generation
 
     schedulers = []
 

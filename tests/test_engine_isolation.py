@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from audio_pipeline.context import StopReason
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import Unavailable
-from audio_pipeline.pipelines import audio_generation
+from audio_pipeline.core import engine_core as audio_generation
 from conftest import make_config, wait_idle
 
 TEXTS = ["Hello there.", "A longer sentence for the model to speak.", "Hi!", "Short."]

@@ -195,7 +195,7 @@ def test_server_sent_events_carry_all_the_audio_then_the_usage(idle):
 
 def test_a_client_that_leaves_mid_stream_frees_its_request(idle):
     """``idle`` checks afterwards that no request and no KV block is left."""
-    from audio_pipeline.context import StopReason
+    from audio_pipeline.core.stop import StopReason
 
     cancelled = idle.engine.generation.stop_reasons[StopReason.CANCELLED]
     text = " ".join(["A long text that keeps the engine busy."] * 30)

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from audio_pipeline.config import KVCacheConfig
-from audio_pipeline.kv_cache import PagedKVCacheManager
+from audio_pipeline.core.kv_cache import PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM
 from audio_pipeline.models.llama_model import LlamaPipelineModel
 from audio_pipeline.models.tiny import write_tiny_orpheus_model

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.pipelines.model_runner import ModelRunner
-from audio_pipeline.sampling import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
-from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+from audio_pipeline.core.model_runner import ModelRunner
+from audio_pipeline.core.sampler import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
+from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 from conftest import make_config
 from sync_guard import HostSync, no_host_sync
 from test_engine_core import build, run
@@ -110,9 +110,9 @@ def test_the_guard_watches_the_engines_device_only():
 def test_sampling_without_reading_back_picks_what_the_checked_rule_picks(spread):
     """The sync-free sampler (the rule chosen from the settings alone) and the CPU's checked rule
     (a prefix first, checked on the host) draw the same ids, for sharp and flat rows alike."""
-    from audio_pipeline.context import TTSContext
+    from audio_pipeline.core.request import TTSContext
     from audio_pipeline.layouts.orpheus import OrpheusLayout
-    from audio_pipeline.sampling import SamplingParams
+    from audio_pipeline.core.sampler import SamplingParams
 
     layout = OrpheusLayout()
 

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.core.request import TTSContext
+
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts import orpheus
-from audio_pipeline.sampling import SamplingParams, sample_next_tokens
+from audio_pipeline.core.sampler import SamplingParams, sample_next_tokens
 
 LAYOUT = orpheus.OrpheusLayout()
 VOCAB = orpheus.MIN_VOCAB_SIZE + 2

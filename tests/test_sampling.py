@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.core.request import TTSContext
+
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
-from audio_pipeline.sampling import SamplingParams, candidate_width, sample_next_tokens
+from audio_pipeline.core.sampler import SamplingParams, candidate_width, sample_next_tokens
 
 LAYOUT = OrpheusLayout()
 
@@ -125,7 +127,7 @@ def test_invalid_values_name_the_field():
 def test_candidate_batch_equals_each_contexts_own_candidates():
     """The batched candidate builder gives every row exactly its context's candidate ids and mask:
     frame slots, stop ids of different counts (padded), min_tokens, and rows that may stop."""
-    from audio_pipeline.sampling import SamplingRows
+    from audio_pipeline.core.sampler import SamplingRows
 
     contexts = [context("a"), context("b", stop_token_ids=(5, 6)), context("c", min_tokens=14)]
     for i, c in enumerate(contexts):
@@ -143,7 +145,7 @@ def test_candidate_batch_equals_each_contexts_own_candidates():
 def test_the_nucleus_over_the_best_candidates_picks_what_the_whole_row_picks(spread):
     """Top-p / top-k / min-p over a top-64 prefix is exact: where the kept set fits the prefix the
     draw equals the full-sort rule's; where it might not (flat rows) the prefix declines."""
-    from audio_pipeline.sampling import _sample_nucleus
+    from audio_pipeline.core.sampler import _sample_nucleus
 
     generator = torch.Generator().manual_seed(11)
     rows, width = 24, 1025
@@ -181,9 +183,9 @@ def test_a_requests_draws_come_in_blocks_that_equal_single_draws():
     """TTSContext.uniforms draws ahead in blocks; what it hands out, in any pattern of counts (the
     backbone takes one a step, a depth decoder several), is the same stream one draw at a time
     from a generator of the same seed gives."""
-    from audio_pipeline.context import UNIFORM_BLOCK, TTSContext
+    from audio_pipeline.core.request import UNIFORM_BLOCK, TTSContext
     from audio_pipeline.layouts.orpheus import OrpheusLayout
-    from audio_pipeline.sampling import SamplingParams
+    from audio_pipeline.core.sampler import SamplingParams
 
     context = TTSContext(request_id="r", prompt_ids=[1], layout=OrpheusLayout(),
                          sampling=SamplingParams(seed=42, temperature=0.8))

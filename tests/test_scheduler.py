@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from audio_pipeline.kv_cache.block_manager import BlockManager
-from audio_pipeline.scheduler import (AudioGenerationScheduler, Finished, QueueFull, SchedulerConfig, StepResult,
-                                      StopReason)
+from audio_pipeline.core.kv_cache.block_manager import BlockManager
+from audio_pipeline.core.scheduler import AudioGenerationScheduler, Finished, QueueFull, SchedulerConfig, StepResult
+from audio_pipeline.core.stop import StopReason
 
 
 @dataclass(eq=False)
@@ -415,7 +415,7 @@ def test_config_validation():
 def test_the_committed_token_prefix_reads_like_the_joined_list():
     """The scheduler hands the block manager prompt + generated without joining them; every slice
     and index the block manager may take reads the same as the joined list."""
-    from audio_pipeline.scheduler import _TokenPrefix
+    from audio_pipeline.core.scheduler import _TokenPrefix
 
     prompt, generated = list(range(100, 110)), list(range(200, 207))
     joined = prompt + generated

@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from audio_pipeline.context import StopReason
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.server.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
@@ -123,7 +123,7 @@ def test_the_voice_is_the_prefix_of_the_prompt(idle_server, stub):
     server's speech for a voice is the engine's speech of that prompt, and differs by voice."""
     import uuid
 
-    from audio_pipeline.context import TTSContext
+    from audio_pipeline.core.request import TTSContext
     from audio_pipeline.layouts import orpheus
 
     engine, text = idle_server.engine, "Hello world."

@@ -80,7 +80,7 @@ def build_engine(model_dir: str, device: str, batches: list[int], context: int, 
 def start_requests(engine, count: int, length: int):
     """A scheduler of ``count`` requests that never stop before ``length`` speech tokens, each
     prefilled; it runs beside the engine's own (not started) scheduler on the same KV blocks."""
-    from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+    from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 
     scheduler = AudioGenerationScheduler(
         SchedulerConfig(max_batch_size=count, max_queue_size=count, enable_in_flight_batching=False, max_num_steps=1),

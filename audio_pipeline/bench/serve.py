@@ -531,7 +531,7 @@ class ServedSettings:
         from audio_pipeline.config import AudioGenerationConfig
         from audio_pipeline.engine import resolve_device, resolve_dtype, resolve_model_dir
         from audio_pipeline.models.llama_model import resolve_cache_dtype
-        from audio_pipeline.runtime import default_num_threads
+        from audio_pipeline.core.runtime import default_num_threads
 
         chosen = {key: value for key, value in (("model_path", model), ("device", device)) if value}
         config = AudioGenerationConfig.load(audio_flags=task_args, **({"model": chosen} if chosen else {}))

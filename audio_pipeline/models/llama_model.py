@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
-from audio_pipeline.interfaces import KVCacheParams, PipelineModel
-from audio_pipeline.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
+from audio_pipeline.models.interface import KVCacheParams, PipelineModel
+from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention

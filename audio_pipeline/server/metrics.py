@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from audio_pipeline.metrics import EngineMetrics
+from audio_pipeline.core.metrics import EngineMetrics
 
 
 class ServerMetrics:

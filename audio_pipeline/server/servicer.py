@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 import grpc
 
-from audio_pipeline.context import StopReason
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgument, NotFound, RequestError,
                                    ResourceExhausted, Unavailable)
 from audio_pipeline.server.handlers import MalformedRequest

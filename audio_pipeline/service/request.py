@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from audio_pipeline.context import StopReason
-from audio_pipeline.pipelines.audio_generation import Usage
+from audio_pipeline.core.stop import StopReason
+from audio_pipeline.core.engine_core import Usage
 from audio_pipeline.text.timings import WordTiming
 
 

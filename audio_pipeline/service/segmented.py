@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.core.request import TTSContext
+
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.audio.stretch import TimeStretch
 from audio_pipeline.errors import InvalidArgument, ResourceExhausted
-from audio_pipeline.pipelines.audio_generation import AudioEvent, Usage
+from audio_pipeline.core.engine_core import AudioEvent, Usage
 from audio_pipeline.text.segment import Segment, segments
 from audio_pipeline.text.timings import WordTiming, segment_timing
 

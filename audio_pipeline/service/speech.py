@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
 
-from audio_pipeline.context import StopReason
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import RequestSettings, TTSEngine
 from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgument, RequestError, ResourceExhausted,
                                    ServerCancelled, Unavailable, echo)

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from audio_pipeline.interfaces import KVCacheParams
-from audio_pipeline.kv_cache.block_manager import BlockManager
+from audio_pipeline.models.interface import KVCacheParams
+from audio_pipeline.core.kv_cache.block_manager import BlockManager
 from audio_pipeline_kernels import (AttentionBackend, AttentionPlan, StepMetadata, allocate_paged_cache,
                                     select_attention_backend, write_paged_kv)
 

@@ -25,17 +25,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from audio_pipeline.context import TTSContext
+from audio_pipeline.core.request import TTSContext
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.chunker import DecodeWindow
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.errors import AlreadyExists, InvalidArgument, ResourceExhausted, Unavailable, echo
-from audio_pipeline.metrics import EngineMetrics
-from audio_pipeline.runtime import configure_cpu_runtime
-from audio_pipeline.pipelines.model_runner import PendingStep
-from audio_pipeline.pipelines.text_generation import TextGenerationPipeline
-from audio_pipeline.scheduler import (AudioGenerationScheduler, Finished, QueueFull, SchedulerOutput, StepResult,
-                                      StopReason)
+from audio_pipeline.core.metrics import EngineMetrics
+from audio_pipeline.core.runtime import configure_cpu_runtime
+from audio_pipeline.core.model_runner import PendingStep
+from audio_pipeline.core.text_generation import TextGenerationPipeline
+from audio_pipeline.core.scheduler import AudioGenerationScheduler, Finished, QueueFull, SchedulerOutput, StepResult
+from audio_pipeline.core.stop import StopReason
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ and OverlapTextGenerationPipeline (the same, with steps launched ahead of their 
 A step takes scheduled items (a context, the tokens to compute from ``start``, and whether to
 sample after them): prefill chunks and decode tokens run in one ragged batch on the paged KV
 cache, then every item that reached the end of its known tokens samples its next speech token. The
-pipeline's :class:`~audio_pipeline.pipelines.model_runner.ModelRunner` launches a step and hands back
+pipeline's :class:`~audio_pipeline.core.model_runner.ModelRunner` launches a step and hands back
 what it sampled, as plain data, when asked; it never writes a request. Results enter requests only
 through the scheduler's update: the engine's loop and ``generate`` (for use without an engine) both
 run schedule -> runner -> update.
@@ -22,12 +22,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from audio_pipeline.context import StopReason, TTSContext
+from audio_pipeline.core.request import TTSContext
+
+from audio_pipeline.core.stop import StopReason
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
-from audio_pipeline.kv_cache.block_manager import KVCacheFull
-from audio_pipeline.pipelines.model_runner import ModelRunner
-from audio_pipeline.pipelines.step_timing import StepTimer
-from audio_pipeline.scheduler import AudioGenerationScheduler, SchedulerConfig
+from audio_pipeline.core.kv_cache.block_manager import KVCacheFull
+from audio_pipeline.core.model_runner import ModelRunner
+from audio_pipeline.core.step_timing import StepTimer
+from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

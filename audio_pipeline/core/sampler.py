@@ -17,7 +17,7 @@ REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 if TYPE_CHECKING:
     from audio_pipeline.config import SamplingConfig
-    from audio_pipeline.context import TTSContext
+    from audio_pipeline.core.request import TTSContext
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 
 if TYPE_CHECKING:
     from audio_pipeline.config import KVCacheConfig, PipelineConfig
-    from audio_pipeline.kv_cache.paged import PagedKVCacheManager
+    from audio_pipeline.core.kv_cache.paged import PagedKVCacheManager
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,8 @@ import numpy as np
 import torch
 
 from audio_pipeline.layouts.orpheus import OrpheusLayout
-from audio_pipeline.sampling import SamplingParams
-# The scheduler owns the stop reason; the front doors name it from here, with the request state.
-from audio_pipeline.scheduler import StopReason
+from audio_pipeline.core.sampler import SamplingParams
+from audio_pipeline.core.stop import StopReason
 
 
 #: Uniform draws a request takes from its generator at once (see TTSContext.uniforms).

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from audio_pipeline.kv_cache.paged import PagedBatch
+from audio_pipeline.core.kv_cache.paged import PagedBatch
 from audio_pipeline.models.llama_model import candidate_groups
-from audio_pipeline.pipelines.step_arena import StepArena
-from audio_pipeline.pipelines.step_timing import StepTimer
-from audio_pipeline.sampling import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
-from audio_pipeline.scheduler import StepResult
+from audio_pipeline.core.step_arena import StepArena
+from audio_pipeline.core.step_timing import StepTimer
+from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline.core.scheduler import StepResult
 from audio_pipeline_kernels import StepMetadata
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class ModelRunner:
         self.graphs = None
         # The captured decode graphs take token ids alone, not frames.
         if cuda_graphs and self.device.type == "cuda" and self.decode_buckets and self.codes == 1:
-            from audio_pipeline.pipelines.cuda_graphs import DecodeGraphs
+            from audio_pipeline.core.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.decode_buckets)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from audio_pipeline.kv_cache.paged import PagedKVCacheManager
+from audio_pipeline.core.kv_cache.paged import PagedKVCacheManager
 
 if TYPE_CHECKING:
     from audio_pipeline.models.llama_model import LlamaPipelineModel

@@ -1,7 +1,7 @@
 """AudioGenerationScheduler: decides, step by step, which requests prefill (CE) and which decode (TG).
 
 Torch-free. It owns the request queue and the admission to the paged KV cache (through the
-:class:`~audio_pipeline.kv_cache.BlockManager`), and hands the pipeline a list of
+:class:`~audio_pipeline.core.kv_cache.BlockManager`), and hands the pipeline a list of
 ``(request, start, num_tokens)`` items per step. The knobs, all from the configuration:
 
 - ``max_batch_size``: most requests in one step.
@@ -43,26 +43,17 @@ far), ``total_length``, ``max_length`` (the most tokens it may ever hold), ``is_
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from audio_pipeline.kv_cache.block_manager import BlockManager
+from audio_pipeline.core.kv_cache.block_manager import BlockManager
+from audio_pipeline.core.stop import StopReason
 
 
 class QueueFull(RuntimeError):
     """The waiting queue is at ``max_queue_size``."""
-
-
-class StopReason(str, enum.Enum):
-    """Why a request ended."""
-
-    END_OF_SPEECH = "end_of_speech"
-    MAX_TOKENS = "max_tokens"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,0 @@
-"""Pipelines: speech-token generation steps and the audio generation engine around them."""
