@@ -30,8 +30,9 @@ from audio_pipeline.text.timings import word_timings
 from audio_pipeline.text.segment import segments
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    codes_file, read_reference_audio, read_voice_entry)
-from audio_pipeline.core.engine_core import AudioEvent, AudioGenerationEngine, Sink, StreamSettings, Usage
-from audio_pipeline.core.text_generation import OverlapTextGenerationPipeline, TextGenerationPipeline
+from audio_pipeline.core.engine_core import AudioEvent, EngineCore, Sink, StreamSettings, Usage
+from audio_pipeline.core.model_runner import build_runner
+from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.runtime import default_num_threads
 from audio_pipeline.core.sampler import SamplingParams
 
@@ -183,17 +184,17 @@ class TTSEngine:
             check_decoder(self.decoder)
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
         self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
-        if config.enable_overlap_scheduler:
-            pipeline = OverlapTextGenerationPipeline(config, self.model, self.tokenizer)
-        else:
-            pipeline = TextGenerationPipeline(config, self.model, self.tokenizer)
-        self.pipeline = pipeline
+        timer = StepTimer()
+
+        def make_runner():
+            return build_runner(self.model, self.layout, config, max_batch_size=self.max_batch_size, timer=timer,
+                                overlap=config.enable_overlap_scheduler)
+
         # On CUDA the runner is built now, not at the first request: it captures the decode graphs
-        # (seconds). On the CPU the engine's thread builds it at its first step, as before: built
-        # here, the model phase at 32 streams through the server measured 4.58 and 5.37 ms per pass
-        # against 4.01-4.35 and 4.94-4.97 built there (two pairs of runs; likely its buffers' heap).
-        if device.type == "cuda":
-            pipeline.runner(self.layout)
+        # (seconds). On the CPU the engine's thread builds it at its first step: built here, the
+        # model phase at 32 streams through the server measured 4.58 and 5.37 ms per pass against
+        # 4.01-4.35 and 4.94-4.97 built there (two pairs of runs; likely its buffers' heap).
+        runner = make_runner() if device.type == "cuda" else make_runner
         scheduler_config = SchedulerConfig.from_config(
             config, max_batch_size=self.max_batch_size, max_queue_size=config.max_queue_size or DEFAULT_MAX_QUEUE_SIZE)
         if config.enable_overlap_scheduler:  # overlap already runs ahead: one pass per scheduling round
@@ -202,10 +203,10 @@ class TTSEngine:
         self.voice_store = self._open_voice_store()
         #: Preset voices spoken as a clone of a reference the model directory ships.
         self.preset_prompts = self._preset_prompts()
-        self.generation = AudioGenerationEngine(pipeline, self.decoder, StreamSettings.from_config(config),
-                                                self.scheduler, metrics=self.metrics, num_threads=self.num_threads,
-                                                decode_stream=self._decode_stream(device),
-                                                decode_thread=config.audio_decoder_thread)
+        self.core = EngineCore(runner, self.decoder, StreamSettings.from_config(config), self.scheduler,
+                               overlap=config.enable_overlap_scheduler, timer=timer, metrics=self.metrics,
+                               num_threads=self.num_threads, decode_stream=self._decode_stream(device),
+                               decode_thread=config.audio_decoder_thread)
 
     @staticmethod
     def _decode_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -498,16 +499,16 @@ class TTSEngine:
         return dataclasses.replace(sampling, max_tokens=needed)
 
     def submit(self, context: TTSContext, sink: Sink) -> None:
-        self.generation.submit(context, sink)
+        self.core.submit(context, sink)
 
     def cancel(self, request_id: str) -> None:
-        self.generation.cancel(request_id)
+        self.core.cancel(request_id)
 
     def start(self) -> None:
-        self.generation.start()
+        self.core.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        self.generation.stop(timeout)
+        self.core.stop(timeout)
 
     def warmup(self) -> float:
         """Runs one short request end to end (and loads the sentence segmenter); returns its seconds.

@@ -73,7 +73,7 @@ def wait_idle(engine, timeout=60.0):
 
     deadline = time.monotonic() + timeout
     while True:
-        load = engine.generation.load
+        load = engine.core.load
         blocks = engine.scheduler.block_manager
         if load == (0, 0) and not blocks.sequences and blocks.num_used_blocks == 0:
             return

@@ -115,7 +115,7 @@ def test_async_client_matches_the_sync_client(target, reference):
 
 
 def cancelled_count(server):
-    return server.engine.generation.stop_reasons[StopReason.CANCELLED]
+    return server.engine.core.stop_reasons[StopReason.CANCELLED]
 
 
 def test_leaving_a_stream_early_cancels_generation(idle_server, reference):

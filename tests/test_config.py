@@ -622,7 +622,7 @@ def test_cuda_gets_gpu_defaults_for_what_the_configuration_leaves_unset():
     import torch
 
     from audio_pipeline.engine import CUDA_DEFAULTS, device_defaults
-    from audio_pipeline.core.text_generation import default_decode_buckets
+    from audio_pipeline.core.model_runner import default_decode_buckets
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     config = make()

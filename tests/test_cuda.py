@@ -205,13 +205,13 @@ def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(
 
     engine = engine_on_cuda(model_dir, "max_batch_size=8", "chunk_size=28,56")
     try:
-        assert engine.generation._decoder is not None or DRY_RUN
+        assert engine.core._decoder is not None or DRY_RUN
         events: queue.Queue = queue.Queue()
         contexts = [engine.create_context(t, **{**GREEDY, "min_tokens": 140}) for t in TEXTS[:4]]
         for context in contexts:
             engine.submit(context, events.put)
         audio = {c.request_id: [] for c in contexts}
-        settings = engine.generation.streaming
+        settings = engine.core.streaming
         done = 0
         while done < len(contexts):
             event = events.get(timeout=120)

@@ -482,7 +482,7 @@ def test_the_engine_streams_the_same_audio_as_a_one_shot_decode(tiny_model_dir, 
                                    audio_decoder_weights=str(weights), audio_decoder_thread=decode_thread))
     engine.start()
     try:
-        assert (engine.generation._decoder is not None) == decode_thread
+        assert (engine.core._decoder is not None) == decode_thread
         events = queue.Queue()
         contexts = [engine.create_context(t, temperature=0.0, max_tokens=70, min_tokens=70) for t in ("One.", "Two!")]
         for context in contexts:

@@ -3,7 +3,6 @@ unchunked, overlap and in-flight batching change nothing, no KV block outlives i
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 
@@ -15,7 +14,6 @@ from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.layouts import orpheus
 from audio_pipeline.models.llama_model import candidate_groups
-from audio_pipeline.core.text_generation import TextGenerationPipeline
 from conftest import make_config, wait_idle
 
 TEXTS = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
@@ -158,50 +156,22 @@ def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, fl
         engine.stop()
 
 
-def test_generate_and_generate_async_run_contexts_to_completion(tiny_model_dir, reference_tokens):
-    engine = TTSEngine(make_config(tiny_model_dir))
-    pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
-    contexts = [engine.create_context(t, **GREEDY) for t in TEXTS[:3]]
-    outputs = pipeline.generate(contexts)
-    for output, reference in zip(outputs, reference_tokens):
-        # The sampled ids: the speech, then the end of speech where it stopped before max_tokens.
-        assert output.tokens[:len(reference)] == reference
-        assert output.tokens[len(reference):] in ([], [orpheus.END_OF_SPEECH])
-    assert [c.generated for c in contexts] == reference_tokens[:3]
-    again = [engine.create_context(t, **GREEDY) for t in TEXTS[:2]]
-    asyncio.run(pipeline.generate_async(again))
-    assert [c.generated for c in again] == reference_tokens[:2]
-    assert engine.scheduler.block_manager.num_used_blocks == 0
-
-
-def test_generate_plans_with_a_scheduler_and_equals_the_engine(tiny_model_dir, reference_tokens, monkeypatch):
-    """generate runs schedule -> runner -> scheduler.update as the engine does, with a scheduler of
-    its own over the same KV cache: too small for the six requests at once, it preempts and
-    recomputes, and every request's tokens and stop reason equal the engine's."""
-    from audio_pipeline.core import text_generation
-
-    schedulers = []
-
-    class Recorded(text_generation.AudioGenerationScheduler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            schedulers.append(self)
-
-    monkeypatch.setattr(text_generation, "AudioGenerationScheduler", Recorded)
-    engine = TTSEngine(make_config(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
-                                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 256}}))
-    pipeline = TextGenerationPipeline(engine.config, engine.model, engine.tokenizer)
-    contexts = [engine.create_context(t, **GREEDY) for t in TEXTS]
-    outputs = pipeline.generate(contexts)
-    assert schedulers[0].num_preemptions > 0
-    assert [c.generated for c in contexts] == reference_tokens
-    assert [o.final_status for o in outputs] == [c.stop_reason for c in contexts]
-    assert {o.final_status for o in outputs} <= {StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS}
-    for output, context in zip(outputs, contexts):  # every sampled id: the tokens, then the stop id that ended them
-        ended_by_stop_id = output.final_status == StopReason.END_OF_SPEECH
-        assert output.tokens[:len(context.generated)] == context.generated
-        assert len(output.tokens) == len(context.generated) + ended_by_stop_id
-    assert engine.scheduler.block_manager.sequences == [] and engine.scheduler.block_manager.num_used_blocks == 0
+def test_a_cache_too_small_for_every_request_at_once_preempts_and_recomputes_the_same_speech(tiny_model_dir,
+                                                                                            reference_tokens):
+    """Twelve 16-token pages cannot hold the six requests together: the scheduler preempts, the
+    preempted requests are recomputed from their tokens, and every request speaks what it speaks
+    alone, ended as it ends alone; no block outlives them."""
+    engine = build(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
+                   model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 256}})
+    try:
+        contexts = run(engine, TEXTS, **GREEDY)
+        assert engine.scheduler.num_preemptions > 0
+        assert [c.generated for c in contexts] == reference_tokens
+        assert {c.stop_reason for c in contexts} <= {StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS}
+        wait_idle(engine)
+        assert engine.scheduler.block_manager.sequences == []
+    finally:
+        engine.stop()
 
 
 def test_stop_token_ids_end_the_speech(tiny_model_dir):

@@ -66,13 +66,13 @@ def test_a_decoder_failure_fails_only_its_own_request(engine, monkeypatch):
 
     monkeypatch.setattr(audio_generation, "decode_windows", failing_for_one)
     contexts, events = submit_all(engine, TEXTS)
-    bad_streams.add(id(engine.generation._requests[contexts[1].request_id].stream))
+    bad_streams.add(id(engine.core._requests[contexts[1].request_id].stream))
     ended, errors = outcomes(events, len(contexts))
     assert batched_with_bad, "the failing request never shared a decode batch"
     assert ended[contexts[1].request_id] == "error" and "audio decoding failed" in errors[contexts[1].request_id]
     assert [ended[c.request_id] for c in contexts if c is not contexts[1]] == ["complete"] * 3
     wait_idle(engine)  # its KV blocks and state are released too
-    assert engine.generation.healthy
+    assert engine.core.healthy
     # The others spoke exactly what they speak when nothing fails beside them.
     monkeypatch.undo()
     again, events = submit_all(engine, TEXTS)
@@ -94,7 +94,7 @@ def test_a_request_cancelled_while_its_audio_is_decoded_ends_cancelled_and_frees
 
     monkeypatch.setattr(audio_generation, "decode_windows", slow_for_one)
     contexts, events = submit_all(engine, TEXTS[:2])
-    target["stream"] = id(engine.generation._requests[contexts[0].request_id].stream)
+    target["stream"] = id(engine.core._requests[contexts[0].request_id].stream)
     assert decoding.wait(60), "the request's audio was never decoded"
     engine.cancel(contexts[0].request_id)
     release.set()
@@ -107,7 +107,7 @@ def test_a_request_cancelled_while_its_audio_is_decoded_ends_cancelled_and_frees
     assert last[contexts[1].request_id].kind == "complete"
     assert last[contexts[1].request_id].usage.audio_samples > 0
     wait_idle(engine)
-    assert not engine.generation._decoding and not engine.generation._requests
+    assert not engine.core._decoding and not engine.core._requests
     # Nothing of it reaches its sink after its last event.
     time.sleep(0.2)
     assert events.empty()
@@ -132,7 +132,7 @@ def test_one_loop_failure_fails_the_requests_held_and_the_loop_goes_on(engine, m
     # The loop is alive: the next request runs normally.
     contexts, events = submit_all(engine, TEXTS[2:3])
     assert outcomes(events, 1)[0] == {contexts[0].request_id: "complete"}
-    assert engine.generation.healthy
+    assert engine.core.healthy
 
 
 def test_a_loop_that_keeps_failing_stops_and_says_so(engine, monkeypatch):
@@ -140,13 +140,13 @@ def test_a_loop_that_keeps_failing_stops_and_says_so(engine, monkeypatch):
         raise RuntimeError("scheduler bug")
 
     told = []
-    engine.generation.on_unhealthy = lambda: told.append(True)
+    engine.core.on_unhealthy = lambda: told.append(True)
     monkeypatch.setattr(engine.scheduler, "schedule", broken)
     for _ in range(audio_generation.MAX_LOOP_FAILURES):
         contexts, events = submit_all(engine, TEXTS[:1])
         assert outcomes(events, 1)[0] == {contexts[0].request_id: "error"}
-    engine.generation._thread.join(timeout=30)
-    assert not engine.generation.healthy and told == [True]
+    engine.core._thread.join(timeout=30)
+    assert not engine.core.healthy and told == [True]
     with pytest.raises(Unavailable, match="restart"):
         engine.submit(engine.create_context(TEXTS[0], **GREEDY), lambda event: None)
 
@@ -171,7 +171,7 @@ def test_a_server_whose_engine_stopped_reports_not_serving(tiny_model_dir, monke
                 with pytest.raises(grpc.RpcError) as caught:
                     list(stub.Synthesize(tts_pb2.SynthesizeRequest(text="Hello."), timeout=60))
                 assert caught.value.code() == grpc.StatusCode.INTERNAL
-            server.engine.generation._thread.join(timeout=30)
+            server.engine.core._thread.join(timeout=30)
             status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
             for _ in range(100):  # set from the engine thread through the event loop
                 if status == health_pb2.HealthCheckResponse.NOT_SERVING:

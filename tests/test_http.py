@@ -164,7 +164,7 @@ def test_streamed_audio_arrives_before_the_synthesis_ends(client, idle):
                                                             response_format="pcm", extra_body={"seed": 8}) as response:
         chunks = response.iter_bytes()
         first = next(chunks)
-        still_running = idle.engine.generation.load != (0, 0)
+        still_running = idle.engine.core.load != (0, 0)
         rest = b"".join(chunks)
     assert first and still_running
     assert response.headers["content-type"] == "audio/pcm"
@@ -197,15 +197,15 @@ def test_a_client_that_leaves_mid_stream_frees_its_request(idle):
     """``idle`` checks afterwards that no request and no KV block is left."""
     from audio_pipeline.core.stop import StopReason
 
-    cancelled = idle.engine.generation.stop_reasons[StopReason.CANCELLED]
+    cancelled = idle.engine.core.stop_reasons[StopReason.CANCELLED]
     text = " ".join(["A long text that keeps the engine busy."] * 30)
     with httpx.stream("POST", f"{idle.http_url}/v1/audio/speech", timeout=120,
                       json={"model": "tts-1", "input": text, "response_format": "mp3"}) as response:
         next(response.iter_bytes())
-        assert idle.engine.generation.load != (0, 0)
+        assert idle.engine.core.load != (0, 0)
     # Leaving the block closed the connection: the server cancels the synthesis (not let it finish).
     wait_idle(idle.engine)
-    assert idle.engine.generation.stop_reasons[StopReason.CANCELLED] > cancelled
+    assert idle.engine.core.stop_reasons[StopReason.CANCELLED] > cancelled
     metrics = httpx.get(f"{idle.http_url}/metrics").text
     assert 'tts_rpc_requests_total{outcome="client_cancelled"}' in metrics
 
@@ -483,7 +483,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_voices_can_be_mapped(tiny
         next(running), next(running)  # format, first audio: this one holds the only batch slot
         queued = stub.Synthesize(long, timeout=120)
         deadline = time.monotonic() + 30
-        while server.engine.generation.load != (1, 1) and time.monotonic() < deadline:
+        while server.engine.core.load != (1, 1) and time.monotonic() < deadline:
             time.sleep(0.01)
         refused = httpx.post(f"{server.http_url}/v1/audio/speech", json={"model": "tts-1", "input": "Hi."},
                              timeout=30)

@@ -166,7 +166,7 @@ def test_padded_decode_batches_give_the_tokens_of_exact_ones(tiny_model_dir, set
     for buckets in ("none", "2,3,8"):
         engine = build(tiny_model_dir, f"model.decode_buckets={buckets}")
         try:
-            assert engine.pipeline.runner(engine.layout).decode_buckets == ([] if buckets == "none" else [2, 3, 8])
+            assert engine.core.runner.decode_buckets == ([] if buckets == "none" else [2, 3, 8])
             tokens.append([c.generated for c in run(engine, texts, max_tokens=70, **settings)])
         finally:
             engine.stop()

@@ -265,7 +265,7 @@ def test_a_reference_streams_cloned_audio_with_its_codes_before_the_decoders_inp
         engine.submit(context, lambda event: (events.append(event), event.kind != "audio" and done.set()))
         assert done.wait(120)
         codes = context.speech_codes(0, 120)
-        settings = engine.generation.streaming
+        settings = engine.core.streaming
         assert (settings.buffer, settings.prepend) == (50, prepend)
         stream = DecoderStream(engine.decoder, prompt_codes=context.prompt_speech_codes, chunk_size=settings.chunk_size,
                                buffer=settings.buffer, prepend=settings.prepend)

@@ -236,19 +236,19 @@ def test_client_cancel_mid_stream_ends_generation(idle_server, stub):
         seen += message.HasField("audio")
         if seen == 2:
             break
-    cancelled = idle_server.engine.generation.stop_reasons[StopReason.CANCELLED]
+    cancelled = idle_server.engine.core.stop_reasons[StopReason.CANCELLED]
     call.cancel()
     wait_idle(idle_server.engine)  # generation stopped and everything it held is released
-    assert idle_server.engine.generation.stop_reasons[StopReason.CANCELLED] == cancelled + 1
+    assert idle_server.engine.core.stop_reasons[StopReason.CANCELLED] == cancelled + 1
 
 
 def test_deadline_stops_generation(idle_server, stub):
-    cancelled = idle_server.engine.generation.stop_reasons[StopReason.CANCELLED]
+    cancelled = idle_server.engine.core.stop_reasons[StopReason.CANCELLED]
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Synthesize(request(max_tokens=4000, min_tokens=4000), timeout=1.0))
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_idle(idle_server.engine)
-    assert idle_server.engine.generation.stop_reasons[StopReason.CANCELLED] == cancelled + 1
+    assert idle_server.engine.core.stop_reasons[StopReason.CANCELLED] == cancelled + 1
 
 
 def test_concurrent_streams_equal_the_same_requests_one_at_a_time(stub):
@@ -313,7 +313,7 @@ def test_a_full_queue_answers_resource_exhausted(tiny_model_dir):
         next(running), next(running)  # format, first audio: this one holds the only batch slot
         queued = stub.Synthesize(long, timeout=120)
         deadline = time.monotonic() + 30
-        while server.engine.generation.load != (1, 1) and time.monotonic() < deadline:
+        while server.engine.core.load != (1, 1) and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(grpc.RpcError) as caught:
             list(stub.Synthesize(request(max_tokens=7), timeout=30))

@@ -57,7 +57,7 @@ def test_a_request_is_checked_before_it_is_admitted(service, engine):
             speak(service, **fields)
         assert refused.value.field == field
     assert service.outcomes == ["invalid"] * 5
-    assert not service._labels and engine.generation.load == (0, 0)
+    assert not service._labels and engine.core.load == (0, 0)
 
 
 def test_a_label_names_one_running_request_and_is_free_once_it_ends(service):

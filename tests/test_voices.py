@@ -212,7 +212,7 @@ def test_cloned_voice_prompt_tokens_reach_the_decoder_and_no_audio_is_lost(tiny_
             pass
         assert event.kind == "complete" and chunks[-1].complete.usage.generated_tokens == len(context.generated) == 70
         codes = context.speech_codes(0, len(context.generated))
-        settings = engine.generation.streaming
+        settings = engine.core.streaming
         expected = decoded_stream(engine.decoder, codes, settings, context.prompt_speech_codes)
         # Every chunk is the decoder's chunk with the voice's prompt codes before it: none lost, none moved ...
         assert [a.num_samples for a in audio] == [part.size for part in expected]

@@ -119,7 +119,7 @@ def decode_to(scheduler, runner, contexts, context: int) -> None:
 
 
 def time_batch(engine, batch: int, context: int, steps: int, profile=None) -> StepTimes:
-    runner = engine.pipeline.runner(engine.layout)
+    runner = engine.core.runner
     scheduler, contexts = start_requests(engine, batch, context + 4 * steps + 32)
     try:
         decode_to(scheduler, runner, contexts, context)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             engine = build_engine(model_dir, args.device, batches, args.context, args.steps, VARIANTS[variant])
             print(f"# {variant}: engine built in {time.perf_counter() - started:.1f} s (KV cache "
                   f"{str(engine.model.cache_dtype).removeprefix('torch.')}, attention {engine.model.kv_manager.backend.name}, "
-                  f"graphs {'on' if engine.pipeline.runner(engine.layout).graphs is not None else 'off'})", flush=True)
+                  f"graphs {'on' if engine.core.runner.graphs is not None else 'off'})", flush=True)
             cost = PassCost.of(config, str(engine.model.dtype).removeprefix("torch."),
                                str(engine.model.cache_dtype).removeprefix("torch."))
             try:

@@ -1,6 +1,7 @@
-"""The audio generation engine: queue, admission, the generation loop, chunked decoding, delivery.
+"""The engine core: queue, admission, the generation loop (schedule -> run -> update, written once),
+chunked decoding, delivery.
 
-One background thread owns the scheduler, the model, the KV cache and the decoder. Callers submit a context with
+One background thread owns the scheduler, the model runner, the KV cache and the decoder. Callers submit a context with
 a sink (a thread-safe callback) and receive AudioEvents through it; cancel() may come from any
 thread. Every request ends with exactly one `complete` or `error` event, and whatever it held is
 released before that event is sent.
@@ -32,8 +33,8 @@ from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.errors import AlreadyExists, InvalidArgument, ResourceExhausted, Unavailable, echo
 from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.core.runtime import configure_cpu_runtime
-from audio_pipeline.core.model_runner import PendingStep
-from audio_pipeline.core.text_generation import TextGenerationPipeline
+from audio_pipeline.core.model_runner import ModelRunner, PendingStep
+from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.scheduler import AudioGenerationScheduler, Finished, QueueFull, SchedulerOutput, StepResult
 from audio_pipeline.core.stop import StopReason
 
@@ -101,14 +102,24 @@ class _Request:
 MAX_LOOP_FAILURES = 3
 
 
-class AudioGenerationEngine:
-    """Continuous batching of speech-token generation plus chunked, batched audio decoding."""
+class EngineCore:
+    """Continuous batching of speech-token generation plus chunked, batched audio decoding.
 
-    def __init__(self, pipeline: TextGenerationPipeline, decoder: AudioDecoder, streaming: StreamSettings,
-                 scheduler: AudioGenerationScheduler, *, metrics: EngineMetrics | None = None,
-                 on_step: Callable[["AudioGenerationEngine"], None] | None = None, num_threads: int | None = None,
+    ``runner``: the model runner, or a function that builds it, called once on the engine's thread
+    when it starts (on the CPU its buffers are then that thread's: measured faster through the
+    server). ``overlap``: launch each step before reading the one before's result (the runner
+    takes the sampled tokens from the device)."""
+
+    def __init__(self, runner: ModelRunner | Callable[[], ModelRunner], decoder: AudioDecoder,
+                 streaming: StreamSettings, scheduler: AudioGenerationScheduler, *, overlap: bool = False,
+                 timer: StepTimer | None = None, metrics: EngineMetrics | None = None,
+                 on_step: Callable[["EngineCore"], None] | None = None, num_threads: int | None = None,
                  decode_stream: torch.cuda.Stream | None = None, decode_thread: bool | None = None):
-        self.pipeline = pipeline
+        self._runner = runner if isinstance(runner, ModelRunner) else None
+        self._make_runner = None if isinstance(runner, ModelRunner) else runner
+        self.overlap = overlap
+        #: Seconds per step phase (the runner's too); flushed into the metrics after each round.
+        self.timer = timer or StepTimer()
         self.decoder = decoder
         self.streaming = streaming
         self.scheduler = scheduler
@@ -156,6 +167,14 @@ class AudioGenerationEngine:
             busy = bool(self._requests)
         return time.monotonic() - self._last_step if busy else 0.0
 
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner, built on first use (the engine's first step, on its thread, unless it
+        was given built)."""
+        if self._runner is None:
+            self._runner = self._make_runner()
+        return self._runner
+
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -191,9 +210,8 @@ class AudioGenerationEngine:
             self._decoder.shutdown(wait=True)
             self._decoder = None
             self._decoding.clear()  # only requests that ended before their audio (cancelled, failed)
-        close = getattr(self.pipeline, "close", None)
-        if close is not None:
-            close()
+        if self._runner is not None:
+            self._runner.close()  # waits for the steps in flight; stops the CPU worker
 
     @property
     def load(self) -> tuple[int, int]:
@@ -274,44 +292,93 @@ class AudioGenerationEngine:
                     return
 
     def _iterate(self) -> bool:
-        """One round of the loop; False when the engine has stopped."""
+        """One round of the loop: schedule -> run (the scheduler's update applies what is due) ->
+        decode the audio that is due -> deliver. False once the engine has stopped."""
+        output = self._schedule()
+        if output is None:
+            return False
+        if not (output.items or self._pending or self._decode_ready()):
+            self._idle(output)
+            return True
+        try:
+            self._note_first_tokens(self._run_model(output))
+            self._decode_due()
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not take the engine down
+            logger.exception("generation step failed; failing its %d request(s)", len(output.items))
+            self._recover_from_failure([item.request for item in output.items], exc)
+        self._end_round(output)
+        return True
+
+    def _schedule(self) -> SchedulerOutput | None:
+        """Waits for work; applies cancellations, schedules the round and ends what it let go.
+        None once the engine is stopping with nothing left."""
         with self._lock:
             while not (self._requests or self._stopping or self._pending):
                 self._lock.wait()
             self._last_step = time.monotonic()
             if self._stopping and not self._requests and not self._pending:
-                return False
+                return None
             self._apply_cancellations()
             started = time.perf_counter()
             output = self.scheduler.schedule()
-            self.pipeline.timer.add("schedule", time.perf_counter() - started)
+            self.timer.add("schedule", time.perf_counter() - started)
             self._take_ended(output.finished)
             self._deliver_ended()
             self._update_load()
         if output.preempted:
             self.metrics.preemptions.inc(len(output.preempted))
-        if not output.items and not self._pending and not self._decode_ready():
-            if self._decoding:  # nothing to compute: the audio being decoded is what comes next
-                self._collect_decoded(wait=True)
-                with self._lock:
-                    self._deliver_ended()
-                    self._update_load()
-                return True
+        return output
+
+    def _idle(self, output: SchedulerOutput) -> None:
+        """Nothing to compute or decode this round: wait for the audio being decoded, else for work
+        (at most as long as the scheduler asks, e.g. to gather prompts)."""
+        if self._decoding:
+            self._collect_decoded(wait=True)
             with self._lock:
-                if not self._deliver_ended() and not self._cancelled:
-                    self._lock.wait(timeout=output.wait_s or 0.005)
-            return True
-        self._step(output)
+                self._deliver_ended()
+                self._update_load()
+            return
+        with self._lock:
+            if not self._deliver_ended() and not self._cancelled:
+                self._lock.wait(timeout=output.wait_s or 0.005)
+
+    def _note_first_tokens(self, results: list[StepResult]) -> None:
+        now = time.monotonic()
+        for result in results:
+            for request_id, tokens in result.by_request().items():
+                request = self._requests.get(request_id)
+                if request is not None and tokens and request.context.first_token_time is None:
+                    request.context.first_token_time = now
+                    self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
+
+    def _decode_due(self) -> None:
+        """Delivers the decoder thread's finished audio, and decodes the windows now due (in one
+        batch; with the decoder thread, once its batch in flight is done)."""
+        self._collect_decoded()
+        if self._decoder_busy:
+            return
+        with self._lock:
+            active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
+        self._decode([(r, w) for r in active if (w := self._next_window(r)) is not None])
+        # A request may need several windows at the end (a long remainder after the last chunk);
+        # on the decoder thread they come one batch after another.
+        while self._decoder is None and (
+                pending := [(r, w) for r in active if r.context.is_done and (w := self._next_window(r))]):
+            self._decode(pending)
+
+    def _end_round(self, output: SchedulerOutput) -> None:
+        with self._lock:
+            self._deliver_ended()
+            self._update_load()
         self._record_step(output)
         with self._lock:
             self._lock.notify_all()
         if self.on_step is not None:
             self.on_step(self)
-        return True
 
     def _record_step(self, output: SchedulerOutput) -> None:
-        forwards = self.pipeline.timer.forwards
-        seconds = self.pipeline.timer.flush()
+        forwards = self.timer.forwards
+        seconds = self.timer.flush()
         for phase, value in seconds.items():
             self.metrics.step_phase_seconds.labels(phase).inc(value)
         if output.items:
@@ -348,43 +415,6 @@ class AudioGenerationEngine:
             delivered = True
         return delivered
 
-    def _step(self, output: SchedulerOutput) -> None:
-        if output.items:
-            self.metrics.batch_size.labels(output.kind).observe(output.batch_size)
-        batch = [item.request for item in output.items]
-        try:
-            for item in output.items:
-                if not item.sample or item.start < len(item.request.prompt_ids):
-                    self.metrics.input_tokens.inc(item.num_tokens)
-            results = self._run_model(output)
-            now = time.monotonic()
-            for result in results:
-                for request_id, tokens in result.by_request().items():
-                    request = self._requests.get(request_id)
-                    if request is None or not tokens:
-                        continue
-                    if request.context.first_token_time is None:
-                        request.context.first_token_time = now
-                        self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
-            self._collect_decoded()
-            if not self._decoder_busy:
-                with self._lock:
-                    active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
-                windows = [(r, self._next_window(r)) for r in active]
-                self._decode([(r, w) for r, w in windows if w is not None])
-                # A request may need several windows at the end (a long remainder after the last chunk);
-                # on the decoder thread they come one batch after another.
-                while self._decoder is None and (
-                        pending := [(r, w) for r in active if r.context.is_done and (w := self._next_window(r))]):
-                    self._decode(pending)
-        except Exception as exc:  # noqa: BLE001 - one bad batch must not take the engine down
-            logger.exception("generation step failed; failing its %d request(s)", len(batch))
-            self._recover_from_failure(batch, exc)
-            return
-        with self._lock:
-            self._deliver_ended()
-            self._update_load()
-
     def _run_model(self, output: SchedulerOutput) -> list[StepResult]:
         """Launches ``output``'s forward passes (a multi-step decode's back to back: each takes what
         the one before sampled from the device) and applies the results that are due through the
@@ -394,17 +424,21 @@ class AudioGenerationEngine:
         # nothing running unseen (_drop_pending waits for it).
         due = len(self._pending)
         if output.items:
-            runner = self.pipeline.runner(output.items[0].request.layout)
+            self.metrics.batch_size.labels(output.kind).observe(output.batch_size)
+            for item in output.items:
+                if not item.sample or item.start < len(item.request.prompt_ids):
+                    self.metrics.input_tokens.inc(item.num_tokens)
+            runner = self.runner
             steps = output.steps
             for index, items in enumerate(steps):
                 self._pending.append((output, runner.launch(items), index == len(steps) - 1))
-        if not self.pipeline.overlap_active:
+        if not self.overlap:
             due = len(self._pending)
         applied = []
         for _ in range(due):
             step, pending, last = self._pending[0]
             result = pending.result()
-            with self.pipeline.timer.phase("update"), self._lock:
+            with self.timer.phase("update"), self._lock:
                 self._take_ended(self.scheduler.update(step, result, last=last))
             self._pending.pop(0)
             applied.append(result)
@@ -482,7 +516,7 @@ class AudioGenerationEngine:
         work = [(r.stream, w, r.context.speech_codes(w.start, w.end)) for r, w in jobs]
         if self._decoder is None:
             waves, seconds = self._decode_work(work)
-            self.pipeline.timer.add("decode", seconds)
+            self.timer.add("decode", seconds)
             self._deliver_audio(jobs, waves)
             return
         for request, _ in jobs:
@@ -512,7 +546,7 @@ class AudioGenerationEngine:
         while self._decoding and (wait or self._decoding[0][1].done()):
             jobs, future = self._decoding.popleft()
             waves, seconds = future.result()
-            self.pipeline.timer.add("decode", seconds)
+            self.timer.add("decode", seconds)
             self._deliver_audio(jobs, waves)
             collected, wait = True, False
         return collected
@@ -539,7 +573,7 @@ class AudioGenerationEngine:
             self.metrics.audio_seconds.inc(samples.shape[0] / self.decoder.sample_rate)
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
-        self.pipeline.timer.add("deliver", time.perf_counter() - started)
+        self.timer.add("deliver", time.perf_counter() - started)
 
     def _on_decode_stream(self):
         return torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else nullcontext()
@@ -565,7 +599,8 @@ class AudioGenerationEngine:
         request.stream.close()
         self._requests.pop(context.request_id, None)
         self._ended.pop(context.request_id, None)
-        self.pipeline.forget(context.request_id)
+        if self._runner is not None:
+            self._runner.release(context.request_id)  # its repetition counts and latest sample
         context.finish_time = time.monotonic()
         self.stop_reasons[done.reason] += 1
         self.metrics.requests.labels(done.reason.value).inc()

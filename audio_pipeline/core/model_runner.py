@@ -19,6 +19,7 @@ by frame slot); :meth:`release` frees it when the request ends.
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -36,7 +37,10 @@ from audio_pipeline.core.scheduler import StepResult
 from audio_pipeline_kernels import StepMetadata
 
 if TYPE_CHECKING:
+    from audio_pipeline.config import PipelineConfig
     from audio_pipeline.models.llama_model import LlamaPipelineModel
+
+logger = logging.getLogger(__name__)
 
 
 class RepetitionCounts:
@@ -460,3 +464,31 @@ class ModelRunner:
             flat.index_add_(0, device["follow_rows"] * width + device["follow_codes"],
                             counted.index_select(0, device["follow_owner"]))
         return ids
+
+
+def build_runner(model: "LlamaPipelineModel", layout: Any, config: "PipelineConfig", *, max_batch_size: int,
+                 timer: StepTimer | None = None, overlap: bool = False) -> ModelRunner:
+    """The engine's model runner, as the configuration asks: CUDA graphs where the attention kernel
+    can be captured (FlashInfer's), decode buckets (model.decode_buckets, else the device's default),
+    and on the CPU with overlap a worker thread (on CUDA the device runs ahead by itself)."""
+    model_config = config.model
+    device = model.devices[0]
+    # Graphs replay FlashInfer's decode kernel; the torch form's shapes change every step.
+    graphs = model_config.cuda_graphs and model.kv_manager.backend.name == "flashinfer"
+    if model_config.cuda_graphs and device.type == "cuda" and not graphs:
+        logger.warning("model.cuda_graphs: off, the %s attention kernel cannot be captured (flashinfer can)",
+                       model.kv_manager.backend.name)
+    buckets = model_config.decode_buckets
+    if buckets is None:
+        buckets = default_decode_buckets(device, max_batch_size, cuda_graphs=graphs)
+    return ModelRunner(model, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
+                       worker=overlap and device.type == "cpu")
+
+
+def default_decode_buckets(device: Any, max_batch_size: int, *, cuda_graphs: bool) -> list[int]:
+    """model.decode_buckets when unset: with CUDA graphs 1, 2, 4, 8, 16, 24, 32, then every 16 up to
+    max_batch_size (each one graph); none otherwise, where exact shapes are cheaper than padding."""
+    if device.type != "cuda" or not cuda_graphs:
+        return []
+    sizes = [1, 2, 4, 8, 16, 24, 32, *range(48, max_batch_size + 16, 16)]
+    return sorted({min(size, max_batch_size) for size in sizes})

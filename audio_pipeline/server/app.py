@@ -183,7 +183,7 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
             loop.add_signal_handler(sig, stop.set)
     try:
         # An engine whose loop has stopped for good takes the server out of rotation (NOT_SERVING).
-        engine.generation.on_unhealthy = lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop)
+        engine.core.on_unhealthy = lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop)
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
         running.service.ready = True

@@ -97,7 +97,7 @@ class SpeechService:
 
     @property
     def serving(self) -> bool:
-        return self.ready and self.engine.generation.healthy
+        return self.ready and self.engine.core.healthy
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -119,7 +119,7 @@ class SpeechService:
             raise InvalidArgument(f"longer than {limit} characters", field=field)
         if label in self._labels:
             raise AlreadyExists(f"{echo(label)} names a running request", field=field)
-        generation = self.engine.generation
+        generation = self.engine.core
         if not generation.accepting:
             raise generation.unavailable()
         if not generation.has_room(pending=self._preparing):
