@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 def resolve_model_dir(model_path: str) -> Path:
     """A local model directory for ``model_path`` (``builtin:NAME`` or a path)."""
     if model_path.startswith("builtin:"):
-        from audio_pipeline.models.tiny import resolve_builtin_model
+        from audio_pipeline.builtin import resolve_builtin_model
 
         return resolve_builtin_model(model_path.removeprefix("builtin:"))
     path = Path(model_path).expanduser()
@@ -240,7 +240,7 @@ class TTSEngine:
         """The registered voices (None when the decoder cannot encode audio, so no cloning)."""
         if not getattr(self.decoder, "supports_encoding", hasattr(self.decoder, "encode")):
             return None
-        from audio_pipeline.models.tiny import builtin_cache_dir
+        from audio_pipeline.builtin import builtin_cache_dir
 
         directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
         store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self._encode)

@@ -28,7 +28,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+    from audio_pipeline.testing.tiny_models import write_tiny_orpheus_model
 
     return write_tiny_orpheus_model(tmp_path_factory.mktemp("tiny-orpheus"), seed=0)
 
@@ -52,7 +52,7 @@ def make_config(model_dir, *flags, **overrides):
 @pytest.fixture(scope="session")
 def tts_server(tiny_model_dir):
     """A real server (gRPC on a free port) running the tiny model; ``.target``, ``.engine``."""
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     server = BackgroundServer(make_config(tiny_model_dir, "max_queue_size_tg=64")).start()
     yield server

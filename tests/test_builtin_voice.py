@@ -61,7 +61,7 @@ def test_the_front_end_gives_phoneme_frames_that_fill_the_speech():
 
 @pytest.fixture(scope="module")
 def voice_dir():
-    from audio_pipeline.models.tiny import resolve_builtin_model
+    from audio_pipeline.builtin import resolve_builtin_model
 
     return resolve_builtin_model("lpc-en")
 
@@ -249,7 +249,7 @@ def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tm
     import soundfile as sf
 
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
     from audio_pipeline_client.cli import main as tts_client
     from audio_pipeline_client.protocol import float_to_pcm16

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.server.background import BackgroundServer
+from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from tests.conftest import make_config
 

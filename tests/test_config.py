@@ -544,8 +544,8 @@ def test_acting_values_take_effect_in_a_server(tiny_model_dir, tmp_path):
     import numpy as np
     import soundfile
 
-    from audio_pipeline.models.tiny import TINY_LLAMA_CONFIG
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.tiny_models import TINY_LLAMA_CONFIG
+    from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
     from conftest import make_config

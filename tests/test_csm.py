@@ -187,7 +187,7 @@ def test_served_streams_batched_sound_as_they_do_alone_and_http_speaks_a_speaker
     OpenAI's speech route writes a WAV of speaker 1."""
     import httpx
 
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     server = BackgroundServer(make_config(model_dir, *FLAGS), http_port=0).start()
     try:

@@ -46,7 +46,7 @@ PLAIN = ("enable_overlap_scheduler=false", "enable_in_flight_batching=false", "m
 def model_dir(tmp_path_factory):
     from safetensors.torch import load_file, save_file
 
-    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+    from audio_pipeline.testing.tiny_models import write_tiny_orpheus_model
 
     path = write_tiny_orpheus_model(tmp_path_factory.mktemp("cuda-orpheus"), seed=3, hidden_size=768,
                                     intermediate_size=1536, num_attention_heads=6, num_key_value_heads=2)
@@ -296,7 +296,7 @@ def test_the_builtin_frame_voice_speaks_on_cuda_as_on_the_cpu():
 def test_csm_is_served_on_cuda_over_grpc(tmp_path):
     """A tiny CSM (backbone, depth decoder, Mimi) behind the real gRPC server on CUDA: a request
     streams audio to its completion."""
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
     from csm_model import write_tiny_csm
     from speech_requests import audio_of, synthesize
 

@@ -254,7 +254,7 @@ def test_candidate_logits_equal_the_same_columns_of_the_full_logits(tiny_model_d
 def test_missing_decoder_weights_are_refused_before_the_language_model_loads(tmp_path, weights):
     """A plain Orpheus directory (no decoder shipped) or a decoder path that is not there is refused
     naming the setting, before the weights load: here they are not even readable."""
-    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+    from audio_pipeline.testing.tiny_models import write_tiny_orpheus_model
 
     model_dir = write_tiny_orpheus_model(tmp_path / "plain", with_decoder=False)
     (model_dir / "model.safetensors").write_bytes(b"not a checkpoint")

@@ -155,7 +155,7 @@ def test_a_server_whose_engine_stopped_reports_not_serving(tiny_model_dir, monke
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
     server = BackgroundServer(make_config(tiny_model_dir)).start()

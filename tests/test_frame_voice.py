@@ -184,7 +184,7 @@ def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
     import httpx
     import torch
 
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     server = BackgroundServer(make_config(model_dir, *FLAGS), http_port=0).start()
     try:

@@ -22,7 +22,7 @@ TEXT = "Hello there, world."
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     # top_k: the tiny random model's next-token distribution is nearly flat over 4096 codes, so
     # top_p sampling lands near a boundary between near-equal candidates often enough that the
@@ -282,7 +282,7 @@ def test_models_voices_health_and_metrics(idle):
 
 def test_bearer_tokens_guard_the_http_routes_too(tiny_model_dir, tmp_path):
     from audio_pipeline.server.auth import AuthTokens
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
 
     tokens = tmp_path / "tokens"
@@ -470,7 +470,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_voices_can_be_mapped(tiny
 
     import grpc
 
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
@@ -507,7 +507,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_voices_can_be_mapped(tiny
 def test_an_http_port_in_use_stops_the_server_with_one_clear_error(tiny_model_dir):
     import socket
 
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -523,7 +523,7 @@ def test_while_warming_up_speech_answers_503_with_retry_after_and_health_is_not_
     import time
 
     from audio_pipeline.engine import TTSEngine
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     engine = TTSEngine(make_config(tiny_model_dir))
     gate = threading.Event()

@@ -113,7 +113,7 @@ def tiny_lexicon_voice(tmp_path_factory):
     from audio_pipeline.decoders.mcep import DEFAULT_CONFIG, save_mcep_decoder
     from audio_pipeline.layouts.manifest import MANIFEST_NAME
     from audio_pipeline.layouts.phoneme_lpc import VOCAB_SIZE, write_tokenizer
-    from audio_pipeline.models.tiny import random_llama_state
+    from audio_pipeline.testing.tiny_models import random_llama_state
     from recipes.builtin_voice.train import model_config
 
     path = tmp_path_factory.mktemp("lexicon-voice")

@@ -12,7 +12,7 @@ from audio_pipeline.config import KVCacheConfig
 from audio_pipeline.core.kv_cache import PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM
 from audio_pipeline.models.llama_model import LlamaPipelineModel
-from audio_pipeline.models.tiny import write_tiny_orpheus_model
+from audio_pipeline.testing.tiny_models import write_tiny_orpheus_model
 from audio_pipeline.models.weights import load_safetensors_into
 
 # float32 on CPU; the two implementations order a few reductions differently.

@@ -17,7 +17,7 @@ DESCRIPTION = "Warm adult female voice, slow pacing."
 
 @pytest.fixture(scope="module")
 def maya1_dir(tmp_path_factory):
-    from audio_pipeline.models.tiny import write_tiny_orpheus_model
+    from audio_pipeline.testing.tiny_models import write_tiny_orpheus_model
 
     return write_tiny_orpheus_model(tmp_path_factory.mktemp("maya1"), seed=0, family="maya1")
 
@@ -79,7 +79,7 @@ def test_http_instructions_describe_the_voice_as_grpc_voice_does(maya1_dir):
     samples gRPC gives for that description as the voice; another description other samples."""
     import httpx
 
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
 
     server = BackgroundServer(make_config(maya1_dir), http_port=0).start()

@@ -243,7 +243,7 @@ def test_a_reference_streams_cloned_audio_with_its_codes_before_the_decoders_inp
     the decoder makes it from the generated codes and, with once and rolling, the reference's
     codes before them; the samples are exactly the generated frames'."""
     from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     server = BackgroundServer(make_config(model_dir, f"prepend_prompt_speech_tokens={prepend}",
                                           voices_dir=str(tmp_path / "voices"))).start()
@@ -288,7 +288,7 @@ def test_cloned_requests_batched_together_sound_as_they_do_alone(model_dir, tmp_
     configuration's own (top_p 0.95 over all 65,536 codes of a random model's nearly flat
     distribution) would let a batch's other rounding of the logits move a draw."""
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     server = BackgroundServer(make_config(model_dir, voices_dir=str(tmp_path / "voices")), http_port=0).start()
     try:

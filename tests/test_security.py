@@ -24,7 +24,7 @@ from audio_pipeline.cli import main as audio_pipeline
 from audio_pipeline.config import AudioGenerationConfig
 from audio_pipeline.server.app import ServerOptions, grpc_server_options
 from audio_pipeline.server.auth import AuthTokens
-from audio_pipeline.server.background import BackgroundServer
+from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline.server.tls import TLSFiles
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from serve_process import listening_port

@@ -154,7 +154,7 @@ def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
     import json
 
     from audio_pipeline.layouts.manifest import ModelManifest
-    from audio_pipeline.models.random_models import write_random_model
+    from audio_pipeline.testing.random_models import write_random_model
 
     model_dir = write_random_model(tmp_path / "m", "orpheus-3b")
     config = json.loads((model_dir / "config.json").read_text())

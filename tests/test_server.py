@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.server.background import BackgroundServer
+from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from conftest import TEST_MAX_TOKENS, make_config, wait_idle
 

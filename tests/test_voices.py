@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from audio_pipeline.layouts.orpheus import END_OF_AI, END_OF_SPEECH, OrpheusLayout
-from audio_pipeline.server.background import BackgroundServer
+from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from conftest import make_config, wait_idle
 

@@ -46,7 +46,7 @@ def builtin_server():
     import tempfile
 
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.server.background import BackgroundServer
+    from audio_pipeline.testing.background import BackgroundServer
 
     config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": "builtin:lpc-en", "device": "cpu"},
                                         voices_dir=tempfile.mkdtemp(prefix="voices-"))

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
 
     from audio_pipeline.bench.serve import PassCost, read_bandwidth
-    from audio_pipeline.models.random_models import RANDOM_SHAPES, write_random_model
+    from audio_pipeline.testing.random_models import RANDOM_SHAPES, write_random_model
 
     model_dir = tempfile.mkdtemp(prefix=f"random-{args.random_model}-")
     try:

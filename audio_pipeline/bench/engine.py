@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model:
             model_dir = Path(args.model)
         else:
-            from audio_pipeline.models.tiny import write_tiny_orpheus_model
+            from audio_pipeline.testing.tiny_models import write_tiny_orpheus_model
 
             model_dir = write_tiny_orpheus_model(Path(scratch) / "tiny", seed=0)
         config = AudioGenerationConfig.load(

@@ -687,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.utterance_tokens if args.random_model else None
     model_dir = None
     if args.random_model:
-        from audio_pipeline.models.random_models import write_random_model
+        from audio_pipeline.testing.random_models import write_random_model
 
         model_dir = tempfile.mkdtemp(prefix=f"random-{args.random_model}-")
         args.model = str(write_random_model(model_dir, args.random_model))

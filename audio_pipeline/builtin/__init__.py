@@ -1,4 +1,6 @@
-"""Models shipped inside the package (package data): ``builtin:NAME`` is the directory NAME here.
+"""Built-in models: ``builtin:NAME``. The voices are shipped inside the package (package data):
+``builtin:NAME`` is the directory NAME here; ``builtin:tiny-orpheus`` (a tiny random Orpheus-layout
+test model) is written on first use to the cache.
 
 ``slt-en-frame`` is the built-in voice (the default model: one backbone pass per frame), ``slt-en``
 the same voice with four positions per frame, ``lpc-en`` the first generation; all are made by
@@ -7,7 +9,13 @@ recipes/builtin_voice (see its NOTES.md).
 
 from __future__ import annotations
 
+import importlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
+
+from audio_pipeline.layouts.manifest import MANIFEST_NAME
 
 #: Shipped model names (directories beside this file).
 SHIPPED_MODELS = ("slt-en", "slt-en-frame", "lpc-en")
@@ -19,3 +27,37 @@ def shipped_model_dir(name: str) -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"built-in model {name!r}: {path} is missing from this installation")
     return path
+
+
+#: Built-in models written on first use: name -> (version, the writer's module and function). The
+#: version is part of the cache path.
+BUILTIN_MODELS = {"tiny-orpheus": (1, "audio_pipeline.testing.tiny_models", "write_tiny_orpheus_model")}
+
+
+def builtin_cache_dir() -> Path:
+    return Path(os.environ.get("AUDIO_PIPELINE_CACHE", Path.home() / ".cache" / "audio-pipeline"))
+
+
+def resolve_builtin_model(name: str) -> Path:
+    """The directory of built-in model ``name``: shipped in the package, or written on first use
+    (atomically) to the cache."""
+    if name in SHIPPED_MODELS:
+        return shipped_model_dir(name)
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"unknown built-in model {name!r}; available: {', '.join((*SHIPPED_MODELS, *BUILTIN_MODELS))}")
+    version, module, function = BUILTIN_MODELS[name]
+    target = builtin_cache_dir() / "builtin" / f"{name}-v{version}"
+    if (target / MANIFEST_NAME).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        getattr(importlib.import_module(module), function)(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / MANIFEST_NAME).is_file():  # not a concurrent writer's finished copy
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

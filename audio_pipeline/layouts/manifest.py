@@ -63,7 +63,7 @@ class ModelManifest:
     #: "lexicon" (the model directory's lexicon.txt.gz and prosody.json).
     front_end: str = "espeak"
     #: The directory holds no language model checkpoint: its weights are drawn at load (a random
-    #: model of a real shape, for benchmarks; models/random_models.py).
+    #: model of a real shape, for benchmarks; testing/random_models.py).
     random_weights: bool = False
 
     @classmethod

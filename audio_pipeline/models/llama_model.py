@@ -77,7 +77,7 @@ class LlamaPipelineModel(PipelineModel):
         with torch.device("meta"):
             model = self.module_class(huggingface_config)
         if random_weights:
-            from audio_pipeline.models.random_models import init_random_weights
+            from audio_pipeline.models.weights import init_random_weights
 
             init_random_weights(model, dtype, device)
             model.tie_weights()

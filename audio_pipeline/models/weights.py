@@ -87,3 +87,16 @@ def read_config_json(directory: Path, what: str) -> object:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def init_random_weights(module: nn.Module, dtype: torch.dtype, device: torch.device, seed: int = 0) -> None:
+    """Draws every parameter of ``module`` (built on the meta device) on ``device``: norms at one,
+    the rest normal with std 0.02, as a fresh Llama."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, parameter in list(module.named_parameters()):
+        owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+        if name.endswith("norm.weight"):
+            value = torch.ones(parameter.shape, dtype=dtype, device=device)
+        else:
+            value = torch.empty(parameter.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
+        setattr(owner, name.rpartition(".")[2], nn.Parameter(value, requires_grad=False))

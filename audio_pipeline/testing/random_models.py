@@ -12,12 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from audio_pipeline.layouts import orpheus
 from audio_pipeline.layouts.manifest import MANIFEST_NAME
-from audio_pipeline.models.tiny import TINY_LLAMA_CONFIG, write_tokenizer
+from audio_pipeline.testing.tiny_models import TINY_LLAMA_CONFIG, write_tokenizer
 
 #: Orpheus-3B (canopylabs' fine-tune of Llama 3.2 3B): its config.json's shape.
 ORPHEUS_3B_CONFIG = {
@@ -59,16 +56,3 @@ def write_random_model(path: str | Path, shape: str, *, seed: int = 0) -> Path:
         "default_voice": orpheus.ORPHEUS_VOICES[0], "audio_decoder": "snac", "audio_decoder_weights": "snac",
     }, indent=2))
     return path
-
-
-def init_random_weights(module: nn.Module, dtype: torch.dtype, device: torch.device, seed: int = 0) -> None:
-    """Draws every parameter of ``module`` (built on the meta device) on ``device``: norms at one,
-    the rest normal with std 0.02, as a fresh Llama."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-    for name, parameter in list(module.named_parameters()):
-        owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
-        if name.endswith("norm.weight"):
-            value = torch.ones(parameter.shape, dtype=dtype, device=device)
-        else:
-            value = torch.empty(parameter.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
-        setattr(owner, name.rpartition(".")[2], nn.Parameter(value, requires_grad=False))

@@ -1,17 +1,13 @@
-"""Writes a tiny random Llama with the Orpheus token layout, in Hugging Face format, and resolves
-``builtin:NAME`` models.
+"""Writes a tiny random Llama with the Orpheus token layout, in Hugging Face format.
 
-Tests serve the tiny model (``builtin:tiny-orpheus``): it exercises the whole engine path, but its
-random weights produce noise, not speech. The default model is the shipped voice
-``builtin:lpc-en`` (package data, audio_pipeline/builtin/).
+Tests serve the tiny model (also ``builtin:tiny-orpheus``): it exercises the whole engine path, but
+its random weights produce noise, not speech.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -133,38 +129,3 @@ def write_tiny_orpheus_model(path: str | os.PathLike, *, seed: int = 0, with_dec
         manifest.update(audio_decoder="snac", audio_decoder_weights="snac")
     (path / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
     return path
-
-
-#: Built-in models: name -> (writer, version). The version is part of the cache path.
-BUILTIN_MODELS = {"tiny-orpheus": (write_tiny_orpheus_model, 1)}
-
-
-def builtin_cache_dir() -> Path:
-    return Path(os.environ.get("AUDIO_PIPELINE_CACHE", Path.home() / ".cache" / "audio-pipeline"))
-
-
-def resolve_builtin_model(name: str) -> Path:
-    """The directory of built-in model ``name``: shipped in the package, or written on first use
-    (atomically) to the cache."""
-    from audio_pipeline.builtin import SHIPPED_MODELS, shipped_model_dir
-
-    if name in SHIPPED_MODELS:
-        return shipped_model_dir(name)
-    if name not in BUILTIN_MODELS:
-        raise ValueError(f"unknown built-in model {name!r}; available: {', '.join((*SHIPPED_MODELS, *BUILTIN_MODELS))}")
-    writer, version = BUILTIN_MODELS[name]
-    target = builtin_cache_dir() / "builtin" / f"{name}-v{version}"
-    if (target / MANIFEST_NAME).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        writer(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / MANIFEST_NAME).is_file():  # not a concurrent writer's finished copy
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
