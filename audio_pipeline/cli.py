@@ -129,7 +129,7 @@ def read_text(args: argparse.Namespace) -> str:
 
 def run_serve(args: argparse.Namespace, config) -> None:
     from audio_pipeline.server.app import ServerOptions, serve
-    from audio_pipeline.server.auth import AuthTokens
+    from audio_pipeline.service.auth import AuthTokens
     from audio_pipeline.server.tls import TLSFiles
 
     config.log_basic_config()
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             from audio_pipeline.server import ray_cli
 
             config.log_basic_config()
-            ray_cli.run(args)
+            ray_cli.run(args, config_overrides(args))
         else:
             run_synthesize(args, config)
     except KeyboardInterrupt:

@@ -21,9 +21,10 @@ from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
-from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
+from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, ResourceExhausted, echo
 from audio_pipeline.core.metrics import EngineMetrics
-from audio_pipeline.layouts.manifest import ModelManifest, VoiceInfo
+from audio_pipeline.layouts.manifest import ModelManifest
+from audio_pipeline.layouts.voice_info import VoiceInfo
 from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.text.normalize import NormalizedText, normalize
 from audio_pipeline.text.timings import word_timings
@@ -497,6 +498,25 @@ class TTSEngine:
             raise InvalidArgument(f"the text needs {needed} speech tokens, over the server limit "
                                   f"sampling.max_tokens_limit={limit}: split the text", field="text")
         return dataclasses.replace(sampling, max_tokens=needed)
+
+    def check_room(self, pending: int = 0) -> None:
+        """Raises the error a request submitted now would get (Unavailable while the engine does not
+        accept work, ResourceExhausted when its queue is full), with ``pending`` others being
+        prepared for submission; the service's one admission call."""
+        core = self.core
+        if not core.accepting:
+            raise core.unavailable()
+        if not core.has_room(pending):
+            raise ResourceExhausted("the request queue is full; retry later")
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine's loop has failed repeatedly and stopped (health: NOT_SERVING)."""
+        return self.core.healthy
+
+    def on_unhealthy(self, callback) -> None:
+        """``callback()`` runs (on the engine's thread) when the loop stops for good."""
+        self.core.on_unhealthy = callback
 
     def submit(self, context: TTSContext, sink: Sink) -> None:
         self.core.submit(context, sink)

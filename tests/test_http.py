@@ -281,7 +281,7 @@ def test_models_voices_health_and_metrics(idle):
 
 
 def test_bearer_tokens_guard_the_http_routes_too(tiny_model_dir, tmp_path):
-    from audio_pipeline.server.auth import AuthTokens
+    from audio_pipeline.service.auth import AuthTokens
     from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
 

@@ -33,3 +33,67 @@ def test_the_tiny_test_model_is_written_by_the_testing_package_on_request(tmp_pa
     path = resolve_builtin_model("tiny-orpheus")
     assert (path / "config.json").is_file() and path.is_relative_to(tmp_path)
     assert resolve_builtin_model("tiny-orpheus") == path
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in it (inside functions too; imports
+    only for type checkers aside)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "audio_pipeline"
+
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(path): path for path in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(node) for block in ast.walk(tree)
+                       if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                       for child in block.body for node in ast.walk(child)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def test_the_doors_are_peers_over_the_service():
+    """No module of the HTTP door imports the gRPC server, even inside a function; loaded, the
+    service and the engine bring neither door nor the generated protobuf code."""
+    graph = import_graph()
+    crossing = sorted((a, b) for a in graph if a.startswith("audio_pipeline.http")
+                      for b in graph[a] if b.startswith("audio_pipeline.server"))
+    assert not crossing, f"the HTTP door imports the gRPC server: {crossing}"
+    below = imported_by("audio_pipeline.service.speech", "audio_pipeline.engine")
+    assert "audio_pipeline.core.engine_core" in below
+    assert not {m for m in below if m.startswith(("audio_pipeline.server", "audio_pipeline.http"))}
+    assert not {m for m in below if m.startswith("audio_pipeline_client")}
+
+
+def test_no_two_modules_import_each_other_even_inside_functions():
+    """Imports go one way: no cycle among the package's modules."""
+    graph = import_graph()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            current = todo.pop()
+            if current == goal:
+                return True
+            if current not in seen:
+                seen.add(current)
+                todo.extend(graph[current])
+        return False
+
+    cycles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a))
+    assert not cycles, f"modules that import each other (directly or through others): {cycles}"

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from audio_pipeline.cli import main as audio_pipeline
 from audio_pipeline.config import AudioGenerationConfig
 from audio_pipeline.server.app import ServerOptions, grpc_server_options
-from audio_pipeline.server.auth import AuthTokens
+from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline.server.tls import TLSFiles
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError

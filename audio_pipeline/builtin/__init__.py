@@ -15,8 +15,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from audio_pipeline.layouts.manifest import MANIFEST_NAME
-
 #: Shipped model names (directories beside this file).
 SHIPPED_MODELS = ("slt-en", "slt-en-frame", "lpc-en")
 
@@ -47,7 +45,7 @@ def resolve_builtin_model(name: str) -> Path:
         raise ValueError(f"unknown built-in model {name!r}; available: {', '.join((*SHIPPED_MODELS, *BUILTIN_MODELS))}")
     version, module, function = BUILTIN_MODELS[name]
     target = builtin_cache_dir() / "builtin" / f"{name}-v{version}"
-    if (target / MANIFEST_NAME).is_file():
+    if (target / "config.json").is_file():  # the whole directory appears at once (a rename)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
@@ -56,7 +54,7 @@ def resolve_builtin_model(name: str) -> Path:
         try:
             staging.rename(target)
         except OSError:
-            if not (target / MANIFEST_NAME).is_file():  # not a concurrent writer's finished copy
+            if not (target / "config.json").is_file():  # not a concurrent writer's finished copy
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from audio_pipeline.errors import InvalidArgument, RequestError, echo
-from audio_pipeline.http.app import OpenAISpeech, error_fields
+from audio_pipeline.http.openai_speech import OpenAISpeech, error_fields
 from audio_pipeline.service.request import SpeechAudio
 from audio_pipeline.service.speech import LiveSpeechStream
 

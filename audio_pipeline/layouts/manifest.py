@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from audio_pipeline.layouts import orpheus
+from audio_pipeline.layouts.voice_info import VoiceInfo
 
 MANIFEST_NAME = "audio_pipeline.json"
 #: Model families (``family`` in the manifest) the engine has a speech-token layout for.
@@ -37,13 +38,6 @@ FAMILY_SAMPLING = {"neutts": {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "re
                    # Sesame's generator: temperature 0.9 over the 50 likeliest codes, backbone and depth
                    # decoder alike (here each request's settings act on both).
                    "csm": {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}}
-
-
-@dataclass(frozen=True)
-class VoiceInfo:
-    name: str
-    description: str = ""
-    language: str = "en-US"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from audio_pipeline.errors import InvalidArgument
-from audio_pipeline.layouts.manifest import VoiceInfo
+from audio_pipeline.layouts.voice_info import VoiceInfo
 from audio_pipeline.layouts.orpheus import OrpheusLayout
 
 #: Voices of a Maya1 model whose manifest names none (a description is the voice).

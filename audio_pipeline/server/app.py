@@ -14,7 +14,8 @@ from grpc_reflection.v1alpha import reflection
 
 from audio_pipeline.config import AudioGenerationConfig, PrometheusMetricsMode
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.server.auth import AuthTokens, BearerTokenInterceptor
+from audio_pipeline.server.auth import BearerTokenInterceptor
+from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.server.handlers import SERVICE_NAME, add_text_to_speech
 from audio_pipeline.server.metrics import ServerMetrics
 from audio_pipeline.server.servicer import TextToSpeechServicer
@@ -183,7 +184,7 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
             loop.add_signal_handler(sig, stop.set)
     try:
         # An engine whose loop has stopped for good takes the server out of rotation (NOT_SERVING).
-        engine.core.on_unhealthy = lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop)
+        engine.on_unhealthy(lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
         running.service.ready = True

@@ -137,7 +137,7 @@ class TextToSpeechReplica:
 
     def check_health(self) -> None:
         """Serve's health check: an engine whose loop stopped for good takes the replica out."""
-        if not self.engine.core.healthy:
+        if not self.engine.healthy:
             raise RuntimeError("the engine loop has stopped")
 
     def __del__(self) -> None:

@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--http-port", type=int, default=8000, help="Serve's HTTP proxy port (default: 8000)")
 
 
-def run(args: argparse.Namespace, stop: threading.Event | None = None) -> None:
+def run(args: argparse.Namespace, overrides: dict, stop: threading.Event | None = None) -> None:
+    """``overrides``: the configuration the command line sets (cli.config_overrides)."""
     try:
         import ray
         from ray import serve
@@ -37,9 +38,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> None:
     from audio_pipeline.server.ray_app import (APP_NAME, GRPC_SERVICER_FUNCTION, ReplicaOptions, build_app,
                                               config_sources)
 
-    from audio_pipeline.cli import config_overrides
-
-    sources = config_sources(args.config_file, args.section_name, args.task_arg, **config_overrides(args))
+    sources = config_sources(args.config_file, args.section_name, args.task_arg, **overrides)
     options = ReplicaOptions(replicas=args.replicas, max_replicas=args.max_replicas, capacity=args.capacity,
                              num_cpus=args.num_cpus, num_gpus=args.num_gpus)
     application = build_app(sources, options)  # checks the configuration before Ray starts

@@ -97,7 +97,7 @@ class SpeechService:
 
     @property
     def serving(self) -> bool:
-        return self.ready and self.engine.core.healthy
+        return self.ready and self.engine.healthy
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -119,11 +119,7 @@ class SpeechService:
             raise InvalidArgument(f"longer than {limit} characters", field=field)
         if label in self._labels:
             raise AlreadyExists(f"{echo(label)} names a running request", field=field)
-        generation = self.engine.core
-        if not generation.accepting:
-            raise generation.unavailable()
-        if not generation.has_room(pending=self._preparing):
-            raise ResourceExhausted("the request queue is full; retry later")
+        self.engine.check_room(pending=self._preparing)
         return request_id, label
 
     @contextlib.contextmanager

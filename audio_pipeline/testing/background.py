@@ -8,7 +8,7 @@ import threading
 from audio_pipeline.config import AudioGenerationConfig
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.server.app import ServerOptions, serve
-from audio_pipeline.server.auth import AuthTokens
+from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.server.tls import TLSFiles
 
 
