@@ -215,7 +215,7 @@ class PipelineConfig(BaseSettings):
     config_file: str | None = Field(None, description="YAML or TOML file of values, above defaults and below env.")
     section_name: str | None = Field(None, description="Top-level section of config_file to read; None = all of it.")
     max_length: int | None = Field(None, ge=1, description="Longest sequence (prompt + output); None = the model's.")
-    max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = fit KV memory.")
+    max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = 32 on the CPU, 256 on CUDA.")
     max_queue_size_tg: int | None = Field(
         None, ge=1, description="Most requests admitted to decode (holding KV blocks) at once; None = max_batch_size.")
     max_queue_size: int | None = Field(
