@@ -20,7 +20,7 @@ from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.decoders import load_audio_decoder
-from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
+from audio_pipeline.config.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, ResourceExhausted, echo
 from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.layouts.manifest import ModelManifest

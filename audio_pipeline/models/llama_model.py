@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from audio_pipeline.defaults import DEFAULT_MAX_BATCH_SIZE
+from audio_pipeline.config.defaults import DEFAULT_MAX_BATCH_SIZE
 from audio_pipeline.models.interface import KVCacheParams, PipelineModel
 from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers

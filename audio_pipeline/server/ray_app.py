@@ -26,7 +26,7 @@ from typing import Any
 from ray import serve
 
 from audio_pipeline.config import AudioGenerationConfig
-from audio_pipeline.defaults import DEFAULT_MAX_QUEUE_SIZE
+from audio_pipeline.config.defaults import DEFAULT_MAX_QUEUE_SIZE
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Values come from, later winning: field defaults < the model's streaming and sampling defaults < ``config_file``
 < ``AUDIO_PIPELINE_*`` environment variables < keyword arguments < ``NAME=VALUE`` audio flags.
-``AudioGenerationConfig.load`` reads all of them (the sources are in ``config_sources``);
+``AudioGenerationConfig.load`` reads all of them (the sources are in ``sources.py``);
 ``resolve()`` checks the rules that span fields, once construction is done. Every field acts:
 one that nothing would read is not a field, so setting it is refused as an unknown key.
 """
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from typing_extensions import Self
 
-from audio_pipeline import config_sources as sources
+import audio_pipeline.config.sources as sources
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
