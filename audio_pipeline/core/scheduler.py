@@ -1,7 +1,7 @@
 """AudioGenerationScheduler: decides, step by step, which requests prefill (CE) and which decode (TG).
 
 Torch-free. It owns the request queue and the admission to the paged KV cache (through the
-:class:`~audio_pipeline.core.kv_cache.BlockManager`), and hands the pipeline a list of
+:class:`~audio_pipeline.core.kv_cache.BlockManager`), and hands the engine core a list of
 ``(request, start, num_tokens)`` items per step. The knobs, all from the configuration:
 
 - ``max_batch_size``: most requests in one step.
