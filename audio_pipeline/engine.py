@@ -1,5 +1,7 @@
-"""TTSEngine: builds model, tokenizer, decoder and generation loop from the configuration, and turns
-requests into validated contexts. The server and the in-process `synthesize` command both use it."""
+"""TTSEngine: builds the model, tokenizer, layout, decoder, KV cache, scheduler and engine core from
+the configuration, once; then admits and runs requests (a request is prepared and checked by
+service/prepare.py first), and keeps the registered voices. The server and the in-process
+`synthesize` command both use it."""
 
 from __future__ import annotations
 
@@ -26,8 +28,6 @@ from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.layouts.manifest import ModelManifest
 from audio_pipeline.layouts.voice_info import VoiceInfo
 from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
-from audio_pipeline.text.normalize import NormalizedText, normalize
-from audio_pipeline.text.timings import word_timings
 from audio_pipeline.text.segment import segments
 from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
                                    codes_file, read_reference_audio, read_voice_entry)
@@ -36,6 +36,7 @@ from audio_pipeline.core.model_runner import build_runner
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.runtime import default_num_threads
 from audio_pipeline.core.sampler import SamplingParams
+from audio_pipeline.service.prepare import RequestPreparer
 
 logger = logging.getLogger(__name__)
 
@@ -104,25 +105,6 @@ class SynthesisResult:
     sample_rate: int
     usage: Usage
     stop_reason: StopReason
-
-
-#: The range of a request's speed (OpenAI's).
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
-
-
-@dataclass(frozen=True)
-class RequestSettings:
-    """A request's settings, checked once against the model, for each segment of its text."""
-
-    #: The preset voice (None with a reference recording or a registered voice's prompt).
-    voice: str | None
-    reference: VoicePrompt | None
-    normalize_text: bool
-    #: The speed the model speaks at (1.0 where the stream is time-stretched instead).
-    speed: float
-    sampling: SamplingParams
-    #: max_tokens was asked for (else a layout that knows the speech's length fits it to the text).
-    explicit_max_tokens: bool
 
 
 class TTSEngine:
@@ -204,6 +186,8 @@ class TTSEngine:
         self.voice_store = self._open_voice_store()
         #: Preset voices spoken as a clone of a reference the model directory ships.
         self.preset_prompts = self._preset_prompts()
+        #: Request preparation for in-process use (the speech service keeps its own over this engine).
+        self.requests = RequestPreparer(self)
         self.core = EngineCore(runner, self.decoder, StreamSettings.from_config(config), self.scheduler,
                                overlap=config.enable_overlap_scheduler, timer=timer, metrics=self.metrics,
                                num_threads=self.num_threads, decode_stream=self._decode_stream(device),
@@ -244,7 +228,7 @@ class TTSEngine:
         from audio_pipeline.builtin import builtin_cache_dir
 
         directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
-        store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self._encode)
+        store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self.encode)
         skipped = store.load()
         if skipped:
             logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
@@ -256,7 +240,7 @@ class TTSEngine:
         codes or reference.flac). A layout that speaks only as a reference needs one for each preset
         voice: ValueError naming the voice otherwise."""
         prompts = {}
-        encode = self._encode if self.voice_store is not None else None  # the decoder can encode
+        encode = self.encode if self.voice_store is not None else None  # the decoder can encode
         for voice in self.manifest.voices:
             entry = self.model_dir / "voices" / voice.name
             if (entry / "voice.json").is_file():
@@ -277,7 +261,8 @@ class TTSEngine:
         """Whether every request speaks as a reference recording (the layout's requires_reference)."""
         return getattr(self.layout, "requires_reference", False)
 
-    def _encode(self, samples: np.ndarray) -> torch.Tensor:
+    def encode(self, samples: np.ndarray) -> torch.Tensor:
+        """A recording's codes (the decoder's encoder)."""
         with torch.inference_mode():
             return self.decoder.encode(torch.from_numpy(samples).to(self.decoder_device)).cpu().long()
 
@@ -320,7 +305,7 @@ class TTSEngine:
 
         The cheap checks (sizes, name, a full store: config.limits) come before the recording is decoded.
         """
-        store = self._require_store()
+        store = self.cloning_store()
         limits = self.config.limits
         reserved = {v.name for v in self.manifest.voices}
         check_reference_size(audio, limits.max_reference_audio_bytes)
@@ -334,17 +319,10 @@ class TTSEngine:
             raise NotFound(f"no registered voice named {echo(name)}", field="name")
         if name in {v.name for v in self.manifest.voices}:
             raise InvalidArgument(f"{echo(name)} is a preset voice of the model and cannot be deleted", field="name")
-        self._require_store().delete(name)
+        self.cloning_store().delete(name)
 
-    def reference_prompt(self, audio: bytes, transcript: str) -> VoicePrompt:
-        """A one-request voice prompt from a recording and its transcript."""
-        self._require_store()
-        check_reference_size(audio, self.config.limits.max_reference_audio_bytes)
-        samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
-        transcript = check_transcript(transcript, self.config.limits.max_transcript_chars)
-        return VoicePrompt(transcript, self._encode(samples))
-
-    def _require_store(self) -> VoiceStore:
+    def cloning_store(self) -> VoiceStore:
+        """The voice store; InvalidArgument naming ``reference`` when the decoder cannot encode audio."""
         if self.voice_store is None:
             raise InvalidArgument(f"the audio decoder {self.decoder_name!r} cannot encode audio, so this "
                                   "server cannot clone voices", field="reference")
@@ -356,148 +334,20 @@ class TTSEngine:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def check_text(self, text: str) -> None:
-        """InvalidArgument unless ``text`` is a request text this server takes (non-blank, within
-        ``sampling.max_text_chars``)."""
-        if not text or not text.strip():
-            raise InvalidArgument("must not be empty", field="text")
-        limit = self.config.sampling.max_text_chars
-        if len(text) > limit:
-            raise InvalidArgument(f"{len(text)} characters, over the limit of {limit}", field="text")
-
-    def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
-                       reference: VoicePrompt | None = None, normalize_text: bool | None = None,
-                       speed: float | None = None, **sampling_overrides: Any) -> TTSContext:
-        """A validated context of a whole text (in-process use: the speech service validates a
-        request once and builds its segments with :meth:`segment_context`); InvalidArgument or
-        NotFound naming the field otherwise."""
-        self.check_text(text)
-        limits = self.config.limits
-        if request_id is not None and len(request_id) > limits.max_request_id_chars:
-            raise InvalidArgument(f"longer than {limits.max_request_id_chars} characters", field="request_id")
-        if speed is not None:
-            self.check_speed(speed)
-        settings = self.resolve_settings(voice=voice, reference=reference, normalize_text=normalize_text,
-                                         speed=speed, **sampling_overrides)
-        return self.segment_context(text, settings, request_id or uuid.uuid4().hex)
-
-    def resolve_settings(self, *, voice: str | None = None, reference: VoicePrompt | None = None,
-                         normalize_text: bool | None = None, speed: float | None = None,
-                         instructions: str | None = None, **sampling_overrides: Any) -> RequestSettings:
-        """A request's settings checked against this model (the voice exists, the sampling values
-        and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
-        The speed's range is the caller's to check (:meth:`check_speed`). ``instructions`` describe
-        the voice to a model whose voices are descriptions (Maya1); other models ignore them."""
-        limits = self.config.limits
-        if self.describes_voices:
-            voice = self._voice_description(voice, instructions)
-        elif voice and len(voice) > limits.max_voice_name_chars:
-            raise InvalidArgument(f"{len(voice)} characters, over the limit of {limits.max_voice_name_chars}",
-                                  field="voice")
-        stop_ids = sampling_overrides.get("stop_token_ids") or ()
-        if len(stop_ids) > limits.max_stop_token_ids:
-            raise InvalidArgument(f"{len(stop_ids)} ids, over the limit of {limits.max_stop_token_ids}",
-                                  field="sampling.stop_token_ids")
-        vocab = self.model.huggingface_config.vocab_size
-        if any(not 0 <= t < vocab for t in stop_ids):
-            bad = next(t for t in stop_ids if not 0 <= t < vocab)
-            raise InvalidArgument(f"{bad} is not a token id of this model (0 to {vocab - 1})",
-                                  field="sampling.stop_token_ids")
-        if reference is not None and voice:
-            raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
-        if reference is None and voice and self.voice_store is not None and self.voice_store.get(voice):
-            reference = self.voice_store.get(voice).prompt
-        elif reference is None and not self.describes_voices:
-            voice = voice or self.manifest.default_voice
-            names = [v.name for v in self.voices]
-            if voice is not None and voice not in names:
-                raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
-            reference = self.preset_prompts.get(voice)
-        if reference is None and self.clones_only:
-            raise InvalidArgument(f"this model ({self.manifest.family} layout) speaks only in the voice of a reference "
-                                  "recording and has no default voice: give a reference with its transcript, or a "
-                                  "registered voice", field="reference")
-        sampling = self.sampling_defaults.with_overrides(
-            max_tokens_limit=self.config.sampling.max_tokens_limit,
-            tokens_per_frame=self.layout.tokens_per_frame, **sampling_overrides)
-        speed = 1.0 if speed is None else float(speed)
-        if speed != 1.0 and not self.speaks_at_any_speed:
-            raise InvalidArgument(f"this model ({self.manifest.family} layout) speaks at one speed: only 1.0 is "
-                                  "supported", field="speed")
-        return RequestSettings(
-            voice=voice, reference=reference, speed=speed, sampling=sampling,
-            normalize_text=self.config.normalize_text if normalize_text is None else normalize_text,
-            explicit_max_tokens=sampling_overrides.get("max_tokens") is not None)
+    def create_context(self, text: str, **kwargs: Any) -> TTSContext:
+        """A checked context of a whole text, for in-process use (tests, ``synthesize``, the warm-up):
+        :meth:`RequestPreparer.create_context <audio_pipeline.service.prepare.RequestPreparer.create_context>`."""
+        return self.requests.create_context(text, **kwargs)
 
     @property
     def describes_voices(self) -> bool:
         """Whether a voice is any description in words (Maya1) rather than a name from a list."""
         return getattr(self.layout, "described_voices", False)
 
-    def _voice_description(self, voice: str | None, instructions: str | None) -> str:
-        """The description a described-voice model speaks with: the instructions where given, else
-        the voice (a preset's name stands for its description; any other text is the description),
-        else the default voice's."""
-        limit = self.config.limits.max_description_chars
-        for text, field in ((instructions, "instructions"), (voice, "voice")):
-            if text and len(text) > limit:
-                raise InvalidArgument(f"{len(text)} characters, over the limit of {limit} "
-                                      "(limits.max_description_chars)", field=field)
-        presets = {v.name: v.description for v in self.manifest.voices}
-        if instructions and instructions.strip():
-            return instructions
-        chosen = voice or self.manifest.default_voice or ""
-        return presets.get(chosen, chosen)
-
     @property
     def speaks_at_any_speed(self) -> bool:
         """Whether the model's layout speaks at a requested speed (else a stream is time-stretched)."""
         return getattr(self.layout, "supports_speed", False)
-
-    def segment_context(self, text: str, settings: RequestSettings, request_id: str) -> TTSContext:
-        """The context of one piece of a request's text (already checked) with its settings; what
-        depends on the text (its prompt's length, the speech it needs) is checked here."""
-        # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
-        normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
-        extra = {"speed": settings.speed} if settings.speed != 1.0 else {}
-        prompt = self.layout.build_prompt(self.tokenizer, normalized.spoken, settings.voice, settings.reference,
-                                          **extra)
-        aligned_words = getattr(self.layout, "word_frames", None)
-        words = (word_timings(normalized, aligned_words(normalized.spoken, **extra), self.decoder.samples_per_frame)
-                 if aligned_words is not None else None)
-        plan = getattr(self.layout, "alignment", None)
-        alignment = plan(prompt) if plan is not None else None
-        sampling = self._fit_budget(alignment, settings.sampling, explicit=settings.explicit_max_tokens)
-        if not self.config.enable_chunked_prefill and len(prompt) > self.config.max_batch_input_tokens:
-            raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
-                                  f"({self.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
-        budget = sampling.max_tokens - sampling.max_tokens % self.layout.tokens_per_frame
-        if len(prompt) + budget > self.max_seq_len:
-            raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
-                                  f"maximum sequence length {self.max_seq_len}", field="text")
-        reference = settings.reference
-        return TTSContext(request_id=request_id, prompt_ids=prompt, sampling=sampling,
-                          layout=self.layout, voice=settings.voice, alignment=alignment, words=words,
-                          prompt_speech_codes=reference.codes if reference is not None else None,
-                          prompt_frames=self.layout.prompt_frames(prompt, reference))
-
-    @staticmethod
-    def check_speed(speed: float) -> None:
-        """InvalidArgument naming ``speed`` outside MIN_SPEED..MAX_SPEED."""
-        if not MIN_SPEED <= float(speed) <= MAX_SPEED:
-            raise InvalidArgument(f"{float(speed):g} is out of range: {MIN_SPEED} to {MAX_SPEED}", field="speed")
-
-    def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
-        """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's
-        default max_tokens becomes exactly what the text needs; an explicit max_tokens is kept."""
-        if alignment is None or explicit:
-            return sampling
-        needed = alignment.tokens + self.layout.tokens_per_frame  # the speech, then end-of-speech's frame slot
-        limit = self.config.sampling.max_tokens_limit
-        if needed > limit:
-            raise InvalidArgument(f"the text needs {needed} speech tokens, over the server limit "
-                                  f"sampling.max_tokens_limit={limit}: split the text", field="text")
-        return dataclasses.replace(sampling, max_tokens=needed)
 
     def check_room(self, pending: int = 0) -> None:
         """Raises the error a request submitted now would get (Unavailable while the engine does not

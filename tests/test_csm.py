@@ -87,7 +87,7 @@ def test_the_prompt_is_a_speaker_turn_and_a_reference_is_an_earlier_turn_with_it
         engine.create_context("Hello.", voice="narrator")
     assert error.value.field == "voice"
 
-    reference = engine.reference_prompt(recording(), TRANSCRIPT)
+    reference = engine.requests.reference_prompt(recording(), TRANSCRIPT)
     frames = reference.codes.view(-1, layout.codes_per_token)
     cloned = engine.create_context("Hello there.", reference=reference)
     turn = [layout.bos, *tokenizer(f"[0]{TRANSCRIPT}", add_special_tokens=False).input_ids, layout.eos]
@@ -156,7 +156,7 @@ def test_a_reference_turn_reaches_the_model_and_the_prefix_cache_tells_reference
 
     # Codes as a registered voice holds them (the tiny random codec's encoder hears every
     # recording as nearly the same codes).
-    shape = engine.reference_prompt(recording(), TRANSCRIPT).codes.shape
+    shape = engine.requests.reference_prompt(recording(), TRANSCRIPT).codes.shape
     first, second = (VoicePrompt(TRANSCRIPT, torch.randint(0, 16, shape, generator=torch.Generator().manual_seed(s)))
                      for s in (1, 2))
     outputs = []

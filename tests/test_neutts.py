@@ -97,7 +97,7 @@ def test_the_prompt_is_the_reference_implementations(engine, model_dir):
     assert context.prompt_ids == reference_prompt(engine.tokenizer, shipped, "My name is Dave.", "Hello there, friend.")
     assert context.prompt_speech_codes.tolist() == shipped.tolist()
     # A reference in the request instead: its transcript and codes.
-    prompt = engine.reference_prompt(recording(), TRANSCRIPT)
+    prompt = engine.requests.reference_prompt(recording(), TRANSCRIPT)
     cloned = engine.create_context("Hello there, friend.", reference=prompt)
     assert cloned.prompt_ids == reference_prompt(engine.tokenizer, prompt.codes.tolist(), TRANSCRIPT,
                                                  "Hello there, friend.")
@@ -113,7 +113,7 @@ def test_a_model_without_a_preset_voice_refuses_a_request_without_a_reference(ba
     assert refused.value.field == "reference" and "reference recording" in str(refused.value)
     with pytest.raises(NotFound):
         engine.create_context("Hello.", voice="dave")
-    assert engine.create_context("Hello.", reference=engine.reference_prompt(recording(), TRANSCRIPT)).prompt_ids
+    assert engine.create_context("Hello.", reference=engine.requests.reference_prompt(recording(), TRANSCRIPT)).prompt_ids
     engine.start()
     try:
         assert engine.warmup() > 0  # warms up with a reference of its own
@@ -256,7 +256,7 @@ def test_a_reference_streams_cloned_audio_with_its_codes_before_the_decoders_inp
         assert [a.size for a in audio] == [28 * SAMPLES_PER_FRAME, 56 * SAMPLES_PER_FRAME, 36 * SAMPLES_PER_FRAME]
         # The same request in the engine, for its tokens and the reference's codes.
         engine = server.engine
-        context = engine.create_context("Cloned and streamed.", reference=engine.reference_prompt(recording(rate=44100),
+        context = engine.create_context("Cloned and streamed.", reference=engine.requests.reference_prompt(recording(rate=44100),
                                                                                                   TRANSCRIPT),
                                         seed=3, max_tokens=120, min_tokens=120)
         assert chunks[-1].complete.usage.prompt_tokens == len(context.prompt_ids)

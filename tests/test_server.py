@@ -139,7 +139,7 @@ def test_the_voice_is_the_prefix_of_the_prompt(idle_server, stub):
         assert engine.layout.build_prompt(engine.tokenizer, text, voice) == prompt
         spoken[voice], usage = grpc_speech(voice)
         assert usage.prompt_tokens == len(prompt)
-        sampling = engine.resolve_settings(voice=voice, seed=0, max_tokens=28).sampling
+        sampling = engine.requests.resolve_settings(voice=voice, seed=0, max_tokens=28).sampling
         expected = engine_speech(engine, TTSContext(request_id=uuid.uuid4().hex, prompt_ids=prompt,
                                                     sampling=sampling, layout=engine.layout, voice=voice))
         np.testing.assert_allclose(spoken[voice] / 32768, expected, rtol=0, atol=1.5 / 32768)

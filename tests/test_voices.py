@@ -114,7 +114,7 @@ def test_a_reference_in_the_request_clones_for_that_request_only(server):
         assert chunks[0].HasField("format") and chunks[-1].HasField("complete")
         # The prompt is the reference exchange (the recording's 84 speech tokens among it), then the text ...
         cloned = engine.create_context("Speak in the cloned voice.",
-                                       reference=engine.reference_prompt(recording(), TRANSCRIPT))
+                                       reference=engine.requests.reference_prompt(recording(), TRANSCRIPT))
         assert chunks[-1].complete.usage.prompt_tokens == len(cloned.prompt_ids)
         assert chunks[-1].complete.usage.prompt_tokens >= plain[-1].complete.usage.prompt_tokens + 84
         # ... so the greedy speech is not the default voice's; and nothing was registered.
@@ -204,7 +204,7 @@ def test_cloned_voice_prompt_tokens_reach_the_decoder_and_no_audio_is_lost(tiny_
         audio = [c.audio for c in chunks if c.HasField("audio") and c.audio.num_samples]
         # The same request in the engine, for the tokens it generated.
         engine = running.engine
-        context = engine.create_context("Cloned and streamed.", reference=engine.reference_prompt(recording(), TRANSCRIPT),
+        context = engine.create_context("Cloned and streamed.", reference=engine.requests.reference_prompt(recording(), TRANSCRIPT),
                                         max_tokens=70, min_tokens=70, seed=1)
         events = queue.Queue()
         engine.submit(context, events.put)

@@ -20,11 +20,12 @@ from contextlib import aclosing
 
 
 from audio_pipeline.core.stop import StopReason
-from audio_pipeline.engine import RequestSettings, TTSEngine
-from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgument, RequestError, ResourceExhausted,
+from audio_pipeline.engine import TTSEngine
+from audio_pipeline.errors import (AlreadyExists, GenerationFailed, RequestError, ResourceExhausted,
                                    ServerCancelled, Unavailable, echo)
 from audio_pipeline.service.live_text import LiveText
 from audio_pipeline.service.output import AudioOutput
+from audio_pipeline.service.prepare import RequestPreparer, RequestSettings
 from audio_pipeline.service.request import SpeechAudio, SpeechDone, SpeechRequest
 from audio_pipeline.service.segmented import SegmentedSynthesis
 from audio_pipeline.text.timings import WordTiming
@@ -73,6 +74,8 @@ class SpeechService:
 
     def __init__(self, engine: TTSEngine, count=None):
         self.engine = engine
+        #: Every request is checked and its segments' contexts built here, then handed to the engine.
+        self.requests = RequestPreparer(engine)
         self.count = count or (lambda outcome: None)
         #: False while warming up and once shutting down: new requests are refused as UNAVAILABLE.
         self.ready = False
@@ -114,9 +117,7 @@ class SpeechService:
             raise Unavailable("the server is warming up; retry shortly")
         request_id = uuid.uuid4().hex
         label = label or request_id
-        limit = self.engine.config.limits.max_request_id_chars
-        if len(label) > limit:
-            raise InvalidArgument(f"longer than {limit} characters", field=field)
+        self.requests.check_request_id(label, field)
         if label in self._labels:
             raise AlreadyExists(f"{echo(label)} names a running request", field=field)
         self.engine.check_room(pending=self._preparing)
@@ -145,9 +146,9 @@ class SpeechService:
         output = AudioOutput(engine.sample_rate, request.format, request.sample_rate, streamed=request.streamed)
         try:
             if not live:
-                engine.check_text(request.text)
+                self.requests.check_text(request.text)
             if request.speed is not None:
-                engine.check_speed(request.speed)
+                self.requests.check_speed(request.speed)
             request_id, label = self._admit(request.label, request.label_field)
         except BaseException:
             output.release()
@@ -161,16 +162,16 @@ class SpeechService:
         speed, stretch = request.speed, None
         if speed is not None and speed != 1.0 and not self.engine.speaks_at_any_speed:
             speed, stretch = None, speed
-        settings = self.engine.resolve_settings(voice=request.voice or None, reference=reference,
+        settings = self.requests.resolve_settings(voice=request.voice or None, reference=reference,
                                                 normalize_text=request.normalize_text, speed=speed,
                                                 instructions=request.instructions, **request.sampling)
         return settings, stretch
 
     def _synthesis(self, stream: SpeechStream, settings: RequestSettings, stretch: float | None) -> SegmentedSynthesis:
-        engine = self.engine
+        engine, requests = self.engine, self.requests
 
         def prepare(text: str, index: int):  # runs on the front-end pool
-            return engine.segment_context(text, segment_settings(settings, index), f"{stream.request_id}-{index}")
+            return requests.segment_context(text, segment_settings(settings, index), f"{stream.request_id}-{index}")
 
         return SegmentedSynthesis(engine, prepare, executor=self.frontend, request_id=stream.request_id,
                                   max_segment_chars=engine.config.max_segment_chars, stretch=stretch)
@@ -187,7 +188,7 @@ class SpeechService:
                 reference = None
                 if request.reference_audio is not None:
                     reference = await asyncio.get_running_loop().run_in_executor(
-                        self.frontend, self.engine.reference_prompt, request.reference_audio,
+                        self.frontend, self.requests.reference_prompt, request.reference_audio,
                         request.reference_transcript)
                 stream.synthesis = self._synthesis(stream, *self._settings(request, reference))
                 await stream.synthesis.add_text(request.text)

@@ -1,0 +1,196 @@
+"""Request preparation: a request's text, voice, reference and settings checked once against the
+model, and the context of each piece of its text built for the engine, which then only admits and
+runs it. The speech service prepares every request here; in-process use (``TTSEngine.create_context``)
+goes through the same code. Each check is written once, here."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from audio_pipeline.core.request import TTSContext
+from audio_pipeline.core.sampler import SamplingParams
+from audio_pipeline.errors import InvalidArgument, NotFound, echo
+from audio_pipeline.text.normalize import NormalizedText, normalize
+from audio_pipeline.text.timings import word_timings
+from audio_pipeline.voices import VoicePrompt, check_reference_size, check_transcript, read_reference_audio
+
+if TYPE_CHECKING:
+    from audio_pipeline.engine import TTSEngine
+
+
+#: The range of a request's speed (OpenAI's).
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """A request's settings, checked once against the model, for each segment of its text."""
+
+    #: The preset voice (None with a reference recording or a registered voice's prompt).
+    voice: str | None
+    reference: VoicePrompt | None
+    normalize_text: bool
+    #: The speed the model speaks at (1.0 where the stream is time-stretched instead).
+    speed: float
+    sampling: SamplingParams
+    #: max_tokens was asked for (else a layout that knows the speech's length fits it to the text).
+    explicit_max_tokens: bool
+
+
+class RequestPreparer:
+    """Prepares requests for ``engine`` (its configuration, model, layout, tokenizer, decoder and
+    voices); holds nothing of its own, so any number may serve one engine."""
+
+    def __init__(self, engine: "TTSEngine"):
+        self.engine = engine
+
+    def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
+                       reference: VoicePrompt | None = None, normalize_text: bool | None = None,
+                       speed: float | None = None, **sampling_overrides: Any) -> TTSContext:
+        """A validated context of a whole text (in-process use: the speech service validates a
+        request once and builds its segments with :meth:`segment_context`); InvalidArgument or
+        NotFound naming the field otherwise."""
+        self.check_text(text)
+        if request_id is not None:
+            self.check_request_id(request_id)
+        if speed is not None:
+            self.check_speed(speed)
+        settings = self.resolve_settings(voice=voice, reference=reference, normalize_text=normalize_text,
+                                         speed=speed, **sampling_overrides)
+        return self.segment_context(text, settings, request_id or uuid.uuid4().hex)
+
+    def check_request_id(self, value: str, field: str = "request_id") -> None:
+        """InvalidArgument naming ``field`` when ``value`` (a request id or a client's label for one)
+        is longer than limits.max_request_id_chars."""
+        limit = self.engine.config.limits.max_request_id_chars
+        if len(value) > limit:
+            raise InvalidArgument(f"longer than {limit} characters", field=field)
+
+    def check_text(self, text: str) -> None:
+        """InvalidArgument unless ``text`` is a request text this server takes (non-blank, within
+        ``sampling.max_text_chars``)."""
+        if not text or not text.strip():
+            raise InvalidArgument("must not be empty", field="text")
+        limit = self.engine.config.sampling.max_text_chars
+        if len(text) > limit:
+            raise InvalidArgument(f"{len(text)} characters, over the limit of {limit}", field="text")
+
+    @staticmethod
+    def check_speed(speed: float) -> None:
+        """InvalidArgument naming ``speed`` outside MIN_SPEED..MAX_SPEED."""
+        if not MIN_SPEED <= float(speed) <= MAX_SPEED:
+            raise InvalidArgument(f"{float(speed):g} is out of range: {MIN_SPEED} to {MAX_SPEED}", field="speed")
+
+    def resolve_settings(self, *, voice: str | None = None, reference: VoicePrompt | None = None,
+                         normalize_text: bool | None = None, speed: float | None = None,
+                         instructions: str | None = None, **sampling_overrides: Any) -> RequestSettings:
+        """A request's settings checked against this model (the voice exists, the sampling values
+        and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
+        The speed's range is the caller's to check (:meth:`check_speed`). ``instructions`` describe
+        the voice to a model whose voices are descriptions (Maya1); other models ignore them."""
+        limits = self.engine.config.limits
+        if self.engine.describes_voices:
+            voice = self._voice_description(voice, instructions)
+        elif voice and len(voice) > limits.max_voice_name_chars:
+            raise InvalidArgument(f"{len(voice)} characters, over the limit of {limits.max_voice_name_chars}",
+                                  field="voice")
+        stop_ids = sampling_overrides.get("stop_token_ids") or ()
+        if len(stop_ids) > limits.max_stop_token_ids:
+            raise InvalidArgument(f"{len(stop_ids)} ids, over the limit of {limits.max_stop_token_ids}",
+                                  field="sampling.stop_token_ids")
+        vocab = self.engine.model.huggingface_config.vocab_size
+        if any(not 0 <= t < vocab for t in stop_ids):
+            bad = next(t for t in stop_ids if not 0 <= t < vocab)
+            raise InvalidArgument(f"{bad} is not a token id of this model (0 to {vocab - 1})",
+                                  field="sampling.stop_token_ids")
+        if reference is not None and voice:
+            raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
+        if reference is None and voice and self.engine.voice_store is not None and self.engine.voice_store.get(voice):
+            reference = self.engine.voice_store.get(voice).prompt
+        elif reference is None and not self.engine.describes_voices:
+            voice = voice or self.engine.manifest.default_voice
+            names = [v.name for v in self.engine.voices]
+            if voice is not None and voice not in names:
+                raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
+            reference = self.engine.preset_prompts.get(voice)
+        if reference is None and self.engine.clones_only:
+            raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) speaks only in the voice of a reference "
+                                  "recording and has no default voice: give a reference with its transcript, or a "
+                                  "registered voice", field="reference")
+        sampling = self.engine.sampling_defaults.with_overrides(
+            max_tokens_limit=self.engine.config.sampling.max_tokens_limit,
+            tokens_per_frame=self.engine.layout.tokens_per_frame, **sampling_overrides)
+        speed = 1.0 if speed is None else float(speed)
+        if speed != 1.0 and not self.engine.speaks_at_any_speed:
+            raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) speaks at one speed: only 1.0 is "
+                                  "supported", field="speed")
+        return RequestSettings(
+            voice=voice, reference=reference, speed=speed, sampling=sampling,
+            normalize_text=self.engine.config.normalize_text if normalize_text is None else normalize_text,
+            explicit_max_tokens=sampling_overrides.get("max_tokens") is not None)
+
+    def _voice_description(self, voice: str | None, instructions: str | None) -> str:
+        """The description a described-voice model speaks with: the instructions where given, else
+        the voice (a preset's name stands for its description; any other text is the description),
+        else the default voice's."""
+        limit = self.engine.config.limits.max_description_chars
+        for text, field in ((instructions, "instructions"), (voice, "voice")):
+            if text and len(text) > limit:
+                raise InvalidArgument(f"{len(text)} characters, over the limit of {limit} "
+                                      "(limits.max_description_chars)", field=field)
+        presets = {v.name: v.description for v in self.engine.manifest.voices}
+        if instructions and instructions.strip():
+            return instructions
+        chosen = voice or self.engine.manifest.default_voice or ""
+        return presets.get(chosen, chosen)
+
+    def segment_context(self, text: str, settings: RequestSettings, request_id: str) -> TTSContext:
+        """The context of one piece of a request's text (already checked) with its settings; what
+        depends on the text (its prompt's length, the speech it needs) is checked here."""
+        # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
+        normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
+        extra = {"speed": settings.speed} if settings.speed != 1.0 else {}
+        prompt = self.engine.layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
+                                          **extra)
+        aligned_words = getattr(self.engine.layout, "word_frames", None)
+        words = (word_timings(normalized, aligned_words(normalized.spoken, **extra), self.engine.decoder.samples_per_frame)
+                 if aligned_words is not None else None)
+        plan = getattr(self.engine.layout, "alignment", None)
+        alignment = plan(prompt) if plan is not None else None
+        sampling = self._fit_budget(alignment, settings.sampling, explicit=settings.explicit_max_tokens)
+        if not self.engine.config.enable_chunked_prefill and len(prompt) > self.engine.config.max_batch_input_tokens:
+            raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
+                                  f"({self.engine.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
+        budget = sampling.max_tokens - sampling.max_tokens % self.engine.layout.tokens_per_frame
+        if len(prompt) + budget > self.engine.max_seq_len:
+            raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
+                                  f"maximum sequence length {self.engine.max_seq_len}", field="text")
+        reference = settings.reference
+        return TTSContext(request_id=request_id, prompt_ids=prompt, sampling=sampling,
+                          layout=self.engine.layout, voice=settings.voice, alignment=alignment, words=words,
+                          prompt_speech_codes=reference.codes if reference is not None else None,
+                          prompt_frames=self.engine.layout.prompt_frames(prompt, reference))
+
+    def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
+        """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's
+        default max_tokens becomes exactly what the text needs; an explicit max_tokens is kept."""
+        if alignment is None or explicit:
+            return sampling
+        needed = alignment.tokens + self.engine.layout.tokens_per_frame  # the speech, then end-of-speech's frame slot
+        limit = self.engine.config.sampling.max_tokens_limit
+        if needed > limit:
+            raise InvalidArgument(f"the text needs {needed} speech tokens, over the server limit "
+                                  f"sampling.max_tokens_limit={limit}: split the text", field="text")
+        return dataclasses.replace(sampling, max_tokens=needed)
+
+    def reference_prompt(self, audio: bytes, transcript: str) -> VoicePrompt:
+        """A one-request voice prompt from a recording and its transcript."""
+        self.engine.cloning_store()
+        check_reference_size(audio, self.engine.config.limits.max_reference_audio_bytes)
+        samples = read_reference_audio(audio, self.engine.decoder.sample_rate, max_seconds=self.engine.config.max_reference_seconds)
+        transcript = check_transcript(transcript, self.engine.config.limits.max_transcript_chars)
+        return VoicePrompt(transcript, self.engine.encode(samples))
+
