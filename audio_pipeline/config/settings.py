@@ -118,7 +118,6 @@ class ModelConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
-    max_length: int | None = Field(None, ge=1, description="Longest sequence the model runs; None = its own limit.")
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
         "measured fastest for this engine's small steps, and torch's default on GPU.")
@@ -325,12 +324,9 @@ class PipelineConfig(BaseSettings):
         if sampling.min_tokens > sampling.max_tokens:
             problems.append(f"sampling.min_tokens ({sampling.min_tokens}) exceeds sampling.max_tokens "
                             f"({sampling.max_tokens})")
-        if None not in (self.max_length, self.model.max_length) and self.max_length != self.model.max_length:
-            problems.append(f"max_length ({self.max_length}) and model.max_length ({self.model.max_length}) differ")
-        max_length = self.max_length or self.model.max_length
-        if max_length is not None and sampling.max_tokens >= max_length:
+        if self.max_length is not None and sampling.max_tokens >= self.max_length:
             problems.append(f"sampling.max_tokens ({sampling.max_tokens}) leaves no room for a prompt within "
-                            f"max_length ({max_length})")
+                            f"max_length ({self.max_length})")
         return problems
 
     def to_display_dict(self) -> dict[str, Any]:
@@ -350,7 +346,7 @@ class PipelineConfig(BaseSettings):
         return [
             f"model: {model.model_path} (served as {model.served_model_name or 'its path'}, "
             f"dtype={model.dtype}, device={model.device}, "
-            f"max_length={self.max_length or model.max_length or 'model limit'})",
+            f"max_length={self.max_length or 'model limit'})",
             f"batching: max_batch_size={self.max_batch_size or 'auto'}, "
             f"max_queue_size_tg={self.max_queue_size_tg or 'max_batch_size'}, "
             f"max_batch_input_tokens={self.max_batch_input_tokens}, "

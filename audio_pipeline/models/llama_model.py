@@ -105,7 +105,7 @@ class LlamaPipelineModel(PipelineModel):
     @classmethod
     def calculate_max_seq_len(cls, pipeline_config: "PipelineConfig", huggingface_config: Any) -> int:
         limit = int(getattr(huggingface_config, "max_position_embeddings", 0) or 0)
-        asked = pipeline_config.max_length or pipeline_config.model.max_length
+        asked = pipeline_config.max_length
         if asked is None:
             if not limit:
                 raise ValueError("the model config has no max_position_embeddings: set max_length")
