@@ -184,7 +184,8 @@ class EngineCore:
             self._accepting = True
             self._stopping = False
             if self.decode_thread and self._decoder is None:
-                self._decoder = ThreadPoolExecutor(1, thread_name_prefix="audio-decode")
+                self._decoder = ThreadPoolExecutor(1, thread_name_prefix="audio-decode",
+                                                   initializer=self._on_model_device)
             self._thread = threading.Thread(target=self._run, name="audio-generation", daemon=True)
             self._thread.start()
 
@@ -275,8 +276,7 @@ class EngineCore:
     def _run(self) -> None:
         if self.num_threads is not None:
             configure_cpu_runtime(self.num_threads)
-        if self.decode_stream is not None:  # the engine thread's events and streams on the model's GPU
-            torch.cuda.set_device(self.decode_stream.device)
+        self._on_model_device()
         failures = 0
         while True:
             try:
@@ -521,12 +521,7 @@ class EngineCore:
             return
         for request, _ in jobs:
             request.decoding = True
-        self._decoding.append((jobs, self._decoder.submit(self._decode_on_thread, work)))
-
-    def _decode_on_thread(self, work: list) -> tuple[list, float]:
-        if self.decode_stream is not None:
-            torch.cuda.set_device(self.decode_stream.device)
-        return self._decode_work(work)
+        self._decoding.append((jobs, self._decoder.submit(self._decode_work, work)))
 
     def _decode_work(self, work: list) -> tuple[list, float]:
         """(Each window's audio as a CPU tensor, or the exception that failed it; the seconds taken)."""
@@ -574,6 +569,11 @@ class EngineCore:
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
         self.timer.add("deliver", time.perf_counter() - started)
+
+    def _on_model_device(self) -> None:
+        """A thread's CUDA calls (events, streams) go to the model's GPU: once per thread, at its start."""
+        if self.decode_stream is not None:
+            torch.cuda.set_device(self.decode_stream.device)
 
     def _on_decode_stream(self):
         return torch.cuda.stream(self.decode_stream) if self.decode_stream is not None else nullcontext()
