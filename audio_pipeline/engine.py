@@ -5,7 +5,6 @@ service/prepare.py first), and keeps the registered voices. The server and the i
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import queue
@@ -22,7 +21,6 @@ from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.decoders import load_audio_decoder
-from audio_pipeline.config.defaults import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, ResourceExhausted, echo
 from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.layouts.manifest import ModelManifest
@@ -78,25 +76,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-#: Where the configuration leaves them unset, CUDA serves with these: a GPU step costs about the same
-#: for one row as for hundreds (the weights are read once per step), so batches are large, prompts
-#: ride along in decode steps instead of stalling them, and the next step is launched before the
-#: last one is read. The CPU keeps the fields' own defaults.
-CUDA_DEFAULTS = {"max_batch_size": 256, "enable_in_flight_batching": True, "enable_overlap_scheduler": True}
-
-
-def device_defaults(config: AudioGenerationConfig, device: torch.device) -> AudioGenerationConfig:
-    """``config`` with CUDA_DEFAULTS for the fields it does not set, on CUDA."""
-    if device.type != "cuda":
-        return config
-    update = {name: value for name, value in CUDA_DEFAULTS.items() if name not in config.model_fields_set}
-    if config.max_num_steps > 1:  # multi-step decoding asked for: it and overlap exclude each other
-        update.pop("enable_overlap_scheduler", None)
-    if not config.enable_chunked_prefill:
-        update.pop("enable_in_flight_batching", None)
-    return config.model_copy(update=update) if update else config
-
-
 @dataclass
 class SynthesisResult:
     """In-process synthesis output (native sample rate)."""
@@ -120,7 +99,7 @@ class TTSEngine:
         self.manifest = ModelManifest.read(self.model_dir)
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
-        self.config = config = device_defaults(config, device)
+        self.config = config = config.for_device(device.type)
         if device.type == "cuda":  # streams, events and graph pools below belong to the current device
             torch.cuda.set_device(device)
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
@@ -144,7 +123,7 @@ class TTSEngine:
         if getattr(self.model, "codes_per_token", 1) != self.layout.codes_per_token:
             raise ValueError(f"model.model_path: the model samples {getattr(self.model, 'codes_per_token', 1)} codes "
                              f"per position, the {self.manifest.family} layout {self.layout.codes_per_token}")
-        self.max_batch_size = config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
+        self.max_batch_size = config.max_batch_size
         self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
                                           config.audio_decoder_config, device=device)
         self.decoder_device = device
@@ -155,6 +134,10 @@ class TTSEngine:
                     kv_manager.page_size, kv_manager.total_num_blocks * kv_manager.page_size
                     * self.model.kv_params.bytes_per_token / 2**20,
                     str(self.model.cache_dtype).removeprefix("torch."), kv_manager.backend.name)
+        logger.info("Batching on %s: max_batch_size=%d, max_queue_size=%d, in-flight batching %s, overlap %s, "
+                    "max_num_steps %d, audio decoding on %s", device.type, config.max_batch_size,
+                    config.max_queue_size, config.enable_in_flight_batching, config.enable_overlap_scheduler,
+                    config.max_num_steps, "its own thread" if config.audio_decoder_thread else "the loop")
         for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
             if getattr(config, name) and not self.decoder.supports_block_causal:
                 raise ValueError(f"{name}: the loaded {self.decoder_name!r} checkpoint does not support "
@@ -178,11 +161,7 @@ class TTSEngine:
         # model phase at 32 streams through the server measured 4.58 and 5.37 ms per pass against
         # 4.01-4.35 and 4.94-4.97 built there (two pairs of runs; likely its buffers' heap).
         runner = make_runner() if device.type == "cuda" else make_runner
-        scheduler_config = SchedulerConfig.from_config(
-            config, max_batch_size=self.max_batch_size, max_queue_size=config.max_queue_size or DEFAULT_MAX_QUEUE_SIZE)
-        if config.enable_overlap_scheduler:  # overlap already runs ahead: one pass per scheduling round
-            scheduler_config = dataclasses.replace(scheduler_config, max_num_steps=1)
-        self.scheduler = AudioGenerationScheduler(scheduler_config, kv_manager.block_manager)
+        self.scheduler = AudioGenerationScheduler(SchedulerConfig.from_config(config), kv_manager.block_manager)
         self.voice_store = self._open_voice_store()
         #: Preset voices spoken as a clone of a reference the model directory ships.
         self.preset_prompts = self._preset_prompts()

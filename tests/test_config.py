@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 import pytest
+import torch
 
 from audio_pipeline.config import (
     DEFAULT_MODEL,
@@ -75,11 +76,11 @@ def test_defaults():
     assert config.ce_delay_ms == 0.0
     assert config.enable_prioritize_first_decode is False
     assert config.enable_chunked_prefill is True
-    assert config.enable_in_flight_batching is False
+    assert config.enable_in_flight_batching is None  # the device decides (for_device)
     assert config.max_num_steps == -1
     assert config.max_batch_input_tokens == 8192
     assert config.kvcache_ce_watermark == 0.95
-    assert config.enable_overlap_scheduler is False
+    assert config.enable_overlap_scheduler is None
     assert config.audio_decoder_weights == "" and config.chunk_size is None and config.buffer == 0
     assert config.block_causal is False
     assert config.prepend_prompt_speech_tokens is PrependPromptSpeechTokens.NEVER
@@ -507,8 +508,8 @@ def test_removed_field_in_a_file_or_keyword_is_refused(tmp_path):
 
 
 def test_fields_no_source_sets_stay_unset():
-    """engine.device_defaults gives CUDA values to the fields no source set: model_fields_set must
-    hold exactly what some source (or the model's streaming defaults) set."""
+    """model_fields_set holds exactly what some source (or the model's streaming defaults) set
+    (resolved_audio_decoder reads it)."""
     config = AudioGenerationConfig.load(env={"AUDIO_PIPELINE_MAX_BATCH_SIZE": "8"}, audio_flags=["max_num_steps=2"],
                                         sampling={"seed": 1})
     assert {"max_batch_size", "max_num_steps", "sampling"} <= config.model_fields_set
@@ -612,26 +613,37 @@ def test_pipeline_config_alone_needs_no_decoder():
         PipelineConfig(buffer=7)
 
 
-def test_cuda_gets_gpu_defaults_for_what_the_configuration_leaves_unset():
-    """On CUDA, unset batch size, mixed batching and overlap take GPU values; what a source set is
-    kept, and overlap stays off where multi-step decoding was asked for. The CPU keeps the fields'
-    defaults."""
-    import torch
-
-    from audio_pipeline.engine import CUDA_DEFAULTS, device_defaults
+def test_the_open_values_are_resolved_once_for_the_device():
+    """for_device makes every open value (None) the one the engine uses: on CUDA large batches,
+    mixed batching, overlap (one pass per round), the decoder thread and 16-token pages; on the CPU
+    32 requests, none of those, 128-token pages. What a source set is kept; overlap stays off where
+    multi-step decoding was asked for; a default never breaks a limit that was set."""
     from audio_pipeline.core.model_runner import default_decode_buckets
 
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
     config = make()
-    assert device_defaults(config, cpu) is config
-    gpu = device_defaults(config, cuda)
-    assert (gpu.max_batch_size, gpu.enable_in_flight_batching, gpu.enable_overlap_scheduler) == (256, True, True)
-    assert CUDA_DEFAULTS["max_batch_size"] == 256
-    chosen = device_defaults(make(max_batch_size=64, enable_in_flight_batching=False, max_num_steps=4), cuda)
-    assert (chosen.max_batch_size, chosen.enable_in_flight_batching, chosen.enable_overlap_scheduler) == (64, False, False)
-    assert default_decode_buckets(cuda, 256, cuda_graphs=True) == [1, 2, 4, 8, 16, 24, 32, *range(48, 257, 16)]
-    assert default_decode_buckets(cuda, 20, cuda_graphs=True) == [1, 2, 4, 8, 16, 20]
-    assert default_decode_buckets(cuda, 256, cuda_graphs=False) == default_decode_buckets(cpu, 256, cuda_graphs=True) == []
+    assert (config.max_batch_size, config.enable_overlap_scheduler, config.audio_decoder_thread) == (None, None, None)
+    cpu, gpu = config.for_device("cpu"), config.for_device("cuda")
+    assert (cpu.max_batch_size, cpu.max_queue_size, cpu.enable_in_flight_batching, cpu.enable_overlap_scheduler,
+            cpu.audio_decoder_thread, cpu.max_num_steps, cpu.model.kv_cache.kv_cache_page_size) == (
+        32, 256, False, False, False, -1, 128)
+    assert (gpu.max_batch_size, gpu.max_queue_size, gpu.enable_in_flight_batching, gpu.enable_overlap_scheduler,
+            gpu.audio_decoder_thread, gpu.max_num_steps, gpu.model.kv_cache.kv_cache_page_size) == (
+        256, 256, True, True, True, 1, 16)
+    chosen = make(max_batch_size=64, enable_in_flight_batching=False, max_num_steps=4,
+                  audio_decoder_thread=False, model={"kv_cache": {"kv_cache_page_size": 32}}).for_device("cuda")
+    assert (chosen.max_batch_size, chosen.enable_in_flight_batching, chosen.enable_overlap_scheduler,
+            chosen.max_num_steps, chosen.audio_decoder_thread, chosen.model.kv_cache.kv_cache_page_size) == (
+        64, False, False, 4, False, 32)
+    assert make(enable_chunked_prefill=False).for_device("cuda").enable_in_flight_batching is False
+    assert make(max_queue_size_tg=48).for_device("cuda").max_batch_size == 48
+    assert make(max_batch_input_tokens=100).for_device("cuda").max_batch_size == 100
+    with pytest.raises(ValueError, match=r"min_batch_size_tg \(64\) exceeds max_batch_size \(32\)"):
+        make(min_batch_size_tg=64).for_device("cpu")
+    assert default_decode_buckets(torch.device("cuda"), 256, cuda_graphs=True) == [1, 2, 4, 8, 16, 24, 32,
+                                                                                   *range(48, 257, 16)]
+    assert default_decode_buckets(torch.device("cuda"), 20, cuda_graphs=True) == [1, 2, 4, 8, 16, 20]
+    assert default_decode_buckets(torch.device("cuda"), 256, cuda_graphs=False) == default_decode_buckets(
+        torch.device("cpu"), 256, cuda_graphs=True) == []
 
 
 def test_the_longest_sequence_is_one_setting():

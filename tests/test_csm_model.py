@@ -245,8 +245,8 @@ def test_codec_keys_are_skipped_and_unknown_keys_reported(model_dir, tmp_path):
 def test_pipeline_model_sizes_from_the_backbone_and_runs_frames(model_dir):
     config = AutoConfig.from_pretrained(model_dir)
     kv_config = KVCacheConfig(kv_cache_page_size=4)
-    pipeline = CsmPipelineModel(PipelineConfig(model={"model_path": str(model_dir), "compile": True}), config,
-                                model_dir, devices=[torch.device("cpu")], dtype=torch.float32,
+    served = PipelineConfig(model={"model_path": str(model_dir), "compile": True}).for_device("cpu")
+    pipeline = CsmPipelineModel(served, config, model_dir, devices=[torch.device("cpu")], dtype=torch.float32,
                                 kv_cache_config=kv_config)
     params = pipeline.kv_params
     assert (params.num_layers, params.n_kv_heads, params.head_dim) == (2, 2, 8)

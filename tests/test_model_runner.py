@@ -4,6 +4,7 @@ the repetition counts kept on the device are each request's own."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.core.model_runner import ModelRunner
 from audio_pipeline.core.sampler import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
-from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
+from audio_pipeline.core.scheduler import AudioGenerationScheduler
 from conftest import make_config
 from sync_guard import HostSync, no_host_sync
 from test_engine_core import build, run
@@ -45,7 +46,8 @@ def drive(engine, runner, contexts, steps, *, guard=True, ahead=False):
     n + 1 is launched before step n's result is read: its first tokens are then step n's samples,
     on the device."""
     scheduler = AudioGenerationScheduler(
-        SchedulerConfig(max_batch_size=len(contexts), enable_in_flight_batching=True, max_num_steps=1),
+        dataclasses.replace(engine.scheduler.config, max_batch_size=len(contexts), enable_in_flight_batching=True,
+                            max_num_steps=1),
         engine.scheduler.block_manager)
     for context in contexts:
         scheduler.add(context)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from audio_pipeline.core.kv_cache.block_manager import BlockManager
+from audio_pipeline.config import PipelineConfig
 from audio_pipeline.core.scheduler import AudioGenerationScheduler, Finished, QueueFull, SchedulerConfig, StepResult
 from audio_pipeline.core.stop import StopReason
 
@@ -58,8 +59,10 @@ class Clock:
 
 
 def make(blocks=64, block_size=4, prefix=True, clock=None, **knobs):
+    """A scheduler with ``knobs`` set as a server's configuration sets them (resolved for the CPU)."""
     manager = BlockManager(blocks, block_size, enable_prefix_caching=prefix)
-    return AudioGenerationScheduler(SchedulerConfig(**knobs), manager, clock=clock or Clock()), manager
+    config = SchedulerConfig.from_config(PipelineConfig(**knobs).for_device("cpu"))
+    return AudioGenerationScheduler(config, manager, clock=clock or Clock()), manager
 
 
 def run_step(scheduler, output):
@@ -407,9 +410,11 @@ def test_overlap_scheduling_plans_the_next_step_before_the_previous_is_applied()
 
 def test_config_validation():
     with pytest.raises(ValueError, match="max_num_steps"):
-        SchedulerConfig(max_num_steps=0)
+        make(max_num_steps=0)
     with pytest.raises(ValueError, match="kvcache_ce_watermark"):
-        SchedulerConfig(kvcache_ce_watermark=0)
+        make(kvcache_ce_watermark=0)
+    with pytest.raises(ValueError, match="max_batch_size, max_queue_size, enable_in_flight_batching: resolve"):
+        SchedulerConfig.from_config(PipelineConfig())  # the open values must be made the device's first
 
 
 def test_the_committed_token_prefix_reads_like_the_joined_list():

@@ -29,6 +29,7 @@ that took the most time. ``--trace PATH`` also writes the Chrome trace.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import shutil
 import tempfile
@@ -80,10 +81,11 @@ def build_engine(model_dir: str, device: str, batches: list[int], context: int, 
 def start_requests(engine, count: int, length: int):
     """A scheduler of ``count`` requests that never stop before ``length`` speech tokens, each
     prefilled; it runs beside the engine's own (not started) scheduler on the same KV blocks."""
-    from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
+    from audio_pipeline.core.scheduler import AudioGenerationScheduler
 
     scheduler = AudioGenerationScheduler(
-        SchedulerConfig(max_batch_size=count, max_queue_size=count, enable_in_flight_batching=False, max_num_steps=1),
+        dataclasses.replace(engine.scheduler.config, max_batch_size=count, max_queue_size=count,
+                            enable_in_flight_batching=False, max_num_steps=1),
         engine.scheduler.block_manager)
     contexts = [engine.create_context("The benchmark speaks this sentence to fill its context.",
                                       request_id=f"bench-{count}-{i}", temperature=0.8, top_p=0.95, seed=i,

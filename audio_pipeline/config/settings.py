@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSett
 from typing_extensions import Self
 
 import audio_pipeline.config.sources as sources
+from audio_pipeline.config.defaults import DEFAULT_PAGE_SIZE, device_defaults
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
@@ -80,9 +81,12 @@ class KVCacheConfig(BaseModel):
         "128 measured alike there), 16 on CUDA (FlashInfer's usual page).")
     enable_prefix_caching: bool = Field(True, description="Reuse cached pages of prompts that share a prefix.")
     device_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Fraction of free device memory the weights, activations and KV cache may use.")
+        0.9, gt=0, le=1, description="Fraction of free memory the KV cache may take: on CUDA of the GPU's free "
+        "memory once the weights and the decoder are loaded, less the steps' activations; on the CPU of the "
+        "machine's available memory.")
     kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="KV cache size in bytes; None measures free memory after a warm-up.")
+        None, ge=1, description="KV cache size in bytes; None = room for max_batch_size sequences of max_length, "
+        "at most the free memory device_memory_utilization allows (on the CPU and on CUDA).")
     cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8_e4m3"] = Field(
         "auto", description="KV cache dtype: auto is float16 for a float32 model on CPU where the native attention "
         "kernel serves (it widens the cache as it reads it: half the bytes a decode step's attention reads; faster "
@@ -103,10 +107,6 @@ class KVCacheConfig(BaseModel):
     def page_size_for(self, device_type: str) -> int:
         """The page size in force on a device of ``device_type`` ('cpu', 'cuda')."""
         return self.kv_cache_page_size or DEFAULT_PAGE_SIZE.get(device_type, DEFAULT_PAGE_SIZE["cpu"])
-
-
-#: Page sizes per device type when kv_cache_page_size is unset.
-DEFAULT_PAGE_SIZE = {"cpu": 128, "cuda": 16}
 
 
 class ModelConfig(BaseModel):
@@ -214,22 +214,30 @@ class PipelineConfig(BaseSettings):
     config_file: str | None = Field(None, description="YAML or TOML file of values, above defaults and below env.")
     section_name: str | None = Field(None, description="Top-level section of config_file to read; None = all of it.")
     max_length: int | None = Field(None, ge=1, description="Longest sequence (prompt + output); None = the model's.")
-    max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = 32 on the CPU, 256 on CUDA.")
+    max_batch_size: int | None = Field(None, ge=1, description="Most requests per decode step; None = 32 on the CPU, 256 on CUDA (at "
+                                          "most max_queue_size_tg and max_batch_input_tokens).")
     max_queue_size_tg: int | None = Field(
         None, ge=1, description="Most requests admitted to decode (holding KV blocks) at once; None = max_batch_size.")
     max_queue_size: int | None = Field(
-        None, ge=1, description="Most requests waiting for admission; more get RESOURCE_EXHAUSTED. None = 256.")
+        None, ge=1, description="Most requests waiting for admission; more get RESOURCE_EXHAUSTED. None = 256 on the "
+        "CPU and on CUDA.")
     min_batch_size_tg: int | None = Field(
         None, ge=1, description="Soft floor of the decode batch: below it, prefill is preferred; None = no floor.")
     ce_delay_ms: float = Field(0.0, ge=0, description="Wait this long for more prompts before a prefill step.")
     enable_prioritize_first_decode: bool = Field(False, description="Decode right after prefill: faster first audio.")
     enable_chunked_prefill: bool = Field(True, description="Split prompts that do not fit a step's token budget across steps.")
-    enable_in_flight_batching: bool = Field(False, description="Mix prefill tokens into decode steps.")
-    max_num_steps: int = Field(-1, description="Decode steps per scheduling round; -1 = the engine chooses.")
+    enable_in_flight_batching: bool | None = Field(
+        None, description="Mix prefill tokens into decode steps; None = off on the CPU, on on CUDA (where "
+        "enable_chunked_prefill allows it).")
+    max_num_steps: int = Field(
+        -1, description="Decode steps per scheduling round; -1 = the scheduler chooses (1 while prompts wait, "
+        "else 4), on the CPU and on CUDA; with enable_overlap_scheduler always 1.")
     max_batch_input_tokens: int = Field(8192, ge=1, description="Most prompt tokens prefilled in one step.")
     kvcache_ce_watermark: float = Field(
         0.95, gt=0, le=1, description="Admit prompts only while this fraction of the KV cache would not be exceeded.")
-    enable_overlap_scheduler: bool = Field(False, description="Prepare the next step while this one runs.")
+    enable_overlap_scheduler: bool | None = Field(
+        None, description="Launch the next step before this one's tokens are read back; None = off on the CPU, on "
+        "on CUDA (unless max_num_steps is above 1).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model served.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults.")
 
@@ -285,6 +293,28 @@ class PipelineConfig(BaseSettings):
     def _model_defaults(cls, chosen: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults that depend on the model ``chosen`` (the merged sources) names (see subclasses)."""
         return {}
+
+    def for_device(self, device_type: str) -> Self:
+        """This configuration with its open values (None) made the ones the engine uses on a device
+        of ``device_type`` ('cpu', 'cuda'; see config/defaults.py), checked again. The engine calls
+        it once as it starts; nothing below it reads a None for these."""
+        defaults = device_defaults(device_type)
+        update = {name: value for name, value in defaults.items()
+                  if name in type(self).model_fields and getattr(self, name) is None}
+        if "max_batch_size" in update:  # a default never breaks a limit that was set
+            update["max_batch_size"] = min(update["max_batch_size"], self.max_batch_input_tokens,
+                                           self.max_queue_size_tg or update["max_batch_size"])
+        if self.max_num_steps > 1:  # asked for: it and overlap exclude each other
+            update["enable_overlap_scheduler"] = bool(self.enable_overlap_scheduler)
+        if not self.enable_chunked_prefill:  # in-flight batching splits prompts
+            update["enable_in_flight_batching"] = bool(self.enable_in_flight_batching)
+        if update.get("enable_overlap_scheduler", self.enable_overlap_scheduler):
+            update["max_num_steps"] = 1  # overlap runs ahead already: one pass per scheduling round
+        kv = self.model.kv_cache
+        if kv.kv_cache_page_size is None:
+            page = kv.model_copy(update={"kv_cache_page_size": kv.page_size_for(device_type)})
+            update["model"] = self.model.model_copy(update={"kv_cache": page})
+        return self.model_copy(update=update).resolve()
 
     def resolve(self) -> Self:
         """Checks the rules that span fields; returns self.

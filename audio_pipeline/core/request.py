@@ -29,8 +29,8 @@ class TTSContext:
     voice: str | None = None
     #: Speech codes of the voice prompt (a cloned voice's reference), for the decoder's prepend modes.
     prompt_speech_codes: torch.Tensor | None = None
-    #: The forced tokens of layouts with an explicit alignment (phoneme-lpc); computed from the
-    #: prompt when not given.
+    #: The forced tokens of layouts with an explicit alignment (phoneme-lpc: fixed by the prompt
+    #: alone, the sampler may only pick those there); the request's preparation computes it.
     alignment: Any = None
     #: Word timings of the request's text (offsets into the text it was made from, samples of its
     #: own audio), where the layout knows its alignment; None otherwise.
@@ -61,11 +61,6 @@ class TTSContext:
         frame = self.layout.tokens_per_frame
         # The largest whole-frame count within max_tokens: generation never stops mid-frame.
         self.token_budget = self.sampling.max_tokens - self.sampling.max_tokens % frame
-        # Layouts with an explicit alignment (phoneme-lpc) fix some tokens from the prompt alone;
-        # the sampler may only pick those there.
-        plan = getattr(self.layout, "alignment", None)
-        if self.alignment is None and plan is not None:
-            self.alignment = plan(self.prompt_ids)
         # What identifies each position's keys and values for the prefix cache: its token id, or
         # where the position is a frame, the frame (many frames share one token id).
         self.cache_prompt: list = self.prompt_ids

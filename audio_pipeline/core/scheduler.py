@@ -43,6 +43,7 @@ far), ``total_length``, ``max_length`` (the most tokens it may ever hold), ``is_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -68,36 +69,30 @@ class Finished:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 32
-    max_queue_size: int = 256
-    max_queue_size_tg: int | None = None
-    min_batch_size_tg: int | None = None
-    max_batch_input_tokens: int = 8192
-    ce_delay_ms: float = 0.0
-    enable_prioritize_first_decode: bool = False
-    enable_chunked_prefill: bool = True
-    enable_in_flight_batching: bool = False
-    max_num_steps: int = -1
-    kvcache_ce_watermark: float = 0.95
+    """The knobs above, as the configuration resolved them for the device (``for_device``): the
+    configuration's fields are the one place they are named, defaulted and checked."""
 
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_batch_input_tokens < 1:
-            raise ValueError("max_batch_size, max_queue_size and max_batch_input_tokens must be at least 1")
-        if self.max_num_steps == 0 or self.max_num_steps < -1:
-            raise ValueError(f"max_num_steps must be -1 or at least 1, got {self.max_num_steps}")
-        if not 0 < self.kvcache_ce_watermark <= 1:
-            raise ValueError(f"kvcache_ce_watermark must be in (0, 1], got {self.kvcache_ce_watermark}")
+    max_batch_size: int
+    max_queue_size: int
+    max_queue_size_tg: int | None
+    min_batch_size_tg: int | None
+    max_batch_input_tokens: int
+    ce_delay_ms: float
+    enable_prioritize_first_decode: bool
+    enable_chunked_prefill: bool
+    enable_in_flight_batching: bool
+    max_num_steps: int
+    kvcache_ce_watermark: float
 
     @classmethod
-    def from_config(cls, config: Any, *, max_batch_size: int, max_queue_size: int) -> "SchedulerConfig":
-        """From an AudioGenerationConfig (with the engine's resolved batch and queue sizes)."""
-        return cls(max_batch_size=max_batch_size, max_queue_size=max_queue_size,
-                   max_queue_size_tg=config.max_queue_size_tg, min_batch_size_tg=config.min_batch_size_tg,
-                   max_batch_input_tokens=config.max_batch_input_tokens, ce_delay_ms=config.ce_delay_ms,
-                   enable_prioritize_first_decode=config.enable_prioritize_first_decode,
-                   enable_chunked_prefill=config.enable_chunked_prefill,
-                   enable_in_flight_batching=config.enable_in_flight_batching,
-                   max_num_steps=config.max_num_steps, kvcache_ce_watermark=config.kvcache_ce_watermark)
+    def from_config(cls, config: Any) -> "SchedulerConfig":
+        """From a PipelineConfig resolved for its device (``config.for_device``)."""
+        values = {field.name: getattr(config, field.name) for field in dataclasses.fields(cls)}
+        unresolved = [name for name in ("max_batch_size", "max_queue_size", "enable_in_flight_batching")
+                      if values[name] is None]
+        if unresolved:
+            raise ValueError(f"{', '.join(unresolved)}: resolve the configuration for its device first (for_device)")
+        return cls(**values)
 
     @property
     def admission_limit(self) -> int:

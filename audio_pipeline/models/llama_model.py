@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from audio_pipeline.config.defaults import DEFAULT_MAX_BATCH_SIZE
 from audio_pipeline.models.interface import KVCacheParams, PipelineModel
 from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
@@ -144,8 +143,8 @@ class LlamaPipelineModel(PipelineModel):
             return kv_cache_config.kv_cache_memory_bytes
         params = cls.get_kv_params(huggingface_config, len(devices), kv_cache_config, cache_dtype,
                                    device_type=devices[0].type)
-        batch = pipeline_config.max_batch_size or DEFAULT_MAX_BATCH_SIZE
-        wanted = batch * cls.calculate_max_seq_len(pipeline_config, huggingface_config) * params.bytes_per_token
+        longest = cls.calculate_max_seq_len(pipeline_config, huggingface_config)
+        wanted = pipeline_config.max_batch_size * longest * params.bytes_per_token
         return min(wanted, available_cache_memory)
 
     def load_kv_manager(self, available_cache_memory: int | None = None, *, reserve_bytes: int = 0

@@ -26,7 +26,6 @@ from typing import Any
 from ray import serve
 
 from audio_pipeline.config import AudioGenerationConfig
-from audio_pipeline.config.defaults import DEFAULT_MAX_QUEUE_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +51,12 @@ def load_config(sources: dict) -> AudioGenerationConfig:
                                       **sources["overrides"])
 
 
-def max_ongoing_requests(config: AudioGenerationConfig) -> int:
-    """Requests one replica takes before its engine refuses (admitted to decode plus queued): Serve
-    holds the rest back, so a replica is never sent a request its queue would turn away."""
-    admitted = config.max_queue_size_tg or config.max_batch_size or 0
-    return admitted + (config.max_queue_size or DEFAULT_MAX_QUEUE_SIZE)
+def max_ongoing_requests(config: AudioGenerationConfig, device_type: str = "cpu") -> int:
+    """Requests one replica takes before its engine refuses (admitted to decode plus queued), with
+    the configuration's values on the replica's device: Serve holds the rest back, so a replica is
+    never sent a request its queue would turn away."""
+    config = config.for_device(device_type)
+    return (config.max_queue_size_tg or config.max_batch_size) + config.max_queue_size
 
 
 class CallAborted(Exception):
@@ -171,7 +171,7 @@ def build_app(sources: dict, options: ReplicaOptions | None = None):
     config = load_config(sources)
     settings: dict[str, Any] = {
         "name": "TextToSpeech",
-        "max_ongoing_requests": max_ongoing_requests(config),
+        "max_ongoing_requests": max_ongoing_requests(config, "cuda" if options.num_gpus > 0 else "cpu"),
         "graceful_shutdown_timeout_s": max(1.0, config.grace_period_s),
         "graceful_shutdown_wait_loop_s": 0.5,
         "health_check_period_s": 5.0,
