@@ -27,8 +27,8 @@ from audio_pipeline.layouts.manifest import ModelManifest
 from audio_pipeline.layouts.voice_info import VoiceInfo
 from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.text.segment import segments
-from audio_pipeline.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size, check_transcript,
-                                   codes_file, read_reference_audio, read_voice_entry)
+from audio_pipeline.service.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size,
+                                           check_transcript, codes_file, read_reference_audio, read_voice_entry)
 from audio_pipeline.core.engine_core import AudioEvent, EngineCore, Sink, StreamSettings, Usage
 from audio_pipeline.core.model_runner import build_runner
 from audio_pipeline.core.step_timing import StepTimer

@@ -650,5 +650,7 @@ def test_the_longest_sequence_is_one_setting():
     """max_length is set in one place (the top level, as the pipeline configuration names it);
     model.max_length, a second name for it, is refused as an unknown key."""
     assert make(max_length=2048).max_length == 2048
-    with pytest.raises(ValueError, match="max_length"):
+    with pytest.raises(ValueError, match=r"unknown configuration key 'model\.max_length'; the setting is 'max_length'"):
         make(model={"max_length": 2048})
+    with pytest.raises(ValueError, match=r"'model\.max_length' \(audio flag .*\); the setting is 'max_length'"):
+        AudioGenerationConfig.load(env={}, audio_flags=["model.max_length=2048"])

@@ -152,7 +152,7 @@ def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
 def test_a_reference_turn_reaches_the_model_and_the_prefix_cache_tells_references_apart(engine):
     """Two references of the same length give two prompts of the same token ids: their frames
     differ, and so does what the model says after them (the prefix cache must not mix them)."""
-    from audio_pipeline.voices import VoicePrompt
+    from audio_pipeline.service.voices import VoicePrompt
 
     # Codes as a registered voice holds them (the tiny random codec's encoder hears every
     # recording as nearly the same codes).

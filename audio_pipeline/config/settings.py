@@ -38,7 +38,7 @@ def _describe(exc: ValidationError) -> str:
     for error in exc.errors():
         key = ".".join(map(str, error["loc"]))
         if error["type"] == "extra_forbidden":
-            lines.append(f"unknown configuration key {key!r}")
+            lines.append(f"unknown configuration key {key!r}{sources.unknown_key_hint(key)}")
         else:
             message = error["msg"].removeprefix("Value error, ")
             lines.append(f"invalid value {error['input']!r} for {key}: {message}")

@@ -65,6 +65,15 @@ def json_values(settings: Any) -> Any:
     return result
 
 
+#: Keys that are set under another name: a configuration written for the old name is told where to go.
+MOVED = {"model.max_length": "max_length"}
+
+
+def unknown_key_hint(key: str) -> str:
+    """What an error about the unknown ``key`` adds when the setting lives under another name."""
+    return f"; the setting is {MOVED[key]!r}" if key in MOVED else ""
+
+
 def field_path(model: type[BaseModel], parts: list[str], source: str, within: tuple[str, ...] = ()) -> list[str]:
     """The field names of the key ``parts`` (of the section ``within``, named in errors); a free
     dictionary field (``audio_decoder_config``) takes the rest of the key as one entry.
@@ -80,9 +89,10 @@ def field_path(model: type[BaseModel], parts: list[str], source: str, within: tu
                              f"({source})")
         name = raw.strip()
         if name not in current.model_fields:
+            key = ".".join(path + [name])
             guess = difflib.get_close_matches(name, list(current.model_fields), n=1)
-            hint = f"; did you mean {'.'.join(path + guess)!r}?" if guess else ""
-            raise ValueError(f"unknown configuration key {'.'.join(path + [name])!r} ({source}){hint}")
+            hint = unknown_key_hint(key) or (f"; did you mean {'.'.join(path + guess)!r}?" if guess else "")
+            raise ValueError(f"unknown configuration key {key!r} ({source}){hint}")
         path.append(name)
         annotation = current.model_fields[name].annotation
         current = _section_model(annotation)

@@ -1,1 +1,1 @@
-"""The speech service under every front door: admission, validation, segmentation, encoded audio."""
+"""The speech service under every front door: admission, validation, voices, segmentation, encoded audio."""

@@ -15,7 +15,7 @@ from audio_pipeline.core.sampler import SamplingParams
 from audio_pipeline.errors import InvalidArgument, NotFound, echo
 from audio_pipeline.text.normalize import NormalizedText, normalize
 from audio_pipeline.text.timings import word_timings
-from audio_pipeline.voices import VoicePrompt, check_reference_size, check_transcript, read_reference_audio
+from audio_pipeline.service.voices import VoicePrompt, check_reference_size, check_transcript, read_reference_audio
 
 if TYPE_CHECKING:
     from audio_pipeline.engine import TTSEngine
