@@ -32,7 +32,8 @@ from audio_pipeline.core.kv_cache.paged import PagedBatch
 from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
-from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline.core.depth import position_sampling
+from audio_pipeline.core.sampler import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline.core.scheduler import StepResult
 from audio_pipeline_kernels import StepMetadata
 
@@ -160,9 +161,8 @@ class ModelRunner:
         #: Sampling decides its rule from host data only (always on CUDA, where reading back stalls).
         self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
         self.decode_buckets = sorted(set(decode_buckets))
-        #: Codes each position carries: above 1, a depth decoder samples the rest of each frame and
-        #: a step's samples are [B, 1 + codes] (the id, then the frame), which later steps embed.
-        self.codes = layout.codes_per_token
+        #: A token or a whole frame per position (core/depth.py), chosen once for the model.
+        self.frame_sampling = position_sampling(model, layout, sync_free=self.sync_free)
         self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
                                        before_grow=self.wait)
         #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
@@ -171,8 +171,7 @@ class ModelRunner:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="model-runner") if worker else None
         self._last_launch: Future | None = None
         self.graphs = None
-        # The captured decode graphs take token ids alone, not frames.
-        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets and self.codes == 1:
+        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets and self.frame_sampling.capturable:
             from audio_pipeline.core.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.decode_buckets)
@@ -215,8 +214,8 @@ class ModelRunner:
             sampling = [item for item in items if item.sample]
             staged = self._stage(items, metadata, sampling)
             device = self.arena.send(staged).device
-            shape = (len(sampling), 1 + self.codes) if self.codes > 1 else (len(sampling),)
-            ids = torch.empty(shape, dtype=torch.long, device=self.device) if sampling else None
+            ids = (torch.empty(self.frame_sampling.ids_shape(len(sampling)), dtype=torch.long, device=self.device)
+                   if sampling else None)
             sample_rows, row = [], 0
             for item in items:
                 sample_rows.append(row if item.sample else -1)
@@ -244,16 +243,12 @@ class ModelRunner:
         with timer.phase("model"):
             for source, (first, end) in staged.chained:
                 rows, picked = device["chain_rows"][first:end], source.index_select(0, device["chain_from"][first:end])
-                if picked.dim() == 2:  # a depth step's samples: the id, then the frame
-                    device["frames"].index_copy_(0, rows, picked[:, 1:])
-                    picked = picked[:, 0]
-                device["tokens"].index_copy_(0, rows, picked)
+                device["tokens"].index_copy_(0, rows, self.frame_sampling.chain(device, rows, picked))
             hidden = self._forward(device, metadata, padded)
         timer.forwards += 1
         if ids is not None:
             with timer.phase("sample"):
-                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups,
-                                       getattr(staged, "depth_rows", None)))
+                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups, staged.depth_rows))
 
     def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
         """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
@@ -305,13 +300,7 @@ class ModelRunner:
             "blocked": ((batch, rows.width if rows is not None else 0), np.bool_),
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
         }
-        if self.codes > 1:  # each position's frame (-1: a text position), and the depth sampling's rows
-            arrays["frames"] = ((total, self.codes), np.int64)
-            if batch:
-                arrays.update(depth_floats=((self.codes - 1, len(FLOAT_FIELDS), batch), np.float32),
-                              depth_top_k=((batch,), np.int64), depth_starts=((batch,), np.int64),
-                              depth_extra=((batch, 1), np.int64), depth_blocked=((batch, rows.codebook_size + 1), np.bool_),
-                              depth_fixed=((batch, self.codes), np.int64))
+        arrays.update(self.frame_sampling.arrays(total, batch, rows.codebook_size if rows is not None else 0))
         if links:  # tokens to take from earlier steps' samples on the device
             arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
         if follow:  # forced tokens that follow samples, for the repetition counts
@@ -323,11 +312,7 @@ class ModelRunner:
         for index, known in enumerate(tokens):
             flat[ends[index]:ends[index + 1]] = known
         flat[ends[len(items)]:] = 0  # padding rows
-        if self.codes > 1:
-            frames = host["frames"]
-            frames[:] = -1
-            for index, item in enumerate(items):
-                self._item_frames(item, frames[ends[index]:ends[index + 1]])
+        self.frame_sampling.fill_inputs(host, items, ends)
         host["positions"][:] = metadata.positions
         host["slots"][:] = metadata.slot_mapping
         staged.chained, first = [], 0
@@ -336,7 +321,7 @@ class ModelRunner:
             first += len(group)
         if links:
             host["chain_rows"][:], host["chain_from"][:] = zip(*links)
-        staged.rows, staged.groups = rows, []
+        staged.rows, staged.groups, staged.depth_rows = rows, [], None
         if rows is None:
             return staged
         host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
@@ -349,72 +334,8 @@ class ModelRunner:
         host["order"][:] = order
         if follow:
             host["follow_rows"][:], host["follow_codes"][:], host["follow_owner"][:] = zip(*follow)
-        if self.codes > 1:
-            staged.depth_rows = self._stage_depth(host, contexts, positions, rows)
+        staged.depth_rows = self.frame_sampling.stage(host, contexts, positions, rows)
         return staged
-
-    # --- depth decoding (layouts whose positions carry frames) ----------------------------------
-
-    @staticmethod
-    def _item_frames(item: Any, out: np.ndarray) -> None:
-        """The frames of the item's positions known on the host into ``out`` (rows stay -1 for text
-        positions, and for a sample still on the device: the step copies it there)."""
-        request, start, end = item.request, item.start, item.start + item.num_tokens
-        split = len(request.prompt_ids)
-        if request.prompt_frames is not None and start < split:
-            out[:min(end, split) - start] = request.prompt_frames[start:min(end, split)].numpy()
-        known = [request.frames[i - split] for i in range(max(start, split), end) if i - split < len(request.frames)]
-        if known:
-            first = max(start, split) - start
-            out[first:first + len(known)] = known
-
-    def _stage_depth(self, host: dict[str, np.ndarray], contexts: list[Any], positions: list[int],
-                     rows: SamplingRows) -> SamplingRows:
-        """The depth decoder's sampling rows: each row's settings (the penalties stay off: they count
-        the backbone's codebook) and one uniform draw per codebook from the request's own generator,
-        drawn after the backbone's, so a seed gives the same frames whatever the batch. Also the
-        frame codes each row's alignment fixes (``depth_fixed``, -1 where none)."""
-        codebook, depth = rows.codebook_size, self.codes - 1
-        fixed, floats = host["depth_fixed"], host["depth_floats"]
-        fixed[:] = -1
-        floats[:] = rows.floats[None]
-        uniform = FLOAT_FIELDS.index("uniform")
-        for row, (context, position) in enumerate(zip(contexts, positions)):
-            codes = getattr(context.alignment, "frame_codes", None)
-            if codes is not None:
-                fixed[row] = codes(position)
-            if context.sampling.temperature > 0:
-                floats[:, uniform, row] = context.uniforms(depth)
-        top_k = np.array([c.sampling.top_k for c in contexts], dtype=np.int64)
-        host["depth_top_k"][:] = np.where((top_k > 0) & (top_k < codebook + 1), top_k, codebook + 1)
-        host["depth_starts"][:] = 0
-        host["depth_extra"][:] = 0
-        host["depth_blocked"][:] = False
-        host["depth_blocked"][:, codebook] = True  # the one (unused) extra column
-        sampled = [int(k) for c, k in zip(contexts, host["depth_top_k"]) if c.sampling.temperature > 0]
-        flags = dict(any_sampling=rows.any_sampling, penalized=False,
-                     prefix_suffices=all(k <= NUCLEUS_PREFIX for k in sampled),
-                     prefix_may_suffice=all(k <= NUCLEUS_PREFIX or k == codebook + 1 for k in sampled))
-        return SamplingRows(codebook, host["depth_starts"], host["depth_extra"], host["depth_blocked"], floats[0],
-                            host["depth_top_k"], rows.frame_slots, **flags)
-
-    def _depth_frames(self, states: torch.Tensor, first: torch.Tensor, device: dict[str, torch.Tensor],
-                      host_rows: SamplingRows) -> torch.Tensor:
-        """[B, codes] frames: the depth decoder's codebooks 1.. after each row's codebook-0 code
-        ``first``, sampled with each row's settings and draws (_stage_depth's ``host_rows``)."""
-        codebook = host_rows.codebook_size
-        top_k = device["depth_top_k"]
-        no_counts = torch.zeros(1, device=states.device)
-
-        def choose(k: int, logits: torch.Tensor) -> torch.Tensor:
-            scores = torch.cat([logits[:, :codebook].float(), logits.new_zeros(logits.shape[0], 1).float()], dim=1)
-            device_rows = DeviceSamplingRows(device["depth_starts"], device["depth_extra"], device["depth_blocked"],
-                                             device["depth_floats"][k - 1], top_k)
-            return sample_rows(scores, host_rows, device_rows, no_counts, sync_free=self.sync_free)
-
-        frames = self.model.depth_frame(states, first, choose)
-        fixed = device["depth_fixed"]
-        return torch.where(fixed >= 0, fixed, frames)
 
     def _forced_follow_ups(self, sampling: list[Any], positions: list[int]) -> list[tuple[int, int, int]]:
         """(count row, code, sampling row) of each forced token a layout appends right after a
@@ -434,14 +355,16 @@ class ModelRunner:
         if self.graphs is not None and padded in self.graphs:
             return self.graphs.run(padded, device, metadata)
         batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata))
-        extra = {"frames": device["frames"]} if self.codes > 1 else {}
         with torch.inference_mode():
-            return self.model.forward(device["tokens"], device["positions"], batch, **extra)
+            return self.model.forward(device["tokens"], device["positions"], batch,
+                                      **self.frame_sampling.forward_inputs(device))
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: SamplingRows,
                 groups: list[tuple[int, int, int]], depth_rows: SamplingRows | None = None) -> torch.Tensor:
-        """Candidate logits of each sampling row, the draw, and the counts update: [B] ids on the device."""
+        """Candidate logits of each sampling row, the draw, and the counts update: the step's samples
+        on the device ([B] ids, or with a frame each: core/depth.py); ``depth_rows`` are what
+        follows the backbone's sample."""
         states = hidden.index_select(0, device["logit_rows"])
         logits = self.model.compute_candidate_logits(states, groups, device["order"], device["extra_ids"],
                                                      rows.codebook_size)
@@ -457,9 +380,7 @@ class ModelRunner:
         # in any order.
         flat, width = table.view(-1), table.shape[1]
         flat.index_add_(0, device["count_rows"] * width + codes.clamp(0, codebook - 1), counted)
-        if self.codes > 1:
-            frames = self._depth_frames(states, codes, device, depth_rows)
-            ids = torch.cat([ids[:, None], frames], dim=1)
+        ids = self.frame_sampling.complete(ids, states, codes, device, depth_rows)
         if "follow_rows" in device:
             flat.index_add_(0, device["follow_rows"] * width + device["follow_codes"],
                             counted.index_select(0, device["follow_owner"]))
