@@ -92,7 +92,6 @@ class TTSEngine:
     def __init__(self, config: AudioGenerationConfig):
         from transformers import AutoConfig, AutoTokenizer
 
-        from audio_pipeline.models.llama_model import LlamaPipelineModel
         from audio_pipeline.models.registry import pipeline_model_class
 
         self.model_dir = resolve_model_dir(config.model.model_path)
@@ -115,13 +114,13 @@ class TTSEngine:
         # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
         decoder_weights = self._decoder_weights()
         model_class = pipeline_model_class(hf_config)
-        if self.layout.codes_per_token > 1 and model_class is LlamaPipelineModel:
+        if self.layout.codes_per_token > 1 and not model_class.has_depth_decoder:
             raise ValueError(f"model.model_path: the {self.manifest.family} layout samples {self.layout.codes_per_token} "
                              f"codes per position, which a {hf_config.model_type} checkpoint cannot (no depth decoder)")
         self.model = model_class(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
                                  kv_cache_config=config.model.kv_cache, random_weights=self.manifest.random_weights)
-        if getattr(self.model, "codes_per_token", 1) != self.layout.codes_per_token:
-            raise ValueError(f"model.model_path: the model samples {getattr(self.model, 'codes_per_token', 1)} codes "
+        if self.model.codes_per_token != self.layout.codes_per_token:
+            raise ValueError(f"model.model_path: the model samples {self.model.codes_per_token} codes "
                              f"per position, the {self.manifest.family} layout {self.layout.codes_per_token}")
         self.max_batch_size = config.max_batch_size
         self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
@@ -145,9 +144,7 @@ class TTSEngine:
         if self.decoder.tokens_per_frame != self.layout.codes_per_frame:
             raise ValueError(f"audio_decoder: {self.decoder_name!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.codes_per_frame}-code frames")
-        check_decoder = getattr(self.layout, "check_decoder", None)
-        if check_decoder is not None:
-            check_decoder(self.decoder)
+        self.layout.check_decoder(self.decoder)
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
         self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
         timer = StepTimer()
@@ -238,7 +235,7 @@ class TTSEngine:
     @property
     def clones_only(self) -> bool:
         """Whether every request speaks as a reference recording (the layout's requires_reference)."""
-        return getattr(self.layout, "requires_reference", False)
+        return self.layout.requires_reference
 
     def encode(self, samples: np.ndarray) -> torch.Tensor:
         """A recording's codes (the decoder's encoder)."""
@@ -321,12 +318,12 @@ class TTSEngine:
     @property
     def describes_voices(self) -> bool:
         """Whether a voice is any description in words (Maya1) rather than a name from a list."""
-        return getattr(self.layout, "described_voices", False)
+        return self.layout.described_voices
 
     @property
     def speaks_at_any_speed(self) -> bool:
         """Whether the model's layout speaks at a requested speed (else a stream is time-stretched)."""
-        return getattr(self.layout, "supports_speed", False)
+        return self.layout.supports_speed
 
     def check_room(self, pending: int = 0) -> None:
         """Raises the error a request submitted now would get (Unavailable while the engine does not

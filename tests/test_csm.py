@@ -15,7 +15,8 @@ import soundfile as sf
 import torch
 
 from audio_pipeline.errors import NotFound
-from audio_pipeline.layouts.manifest import ModelManifest, declared_audio_decoder, detected_family
+from audio_pipeline.layouts.manifest import ModelManifest, declared_audio_decoder
+from audio_pipeline.layouts.registry import detect_family
 from tests.conftest import make_config, run_contexts, wait_idle
 from tests.csm_model import hf_generate_frames, write_tiny_csm
 from tests.speech_requests import alone_and_together, TRANSCRIPT, audio_of, synthesize
@@ -62,7 +63,7 @@ def test_a_csm_checkpoint_directory_is_detected_with_its_own_mimi(model_dir):
     from safetensors import safe_open
 
     assert not (model_dir / "audio_pipeline.json").exists()
-    assert detected_family(model_dir) == "csm"
+    assert detect_family(model_dir).name == "csm"
     manifest = ModelManifest.read(model_dir)
     assert (manifest.family, manifest.audio_decoder, manifest.default_voice) == ("csm", "mimi", "0")
     assert declared_audio_decoder(str(model_dir)) == "mimi"

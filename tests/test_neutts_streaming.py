@@ -14,9 +14,9 @@ import torch
 from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.decoders.neucodec import save_random_neucodec_checkpoint
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
-from audio_pipeline.layouts.manifest import FAMILY_STREAMING
+from audio_pipeline.layouts.registry import get_family
 
-FAMILY = FAMILY_STREAMING["neutts"]
+FAMILY = dict(get_family("neutts").streaming)
 SAMPLES_PER_FRAME = 480
 
 

@@ -171,7 +171,7 @@ MAXModelConfig = ModelConfig
 
 class SamplingConfig(BaseModel):
     """Server-wide sampling defaults; a request may override each of them. A model family may
-    default some otherwise (layouts/manifest.py FAMILY_SAMPLING), below every source."""
+    default some otherwise (its Family record's sampling, layouts/registry.py), below every source."""
 
     model_config = _SETTINGS
     temperature: float = Field(0.6, ge=0, description="Softmax temperature; 0 is greedy.")

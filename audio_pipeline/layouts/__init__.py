@@ -1,1 +1,1 @@
-"""Model families' speech-token layouts: prompts, token rules, and the manifest that names them."""
+"""Model families: each one's layout (prompts, token and frame rules) and its record in the registry; the manifest that names a model's family."""

@@ -31,6 +31,8 @@ import torch
 
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.orpheus import OrpheusLayout
+from audio_pipeline.layouts.registry import Family, register_family
+from audio_pipeline.layouts.voice_info import VoiceInfo
 
 BEGIN_OF_TEXT, END_OF_TEXT = "<|begin_of_text|>", "<|end_of_text|>"
 AUDIO, AUDIO_EOS = "<|AUDIO|>", "<|audio_eos|>"
@@ -95,7 +97,7 @@ class CsmLayout(OrpheusLayout):
             raise InvalidArgument(f"a CSM speaker is a number (0, 1, ...), got {speaker[:40]!r}", field="voice")
         return speaker
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
         speaker = self.speaker(voice)
         if reference is None:
             return self.turn(tokenizer, text, speaker)
@@ -135,3 +137,24 @@ class CsmLayout(OrpheusLayout):
     def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
         """Codebook 0's code of each frame of frame-major ``codes`` (the positions' token ids)."""
         return [int(c) for c in list(codes)[::self.codes_per_token]]
+
+
+def _make_layout(model_dir, tokenizer, manifest) -> CsmLayout:
+    from transformers import AutoConfig, AutoTokenizer
+
+    return CsmLayout.from_config(tokenizer or AutoTokenizer.from_pretrained(model_dir),
+                                 AutoConfig.from_pretrained(model_dir))
+
+
+register_family(Family(
+    "csm", make_layout=_make_layout, detect=lambda config, model_dir: config.get("model_type") == "csm",
+    voices=tuple(VoiceInfo(v, f"CSM speaker {v}") for v in DEFAULT_SPEAKERS), default_voice=DEFAULT_SPEAKERS[0],
+    # CSM's Mimi codec is in the checkpoint (``codec_model.*``).
+    decoder="mimi", decoder_weights=".",
+    # Mimi is causal and keeps its streaming state: each chunk's frames are decoded as they come
+    # (block-causal), the first after 2 frames (160 ms of audio), then 4, 8. Counted in codes: 32
+    # per frame for CSM-1B.
+    streaming={"chunk_size": [64, 128, 256], "block_causal": True},
+    # Sesame's generator: temperature 0.9 over the 50 likeliest codes, backbone and depth decoder
+    # alike (here each request's settings act on both).
+    sampling={"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}))

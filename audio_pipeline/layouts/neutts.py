@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.orpheus import OrpheusLayout
+from audio_pipeline.layouts.registry import Family, register_family
 
 CHAT = "user: Convert the text to speech:<|TEXT_REPLACE|>\nassistant:<|SPEECH_REPLACE|>"
 TEXT_REPLACE, SPEECH_REPLACE = "<|TEXT_REPLACE|>", "<|SPEECH_REPLACE|>"
@@ -91,7 +92,7 @@ class NeuTTSLayout(OrpheusLayout):
             raise ValueError(f"audio_decoder: {decoder.name!r} has {getattr(decoder, 'codebook_size', 'no')} codes; "
                              f"the model's tokenizer has {self.codebook_size} speech tokens")
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
         from audio_pipeline.text.espeak import ipa_with_punctuation
 
         if reference is None:
@@ -115,3 +116,23 @@ def _check_input_format(model_dir: Path) -> None:
     if input_format != "phonemes":
         raise ValueError(f"model.model_path: {model_dir} reads {input_format!r} input (config.json "
                          "neuphonic.input_format); the neutts layout writes phonemes only")
+
+
+def _make_layout(model_dir: Path, tokenizer, manifest) -> NeuTTSLayout:
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return NeuTTSLayout.from_tokenizer(tokenizer, model_dir)
+
+
+register_family(Family(
+    "neutts", make_layout=_make_layout,
+    # NeuCodec is not causal: every chunk is decoded after a second of left context (50 frames), the
+    # voice's reference codes where the speech has less (rolling), from 15 frames (0.3 s) first, then
+    # 25 and 50; a chunk's last frames are decoded without the frames after them, where streamed
+    # audio differs most from the whole utterance decoded at once.
+    streaming={"chunk_size": [15, 25, 50], "buffer": 50, "prepend_prompt_speech_tokens": "rolling"},
+    # The reference draws from the 50 most likely codes at temperature 1, with no nucleus and no
+    # repetition penalty.
+    sampling={"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}))

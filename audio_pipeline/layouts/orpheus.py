@@ -7,7 +7,9 @@ from typing import Sequence
 
 import torch
 
-from audio_pipeline.layouts.frames import FrameRules
+from audio_pipeline.layouts.base import Layout
+from audio_pipeline.layouts.registry import Family, register_family
+from audio_pipeline.layouts.voice_info import VoiceInfo
 
 BEGIN_OF_TEXT = 128000
 END_OF_TEXT = 128009
@@ -31,8 +33,8 @@ ORPHEUS_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
 
 
 @dataclass(frozen=True)
-class OrpheusLayout(FrameRules):
-    """Maps between LM token ids and audio codes, and builds prompts (frames: layouts/frames.py)."""
+class OrpheusLayout(Layout):
+    """Maps between LM token ids and audio codes, and builds prompts."""
 
     audio_token_base: int = AUDIO_TOKEN_BASE
     codebook_size: int = CODEBOOK_SIZE
@@ -44,8 +46,8 @@ class OrpheusLayout(FrameRules):
         """Smallest LM vocabulary that holds every speech token id of this layout."""
         return self.audio_token_base + self.tokens_per_frame * self.codebook_size
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None) -> list[int]:
-        """The LM prompt ids for ``text`` spoken by ``voice`` (the engine's only entry point).
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
+        """The LM prompt ids for ``text`` spoken by ``voice``.
 
         With a ``reference`` (a cloned voice: ``.transcript`` and frame-major ``.codes``), the prompt
         first holds one finished exchange, the transcript and the reference's speech tokens, so
@@ -96,3 +98,12 @@ class OrpheusLayout(FrameRules):
     def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
         """Inverse of tokens_to_codes."""
         return [self.token_range(first_position + i)[0] + int(c) for i, c in enumerate(codes)]
+
+
+#: SNAC decodes 28 tokens (4 frames) first for early audio, then larger chunks that cost less per token.
+STREAMING = {"chunk_size": [28, 56, 112]}
+
+register_family(Family(
+    "orpheus", make_layout=lambda model_dir, tokenizer, manifest: OrpheusLayout(),
+    voices=tuple(VoiceInfo(v, f"Orpheus preset voice {v}") for v in ORPHEUS_VOICES), default_voice=ORPHEUS_VOICES[0],
+    streaming=STREAMING))

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
-from audio_pipeline.layouts.frames import FrameRules
+from audio_pipeline.layouts.base import Layout
+from audio_pipeline.layouts.registry import Family, register_family
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class Alignment:
 
 
 @dataclass(frozen=True)
-class PhonemeLPCLayout(FrameRules):
+class PhonemeLPCLayout(Layout):
     """Maps between LM token ids and the lpc decoder's codes, and builds prompts with eSpeak NG."""
 
     codebook_size: int = CODEBOOK_SIZE
@@ -192,7 +193,7 @@ class PhonemeLPCLayout(FrameRules):
     # --- prompts ---------------------------------------------------------------------------------
 
     #: Requests may set a speed: the voice says each phoneme in its frames divided by the speed.
-    supports_speed: bool = True
+    supports_speed: ClassVar[bool] = True
 
     @staticmethod
     def _frames(frames: int, speed: float) -> int:
@@ -288,3 +289,25 @@ class PhonemeLPCLayout(FrameRules):
 
     def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
         return [self.token_range(first_position + i)[0] + int(c) for i, c in enumerate(codes)]
+
+
+#: Text front ends a phoneme-lpc(-frame) model may name (its manifest's ``front_end``): eSpeak NG's
+#: phonemes and durations, or the model directory's lexicon.txt.gz and prosody.json.
+FRONT_ENDS = ("espeak", "lexicon")
+
+
+def layout_factory(layout_class: type[PhonemeLPCLayout]):
+    """The family's layout factory: ``layout_class`` with the front end the manifest names."""
+
+    def make_layout(model_dir, tokenizer, manifest) -> PhonemeLPCLayout:
+        if manifest.front_end == "lexicon":
+            from audio_pipeline.text.lexicon import LexiconFrontEnd
+
+            return layout_class(front_end=LexiconFrontEnd.load(model_dir))
+        return layout_class()
+
+    return make_layout
+
+
+# The built-in voices' manifests name their decoder and streaming settings.
+register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), front_ends=FRONT_ENDS))

@@ -25,9 +25,10 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME,
-                                              PROSODY, TOKENS_PER_FRAME, PhonemeLPCLayout,
-                                              alignment_tokens, prompt_schedule, slot_token)
+from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, FRONT_ENDS, PHONEME,
+                                              PROSODY, TOKENS_PER_FRAME, PhonemeLPCLayout, alignment_tokens,
+                                              layout_factory, prompt_schedule, slot_token)
+from audio_pipeline.layouts.registry import Family, register_family
 
 #: Frame columns (the decoder's order).
 COLUMNS = TOKENS_PER_FRAME
@@ -88,3 +89,6 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
         start = slot_token(ENVELOPE, 0)
         return start, start + CODEBOOK_SIZE
 
+
+
+register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS))

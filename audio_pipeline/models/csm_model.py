@@ -45,6 +45,8 @@ class CsmPipelineModel(LlamaPipelineModel):
             logger.info("model.compile: the CSM backbone runs eagerly (compile is not supported for CSM yet)")
         return self.model
 
+    has_depth_decoder = True
+
     @property
     def codes_per_token(self) -> int:
         """Codes per audio position (one frame): the number of codebooks."""

@@ -50,6 +50,8 @@ class FrameLlamaPipelineModel(LlamaPipelineModel):
 
     module_class = FrameLlamaForCausalLM
 
+    has_depth_decoder = True
+
     @property
     def codes_per_token(self) -> int:
         return self.model.frame_head.codes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
 
 import torch
 
@@ -54,6 +54,11 @@ class RunnerModel(Protocol):
 
 class PipelineModel(ABC):
     """A served model's configuration, devices and dtype; subclasses load the weights and the cache."""
+
+    #: Whether the architecture samples a frame's other codes after the backbone's (``depth_frame``).
+    has_depth_decoder: ClassVar[bool] = False
+    #: Codes each position carries (above 1 only with a depth decoder).
+    codes_per_token: int = 1
 
     def __init__(self, pipeline_config: "PipelineConfig", huggingface_config: Any, *,
                  devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig"):

@@ -152,14 +152,13 @@ class RequestPreparer:
         depends on the text (its prompt's length, the speech it needs) is checked here."""
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
         normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
-        extra = {"speed": settings.speed} if settings.speed != 1.0 else {}
-        prompt = self.engine.layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
-                                          **extra)
-        aligned_words = getattr(self.engine.layout, "word_frames", None)
-        words = (word_timings(normalized, aligned_words(normalized.spoken, **extra), self.engine.decoder.samples_per_frame)
+        layout = self.engine.layout
+        prompt = layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
+                                     speed=settings.speed)
+        aligned_words = layout.word_frames(normalized.spoken, speed=settings.speed)
+        words = (word_timings(normalized, aligned_words, self.engine.decoder.samples_per_frame)
                  if aligned_words is not None else None)
-        plan = getattr(self.engine.layout, "alignment", None)
-        alignment = plan(prompt) if plan is not None else None
+        alignment = layout.alignment(prompt)
         sampling = self._fit_budget(alignment, settings.sampling, explicit=settings.explicit_max_tokens)
         if not self.engine.config.enable_chunked_prefill and len(prompt) > self.engine.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "

@@ -1,0 +1,104 @@
+"""What every speech-token layout provides: a model family's frames, token maps and prompts.
+
+The engine, the request's preparation, the scheduler and the sampler read only these attributes
+(and never probe a layout for one, or ask which family it is). A family declares its layout and
+the rest of what it needs in one record (``layouts/registry.py``).
+
+Frames
+    * ``tokens_per_frame``: LM positions (sampled tokens, KV cache positions) per audio frame;
+    * ``codes_per_token``: audio codes one position carries. 1 where a frame is sampled one token
+      per backbone pass (Orpheus, Maya1, NeuTTS, phoneme-lpc); more where one backbone pass samples
+      the frame's first code and a depth decoder the rest of it (CSM, the frame voice). Then a
+      position's input is the sum of its frame's codebook embeddings, and the frame travels beside
+      the token (the request's ``frames``);
+    * ``token_column``: the frame column whose code is the position's token id (the code the
+      backbone samples; the depth decoder samples the others, and the layout may fix some from its
+      alignment: ``alignment.frame_codes``);
+    * ``stops_by_token``: a sampled end-of-speech id ends the speech (a candidate on frame
+      boundaries); False where the frame's codes say it (``ends_speech``).
+Token maps
+    ``codebook_size``, ``end_of_speech``, ``min_vocab_size``, ``token_range(position)``,
+    ``token_to_code``, ``tokens_to_codes``, ``codes_to_tokens``.
+Prompts
+    ``build_prompt(tokenizer, text, voice, reference, speed)``, and ``prompt_frames`` where prompt
+    positions are audio frames.
+Optional capabilities (the defaults here say "not this family")
+    ``requires_reference`` (every request speaks as a reference recording), ``described_voices``
+    (a voice is a description in words), ``supports_speed`` (a request may set a speed),
+    ``alignment(prompt)`` (tokens fixed by the prompt alone), ``word_frames(text, speed)`` (the
+    frames each spoken word sounds in), ``check_decoder(decoder)`` (ValueError for a decoder that
+    does not speak its codes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+
+class Layout:
+    """The base of every layout: what a family must define, and the defaults of what it may."""
+
+    tokens_per_frame: int
+    codebook_size: int
+    end_of_speech: int
+    codes_per_token: ClassVar[int] = 1
+    token_column: ClassVar[int] = 0
+    stops_by_token: ClassVar[bool] = True
+    requires_reference: ClassVar[bool] = False
+    described_voices: ClassVar[bool] = False
+    supports_speed: ClassVar[bool] = False
+
+    @property
+    def codes_per_frame(self) -> int:
+        """Audio codes per frame: what the decoder takes per frame."""
+        return self.tokens_per_frame * self.codes_per_token
+
+    @property
+    def min_vocab_size(self) -> int:
+        """Smallest LM vocabulary that holds every id the layout samples or prompts with."""
+        raise NotImplementedError
+
+    # --- prompts ---------------------------------------------------------------------------------
+
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
+        """The LM prompt ids for ``text`` in ``voice`` (or as ``reference``: a cloned voice's
+        ``.transcript`` and frame-major ``.codes``), at ``speed`` where ``supports_speed``."""
+        raise NotImplementedError
+
+    def prompt_frames(self, prompt_ids: Sequence[int], reference=None):
+        """[len(prompt_ids), codes_per_token] codes of the prompt positions that are audio frames
+        (-1 rows for text), or None where every prompt position is a token."""
+        return None
+
+    def alignment(self, prompt: Sequence[int]) -> Any:
+        """The tokens the prompt alone fixes (``forced(position)``, ``tokens``), or None where the
+        model chooses every token."""
+        return None
+
+    def word_frames(self, text: str, speed: float = 1.0) -> list | None:
+        """The spoken words of ``text`` with the frames each sounds in, or None where the layout
+        does not know (then each segment gets one timing)."""
+        return None
+
+    def check_decoder(self, decoder) -> None:
+        """ValueError unless ``decoder`` speaks this layout's codes (beyond its frame size, which
+        the engine checks)."""
+
+    # --- frames and tokens -----------------------------------------------------------------------
+
+    def ends_speech(self, frame: Sequence[int]) -> bool:
+        """Whether a depth-sampled frame (``codes_per_token`` codes) ends the speech."""
+        return False
+
+    def token_range(self, position: int) -> tuple[int, int]:
+        """Half-open range of the speech-token ids valid at ``position`` of a frame."""
+        raise NotImplementedError
+
+    def token_to_code(self, token_id: int, position: int) -> int:
+        raise NotImplementedError
+
+    def tokens_to_codes(self, token_ids: Sequence[int], first_position: int = 0):
+        raise NotImplementedError
+
+    def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
+        raise NotImplementedError
