@@ -1,5 +1,6 @@
 """Our Llama implementation against transformers' own forward, on tiny random checkpoints: Llama
-(tied, untied with llama3 RoPE) and Qwen2 (biased q/k/v projections, as NeuTTS Air's backbone)."""
+(tied, untied with llama3 RoPE), Qwen2 (biased q/k/v projections, as NeuTTS Air's backbone) and
+Qwen3 (each head's query and key normalized, as Qwen3-TTS's talker)."""
 
 import json
 
@@ -35,9 +36,29 @@ def load_ours(model_dir):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=["tied", "untied_llama3_rope", "qwen2"])
+def write_tiny_qwen3(path, *, vocab_size: int, seed: int = 0):
+    """A random Qwen3ForCausalLM (``save_pretrained``); transformers starts the query and key norms
+    at one, where a missing norm would go unnoticed: here they are drawn."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.neutts_model import TINY_QWEN2
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab_size, head_dim=32, **TINY_QWEN2))
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    parameter.uniform_(0.5, 1.5)
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module", params=["tied", "untied_llama3_rope", "qwen2", "qwen3"])
 def model_dir(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
+    if request.param == "qwen3":
+        return write_tiny_qwen3(path, vocab_size=150000, seed=3)
     if request.param == "qwen2":
         from tests.neutts_model import write_tiny_qwen2
 
@@ -100,6 +121,16 @@ def test_qwen2_biases_load_under_their_checkpoint_names(tmp_path):
         key = f"model.layers.1.self_attn.{name}.bias"
         assert torch.equal(ours.state_dict()[key], stored[key]) and stored[key].abs().sum() > 0
     assert "model.layers.0.self_attn.o_proj.bias" not in stored and ours.model.layers[0].self_attn.o_proj.bias is None
+
+
+def test_qwen3_query_and_key_norms_load_under_their_checkpoint_names(tmp_path):
+    model_dir = write_tiny_qwen3(tmp_path, vocab_size=300, seed=1)
+    stored = load_file(str(model_dir / "model.safetensors"))
+    ours = load_ours(model_dir)
+    for name in ("q_norm", "k_norm"):
+        key = f"model.layers.1.self_attn.{name}.weight"
+        assert torch.equal(ours.state_dict()[key], stored[key]) and stored[key].shape == (32,)
+        assert not torch.equal(stored[key], torch.ones(32))
 
 
 def test_sliding_window_attention_is_refused_naming_the_field(tmp_path):

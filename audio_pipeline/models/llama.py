@@ -1,8 +1,9 @@
 """Llama-family decoder-only LM in plain torch, run over a ragged batch of sequences with KV caches.
 
-Llama and Qwen2 checkpoints (``model_type`` llama or qwen2): the same blocks, but Qwen2's query,
-key and value projections carry biases and its output projection does not. Parameter names follow
-the Hugging Face checkpoint layout, so a safetensors state dict loads as is.
+Llama, Qwen2 and Qwen3 checkpoints (``model_type`` llama, qwen2 or qwen3): the same blocks, but
+Qwen2's query, key and value projections carry biases and its output projection does not, and
+Qwen3 normalizes each head's query and key (an RMSNorm over the head, before the rotation).
+Parameter names follow the Hugging Face checkpoint layout, so a safetensors state dict loads as is.
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ def projection_biases(config) -> tuple[bool, bool]:
     return bias, bias
 
 
+#: Architectures whose attention normalizes each head's query and key (``q_norm``, ``k_norm``).
+QK_NORM_MODEL_TYPES = {"qwen3"}
+
+
+def has_qk_norm(config) -> bool:
+    """Whether the config's attention normalizes queries and keys per head (Qwen3's layers)."""
+    return getattr(config, "model_type", None) in QK_NORM_MODEL_TYPES
+
+
 def check_supported(config) -> None:
     """ValueError naming the config field this implementation does not run."""
     if getattr(config, "use_sliding_window", False):
@@ -119,6 +129,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=output_bias)
         self.qkv_proj: nn.Linear | None = None
+        self.q_norm = self.k_norm = None
+        if has_qk_norm(config):
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def fuse(self) -> None:
         """The query, key and value projections as one product (fuse_layers)."""
@@ -135,6 +149,8 @@ class Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos[:, None, :], sin[:, None, :]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
