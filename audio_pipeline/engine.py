@@ -90,9 +90,9 @@ class TTSEngine:
     """Everything needed to serve one model: load once, then create and submit requests."""
 
     def __init__(self, config: AudioGenerationConfig):
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        from audio_pipeline.models.registry import pipeline_model_class
+        from audio_pipeline.models.registry import pipeline_model_class, read_model_config
 
         self.model_dir = resolve_model_dir(config.model.model_path)
         self.manifest = ModelManifest.read(self.model_dir)
@@ -103,7 +103,7 @@ class TTSEngine:
             torch.cuda.set_device(device)
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
         self.num_threads = config.model.num_threads or default_num_threads(device)
-        hf_config = AutoConfig.from_pretrained(self.model_dir)
+        hf_config = read_model_config(self.model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
         if hf_config.vocab_size < self.layout.min_vocab_size:
@@ -204,7 +204,8 @@ class TTSEngine:
         from audio_pipeline.builtin import builtin_cache_dir
 
         directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
-        store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self.encode)
+        speaker = self.speaker_embedding if self.model.speaker_sample_rate is not None else None
+        store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self.encode, speaker)
         skipped = store.load()
         if skipped:
             logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
@@ -225,7 +226,8 @@ class TTSEngine:
                     self.decoder.check_code_values(codes, self.layout.codebook_size)
                 except ValueError as exc:
                     raise ValueError(f"{entry}: the reference's codes: {exc}") from None
-                prompts[voice.name] = VoicePrompt(meta["transcript"], codes)
+                speaker = self.voice_store.speaker_of(entry) if self.voice_store is not None else None
+                prompts[voice.name] = VoicePrompt(meta["transcript"], codes, speaker)
             elif self.clones_only:
                 raise ValueError(f"model.model_path: preset voice {voice.name!r} of the {self.manifest.family} "
                                  f"model needs its reference: {entry}/voice.json with the transcript, and "
@@ -241,6 +243,19 @@ class TTSEngine:
         """A recording's codes (the decoder's encoder)."""
         with torch.inference_mode():
             return self.decoder.encode(torch.from_numpy(samples).to(self.decoder_device)).cpu().long()
+
+    def speaker_embedding(self, samples: np.ndarray) -> torch.Tensor | None:
+        """A recording's speaker embedding (``samples`` at the decoder's rate), for a model that
+        clones by one (its speaker_sample_rate); None for the others."""
+        rate = self.model.speaker_sample_rate
+        if rate is None:
+            return None
+        if rate != self.decoder.sample_rate:
+            import soxr
+
+            samples = soxr.resample(samples, self.decoder.sample_rate, rate).astype(np.float32)
+        with torch.inference_mode():
+            return self.model.speaker_embedding(samples).float().cpu()
 
     def _decoder_weights(self) -> str:
         """The decoder's weights: audio_decoder_weights, else what the model directory ships;
@@ -316,6 +331,12 @@ class TTSEngine:
         return self.requests.create_context(text, **kwargs)
 
     @property
+    def takes_instructions(self) -> bool:
+        """Whether a request's ``instructions`` act: a described voice's description, or a style
+        beside a preset voice (the layout's takes_instructions)."""
+        return self.layout.described_voices or self.layout.takes_instructions
+
+    @property
     def describes_voices(self) -> bool:
         """Whether a voice is any description in words (Maya1) rather than a name from a list."""
         return self.layout.described_voices
@@ -366,9 +387,13 @@ class TTSEngine:
         """
         started = time.monotonic()
         segments("Warm up. Done.")
-        # A model that speaks only as a reference and has no default voice: any codes will do.
-        reference = (VoicePrompt("warm up", torch.zeros(2 * self.layout.codes_per_frame, dtype=torch.long))
-                     if self.clones_only and self.manifest.default_voice is None else None)
+        # A model that speaks only as a reference and has no default voice: any codes (and speaker
+        # embedding, where it clones by one) will do.
+        reference = None
+        if self.clones_only and self.manifest.default_voice is None:
+            speaker = (torch.zeros(int(self.model.huggingface_config.hidden_size))
+                       if self.model.speaker_sample_rate is not None else None)
+            reference = VoicePrompt("warm up", torch.zeros(2 * self.layout.codes_per_frame, dtype=torch.long), speaker)
         self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
                         request_id=f"warmup-{uuid.uuid4().hex[:8]}", reference=reference)
         gc.collect()

@@ -33,6 +33,7 @@ from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
+from audio_pipeline.core.tracks import track_inputs
 from audio_pipeline.core.sampler import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline.core.scheduler import StepResult
 from audio_pipeline_kernels import StepMetadata
@@ -163,6 +164,8 @@ class ModelRunner:
         self.decode_buckets = sorted(set(decode_buckets))
         #: A token or a whole frame per position (core/depth.py), chosen once for the model.
         self.frame_sampling = position_sampling(model, layout, sync_free=self.sync_free)
+        #: A text track beside the tokens (core/tracks.py), chosen once for the layout.
+        self.tracks = track_inputs(model, layout)
         self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
                                        before_grow=self.wait)
         #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
@@ -301,6 +304,7 @@ class ModelRunner:
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
         }
         arrays.update(self.frame_sampling.arrays(total, batch, rows.codebook_size if rows is not None else 0))
+        arrays.update(self.tracks.arrays(items, total))
         if links:  # tokens to take from earlier steps' samples on the device
             arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
         if follow:  # forced tokens that follow samples, for the repetition counts
@@ -313,6 +317,7 @@ class ModelRunner:
             flat[ends[index]:ends[index + 1]] = known
         flat[ends[len(items)]:] = 0  # padding rows
         self.frame_sampling.fill_inputs(host, items, ends)
+        self.tracks.fill(host, items, ends)
         host["positions"][:] = metadata.positions
         host["slots"][:] = metadata.slot_mapping
         staged.chained, first = [], 0
@@ -357,7 +362,7 @@ class ModelRunner:
         batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata))
         with torch.inference_mode():
             return self.model.forward(device["tokens"], device["positions"], batch,
-                                      **self.frame_sampling.forward_inputs(device))
+                                      **self.frame_sampling.forward_inputs(device), **self.tracks.forward_inputs(device))
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: SamplingRows,

@@ -32,6 +32,9 @@ class TTSContext:
     #: The forced tokens of layouts with an explicit alignment (phoneme-lpc: fixed by the prompt
     #: alone, the sampler may only pick those there); the request's preparation computes it.
     alignment: Any = None
+    #: A second input track beside the tokens (a text id per position, raw vectors: core/tracks.py),
+    #: for layouts that have one.
+    text_track: Any = None
     #: Word timings of the request's text (offsets into the text it was made from, samples of its
     #: own audio), where the layout knows its alignment; None otherwise.
     words: list | None = None
@@ -70,6 +73,8 @@ class TTSContext:
                                  for token, row in zip(self.prompt_ids, self.prompt_frames.tolist())]
         if self.layout.codes_per_token > 1:
             self.cache_generated = [tuple(frame) for frame in self.frames]
+        if self.text_track is not None:  # the text id (and any vector) is part of each position's input
+            self.cache_prompt = [self.text_track.cache_key(i, key) for i, key in enumerate(self.cache_prompt)]
 
     @property
     def all_tokens(self) -> list[int]:
@@ -166,7 +171,10 @@ class TTSContext:
                 raise ValueError(f"position {position}: a {layout.codes_per_token}-code frame with token {token_id}'s "
                                  f"code in column {column} was expected, got {frame!r}")
             self.frames.append(list(frame))
-            self.cache_generated.append(tuple(frame))
+            key = tuple(frame)
+            if self.text_track is not None:
+                key = self.text_track.cache_key(len(self.prompt_ids) + position, key)
+            self.cache_generated.append(key)
         self.generated.append(token_id)
         return StopReason.MAX_TOKENS if len(self.generated) >= self.token_budget else None
 

@@ -62,7 +62,7 @@ def create_app(running) -> Starlette:
             return error_response(400, f"the body is not JSON: {exc}", "body")
         try:
             wanted = OpenAISpeech(parsed, [v.name for v in engine.voices], engine.manifest.default_voice,
-                                  voice_map, request.headers, describes_voices=engine.describes_voices)
+                                  voice_map, request.headers, takes_instructions=engine.takes_instructions)
         except RequestError as error:
             service.count("invalid")
             return request_error(error)

@@ -72,7 +72,7 @@ class OpenAISpeech:
     mapped to the service's request; the values are the service's to check."""
 
     def __init__(self, body, voices: list[str], default_voice: str | None, voice_map: dict[str, str],
-                 headers=None, default_format: str = "mp3", describes_voices: bool = False):
+                 headers=None, default_format: str = "mp3", takes_instructions: bool = False):
         if not isinstance(body, dict):
             raise InvalidArgument("the body must be a JSON object", field="body")
         text = body.get("input", "")
@@ -107,8 +107,8 @@ class OpenAISpeech:
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise InvalidArgument("must be a string", field="instructions")
-        if instructions and not describes_voices:
-            self.ignored.append("instructions")  # only a described-voice model (Maya1) speaks by them
+        if instructions and not takes_instructions:
+            self.ignored.append("instructions")  # a described voice (Maya1) or a style (Qwen3-TTS CustomVoice)
         rate = body.get("sample_rate")  # this server's extension
         if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool)):
             raise InvalidArgument("must be a whole number of hertz", field="sample_rate")
@@ -120,7 +120,7 @@ class OpenAISpeech:
             raise InvalidArgument("must be true or false", field="normalize_text")
         self.request = SpeechRequest(
             text=text, voice=voice or None, normalize_text=normalize, speed=speed,
-            instructions=instructions if describes_voices else None,
+            instructions=instructions if takes_instructions else None,
             sampling={} if seed is None else {"seed": seed}, format=response_format,
             sample_rate=rate or default_rate(response_format, OPENAI_RATE),
             streamed=client_streams(body, headers or {}))

@@ -118,7 +118,7 @@ class StreamSocket:
             settings = {key: value for key, value in message.items() if key not in ("type", "context_id", "input")}
             try:
                 wanted = OpenAISpeech(settings, [v.name for v in self.engine.voices], self.engine.manifest.default_voice,
-                                      {}, default_format="pcm", describes_voices=self.engine.describes_voices)
+                                      {}, default_format="pcm", takes_instructions=self.engine.takes_instructions)
             except RequestError:
                 self.service.count("invalid")
                 raise

@@ -24,8 +24,11 @@ Prompts
     positions are audio frames.
 Optional capabilities (the defaults here say "not this family")
     ``requires_reference`` (every request speaks as a reference recording), ``described_voices``
-    (a voice is a description in words), ``supports_speed`` (a request may set a speed),
-    ``alignment(prompt)`` (tokens fixed by the prompt alone), ``word_frames(text, speed)`` (the
+    (a voice is a description in words), ``takes_instructions`` (``build_prompt`` takes a request's
+    ``instructions``, a style, beside its voice), ``supports_speed`` (a request may set a speed),
+    ``has_text_track`` with ``text_track(prompt)`` (a text token beside every position, and raw
+    input vectors: core/tracks.py), ``alignment(prompt)`` (tokens fixed by the prompt alone),
+    ``word_frames(text, speed)`` (the
     frames each spoken word sounds in), ``check_decoder(decoder)`` (ValueError for a decoder that
     does not speak its codes).
 """
@@ -47,6 +50,8 @@ class Layout:
     requires_reference: ClassVar[bool] = False
     described_voices: ClassVar[bool] = False
     supports_speed: ClassVar[bool] = False
+    has_text_track: ClassVar[bool] = False
+    takes_instructions: ClassVar[bool] = False
 
     @property
     def codes_per_frame(self) -> int:
@@ -78,6 +83,11 @@ class Layout:
     def word_frames(self, text: str, speed: float = 1.0) -> list | None:
         """The spoken words of ``text`` with the frames each sounds in, or None where the layout
         does not know (then each segment gets one timing)."""
+        return None
+
+    def text_track(self, prompt: Sequence[int]) -> Any:
+        """The text track that travels beside ``prompt`` (core/tracks.py's TextTrack: a text id per
+        position, raw vectors), where ``has_text_track``; None otherwise."""
         return None
 
     def check_decoder(self, decoder) -> None:

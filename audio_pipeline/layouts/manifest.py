@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from audio_pipeline.layouts.registry import DEFAULT_FAMILY, Family, detect_family, get_family
+from audio_pipeline.layouts.registry import DEFAULT_FAMILY, Family, detect_family, family_voices, get_family
 from audio_pipeline.layouts.voice_info import VoiceInfo
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ class ModelManifest:
     #: The phoneme-lpc family's text front end: "espeak" (eSpeak NG's phonemes and durations) or
     #: "lexicon" (the model directory's lexicon.txt.gz and prosody.json).
     front_end: str = "espeak"
+    #: Settings of the family's layout (its record's ``layout_options`` says which it takes).
+    layout_options: dict = field(default_factory=dict)
     #: The directory holds no language model checkpoint: its weights are drawn at load (a random
     #: model of a real shape, for benchmarks; testing/random_models.py).
     random_weights: bool = False
@@ -46,7 +48,8 @@ class ModelManifest:
         path = model_dir / MANIFEST_NAME
         if not path.is_file():
             family = detect_family(model_dir)
-            return cls(family=family.name, voices=family.voices, default_voice=family.default_voice,
+            voices, default = family_voices(family, model_dir)
+            return cls(family=family.name, voices=voices, default_voice=default,
                        audio_decoder=family.decoder, audio_decoder_weights=family.decoder_weights)
         try:
             data = json.loads(path.read_text())
@@ -63,9 +66,17 @@ class ModelManifest:
             family = get_family(manifest.family)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
+        if manifest.audio_decoder is None and family.decoder is not None:  # the family's own codec
+            manifest = dataclasses.replace(manifest, audio_decoder=family.decoder,
+                                           audio_decoder_weights=manifest.audio_decoder_weights or family.decoder_weights)
         if not names_voices:  # the family's presets, where the manifest names none
-            manifest = dataclasses.replace(manifest, voices=family.voices,
-                                           default_voice=manifest.default_voice or family.default_voice)
+            voices, default = family_voices(family, model_dir)
+            manifest = dataclasses.replace(manifest, voices=voices, default_voice=manifest.default_voice or default)
+        unknown = set(manifest.layout_options) - set(family.layout_options)
+        if unknown:
+            known = ", ".join(family.layout_options) or "none"
+            raise ValueError(f"{path}: unknown layout_options {sorted(unknown)} for the {family.name} family "
+                             f"(known: {known})")
         if family.front_ends and manifest.front_end not in family.front_ends:
             raise ValueError(f"{path}: unknown front_end {manifest.front_end!r} (known: {', '.join(family.front_ends)})")
         names = [v.name for v in manifest.voices]

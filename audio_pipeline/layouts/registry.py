@@ -35,9 +35,11 @@ class Family:
     #: family. None: only a manifest names it. The first family (in registration order) whose
     #: ``detect`` says yes wins; a checkpoint none claims is of DEFAULT_FAMILY.
     detect: Callable[[dict, Path], bool] | None = None
-    #: Preset voices and the default one, for a checkpoint without a manifest.
+    #: Preset voices and the default one (else the first), for a checkpoint whose manifest names
+    #: none; ``preset_voices(model_dir)`` reads them from the checkpoint where they are its own.
     voices: tuple[VoiceInfo, ...] = ()
     default_voice: str | None = None
+    preset_voices: Callable[[Path], tuple[VoiceInfo, ...]] | None = None
     #: The audio decoder the family speaks with, and where its weights are relative to the model
     #: directory (None: the decoder's own default); a manifest's ``audio_decoder`` wins.
     decoder: str | None = None
@@ -50,6 +52,9 @@ class Family:
     sampling: Mapping[str, Any] = field(default_factory=dict)
     #: Text front ends a manifest may name (``front_end``); empty: the family has one.
     front_ends: tuple[str, ...] = ()
+    #: Settings of the family's layout a manifest may give (``layout_options``; the factory reads
+    #: them from the manifest), with what each does.
+    layout_options: Mapping[str, str] = field(default_factory=dict)
 
 
 #: The family of a checkpoint that nothing else claims.
@@ -60,6 +65,13 @@ _BUILTIN_MODULES = {"csm": "audio_pipeline.layouts.csm", "maya1": "audio_pipelin
                     "neutts": "audio_pipeline.layouts.neutts", "phoneme-lpc": "audio_pipeline.layouts.phoneme_lpc",
                     "phoneme-lpc-frame": "audio_pipeline.layouts.phoneme_lpc_frame",
                     "orpheus": "audio_pipeline.layouts.orpheus"}
+
+
+def family_voices(family: Family, model_dir: Path) -> tuple[tuple[VoiceInfo, ...], str | None]:
+    """The family's preset voices for the checkpoint in ``model_dir``, and the default one."""
+    voices = family.preset_voices(Path(model_dir)) if family.preset_voices is not None else family.voices
+    default = family.default_voice or (voices[0].name if voices else None)
+    return voices, default
 
 
 def register_family(family: Family) -> Family:

@@ -59,6 +59,13 @@ class PipelineModel(ABC):
     has_depth_decoder: ClassVar[bool] = False
     #: Codes each position carries (above 1 only with a depth decoder).
     codes_per_token: int = 1
+    #: The sample rate of the recordings ``speaker_embedding`` takes; None: the model clones without one.
+    speaker_sample_rate: int | None = None
+
+    def speaker_embedding(self, samples) -> torch.Tensor:
+        """A recording's speaker embedding (mono float32 at speaker_sample_rate), for a model that
+        clones by one (Qwen3-TTS Base: its x-vector)."""
+        raise NotImplementedError(f"{type(self).__name__} does not clone by a speaker embedding")
 
     def __init__(self, pipeline_config: "PipelineConfig", huggingface_config: Any, *,
                  devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: "KVCacheConfig"):

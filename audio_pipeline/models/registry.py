@@ -3,11 +3,15 @@ never by the speech family (a family is a layout and a decoder)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 #: model_type -> "module:class" of the PipelineModel that runs it; anything else runs as Llama
-#: (Llama and Qwen2 checkpoints; models/llama.py names what it refuses).
+#: (Llama, Qwen2 and Qwen3 checkpoints; models/llama.py names what it refuses).
 PIPELINE_MODELS = {"csm": "audio_pipeline.models.csm_model:CsmPipelineModel"}
+#: model_type -> "module:function" reading a config.json that transformers does not know.
+CONFIG_READERS: dict[str, str] = {}
 DEFAULT_PIPELINE_MODEL = "audio_pipeline.models.llama_model:LlamaPipelineModel"
 #: A Llama checkpoint whose config has a ``frame_head`` (models/frame_head.py) runs one position per
 #: frame with its depth head.
@@ -24,3 +28,20 @@ def pipeline_model_class(huggingface_config: Any) -> type:
         target = FRAME_LLAMA_MODEL
     module, name = target.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def read_model_config(model_dir: Path) -> Any:
+    """The checkpoint's config: transformers' AutoConfig, or this project's reader for a model type
+    transformers does not know (CONFIG_READERS)."""
+    import importlib
+
+    try:
+        model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type in CONFIG_READERS:
+        module, name = CONFIG_READERS[model_type].split(":")
+        return getattr(importlib.import_module(module), name)(model_dir)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)

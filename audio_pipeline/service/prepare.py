@@ -38,6 +38,8 @@ class RequestSettings:
     sampling: SamplingParams
     #: max_tokens was asked for (else a layout that knows the speech's length fits it to the text).
     explicit_max_tokens: bool
+    #: A style beside the voice, for a layout that takes_instructions (else None).
+    instructions: str | None = None
 
 
 class RequestPreparer:
@@ -49,7 +51,8 @@ class RequestPreparer:
 
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
                        reference: VoicePrompt | None = None, normalize_text: bool | None = None,
-                       speed: float | None = None, **sampling_overrides: Any) -> TTSContext:
+                       speed: float | None = None, instructions: str | None = None,
+                       **sampling_overrides: Any) -> TTSContext:
         """A validated context of a whole text (in-process use: the speech service validates a
         request once and builds its segments with :meth:`segment_context`); InvalidArgument or
         NotFound naming the field otherwise."""
@@ -59,7 +62,7 @@ class RequestPreparer:
         if speed is not None:
             self.check_speed(speed)
         settings = self.resolve_settings(voice=voice, reference=reference, normalize_text=normalize_text,
-                                         speed=speed, **sampling_overrides)
+                                         speed=speed, instructions=instructions, **sampling_overrides)
         return self.segment_context(text, settings, request_id or uuid.uuid4().hex)
 
     def check_request_id(self, value: str, field: str = "request_id") -> None:
@@ -94,6 +97,12 @@ class RequestPreparer:
         limits = self.engine.config.limits
         if self.engine.describes_voices:
             voice = self._voice_description(voice, instructions)
+            instructions = None
+        elif not self.engine.layout.takes_instructions:
+            instructions = None
+        elif instructions and len(instructions) > limits.max_description_chars:
+            raise InvalidArgument(f"{len(instructions)} characters, over the limit of {limits.max_description_chars} "
+                                  "(limits.max_description_chars)", field="instructions")
         elif voice and len(voice) > limits.max_voice_name_chars:
             raise InvalidArgument(f"{len(voice)} characters, over the limit of {limits.max_voice_name_chars}",
                                   field="voice")
@@ -130,7 +139,8 @@ class RequestPreparer:
         return RequestSettings(
             voice=voice, reference=reference, speed=speed, sampling=sampling,
             normalize_text=self.engine.config.normalize_text if normalize_text is None else normalize_text,
-            explicit_max_tokens=sampling_overrides.get("max_tokens") is not None)
+            explicit_max_tokens=sampling_overrides.get("max_tokens") is not None,
+            instructions=instructions.strip() or None if instructions else None)
 
     def _voice_description(self, voice: str | None, instructions: str | None) -> str:
         """The description a described-voice model speaks with: the instructions where given, else
@@ -153,8 +163,9 @@ class RequestPreparer:
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
         normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
         layout = self.engine.layout
+        extra = {"instructions": settings.instructions} if layout.takes_instructions else {}
         prompt = layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
-                                     speed=settings.speed)
+                                     speed=settings.speed, **extra)
         aligned_words = layout.word_frames(normalized.spoken, speed=settings.speed)
         words = (word_timings(normalized, aligned_words, self.engine.decoder.samples_per_frame)
                  if aligned_words is not None else None)
@@ -171,7 +182,8 @@ class RequestPreparer:
         return TTSContext(request_id=request_id, prompt_ids=prompt, sampling=sampling,
                           layout=self.engine.layout, voice=settings.voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None,
-                          prompt_frames=self.engine.layout.prompt_frames(prompt, reference))
+                          prompt_frames=self.engine.layout.prompt_frames(prompt, reference),
+                          text_track=layout.text_track(prompt))
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's
@@ -191,5 +203,5 @@ class RequestPreparer:
         check_reference_size(audio, self.engine.config.limits.max_reference_audio_bytes)
         samples = read_reference_audio(audio, self.engine.decoder.sample_rate, max_seconds=self.engine.config.max_reference_seconds)
         transcript = check_transcript(transcript, self.engine.config.limits.max_transcript_chars)
-        return VoicePrompt(transcript, self.engine.encode(samples))
+        return VoicePrompt(transcript, self.engine.encode(samples), self.engine.speaker_embedding(samples))
 

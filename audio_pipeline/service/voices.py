@@ -43,6 +43,9 @@ class VoicePrompt:
     transcript: str
     #: Frame-major speech codes of the reference recording (1-D long tensor).
     codes: torch.Tensor
+    #: The recording's speaker embedding, for models that clone by one (Qwen3-TTS Base); None
+    #: where the model has no speaker encoder.
+    speaker_embedding: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -157,11 +160,15 @@ class VoiceStore:
     """
 
     def __init__(self, directory: Path, decoder_name: str, sample_rate: int,
-                 encode: Callable[[np.ndarray], torch.Tensor]):
+                 encode: Callable[[np.ndarray], torch.Tensor],
+                 speaker: Callable[[np.ndarray], torch.Tensor | None] | None = None):
         self.directory = Path(directory)
         self.decoder_name = decoder_name
         self.sample_rate = sample_rate
         self.encode = encode
+        #: The model's speaker embedding of a recording (at ``sample_rate``), where it clones by one:
+        #: computed from reference.flac as a voice is read (it depends on the model, not the decoder).
+        self.speaker = speaker
         self._voices: dict[str, RegisteredVoice] = {}
         self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -187,8 +194,19 @@ class VoiceStore:
         meta, codes, encoded = read_voice_entry(entry, self.decoder_name, self.sample_rate, self.encode)
         if encoded:  # registered under another decoder: kept for the next start
             np.save(entry / codes_file(self.decoder_name), codes.numpy())
-        return RegisteredVoice(meta["name"], meta.get("description", ""), VoicePrompt(meta["transcript"], codes),
-                               meta.get("language", "en-US"))
+        prompt = VoicePrompt(meta["transcript"], codes, self.speaker_of(entry))
+        return RegisteredVoice(meta["name"], meta.get("description", ""), prompt, meta.get("language", "en-US"))
+
+    def speaker_of(self, entry: Path) -> torch.Tensor | None:
+        """The speaker embedding of a voice directory's reference.flac, where the model clones by one."""
+        if self.speaker is None:
+            return None
+        samples, rate = sf.read(entry / "reference.flac", dtype="float32")
+        if samples.ndim > 1:
+            samples = samples.mean(axis=1)
+        if rate != self.sample_rate:
+            samples = soxr.resample(samples, rate, self.sample_rate).astype(np.float32)
+        return self.speaker(samples)
 
     def names(self) -> list[str]:
         with self._lock:
@@ -238,7 +256,8 @@ class VoiceStore:
         """
         self.check_new(name, description, reserved, limits)
         codes = self.encode(samples)
-        voice = RegisteredVoice(name, description, VoicePrompt(transcript, codes))
+        speaker = self.speaker(samples) if self.speaker is not None else None
+        voice = RegisteredVoice(name, description, VoicePrompt(transcript, codes, speaker))
         with self._lock:
             self._check_room(name, 0, limits)
             entry = self.directory / name
