@@ -5,6 +5,8 @@ decoder inputs of every prepend mode, window by window. Real decoders with rando
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,6 +37,7 @@ def _lpc_codes(frames: int, seed: int) -> torch.Tensor:
 
 
 #: name -> (writes random weights into a directory, random codes(frames, seed)).
+QWEN3_TTS_TOKENIZER = Path(__file__).parent / "fixtures" / "qwen3_tts" / "models" / "base" / "speech_tokenizer"
 FACTORIES = {
     "snac": (lambda path: save_random_snac_checkpoint(path, **SNAC_TEST_CONFIG),
              lambda frames, seed: torch.randint(0, 4096, (frames * 7,), generator=torch.Generator().manual_seed(seed))),
@@ -51,9 +54,13 @@ FACTORIES = {
                                                 generator=torch.Generator().manual_seed(seed))),
     "neucodec": (save_random_neucodec_checkpoint,
                  lambda frames, seed: torch.randint(0, 65536, (frames,), generator=torch.Generator().manual_seed(seed))),
+    # The reference's tiny speech tokenizer (tests/fixtures/qwen3_tts): 16 codebooks of 64 codes.
+    "qwen3-tts-12hz": (lambda path: shutil.copytree(QWEN3_TTS_TOKENIZER, path, dirs_exist_ok=True),
+                       lambda frames, seed: torch.randint(0, 64, (frames * 16,),
+                                                          generator=torch.Generator().manual_seed(seed))),
 }
 #: Decoders whose audio depends only on the past: block-causal streaming must equal one-shot.
-CAUSAL = {"causal-conv", "lpc", "mcep", "mimi"}
+CAUSAL = {"causal-conv", "lpc", "mcep", "mimi", "qwen3-tts-12hz"}
 
 
 def test_every_built_in_decoder_is_covered():

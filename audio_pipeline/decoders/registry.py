@@ -13,7 +13,8 @@ _DECODERS: dict[str, type[AudioDecoder]] = {}
 # Built-in decoders, imported on first lookup so that reading the registry stays cheap.
 _BUILTIN_MODULES = {"snac": "audio_pipeline.decoders.snac", "causal-conv": "audio_pipeline.decoders.causal_conv",
                     "lpc": "audio_pipeline.decoders.lpc", "mcep": "audio_pipeline.decoders.mcep",
-                    "mimi": "audio_pipeline.decoders.mimi", "neucodec": "audio_pipeline.decoders.neucodec"}
+                    "mimi": "audio_pipeline.decoders.mimi", "neucodec": "audio_pipeline.decoders.neucodec",
+                    "qwen3-tts-12hz": "audio_pipeline.decoders.qwen3_tts_12hz"}
 
 
 def register_audio_decoder(cls: type[AudioDecoder]) -> type[AudioDecoder]:

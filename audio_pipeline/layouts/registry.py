@@ -61,7 +61,8 @@ class Family:
 DEFAULT_FAMILY = "orpheus"
 _FAMILIES: dict[str, Family] = {}
 #: Built-in families and their modules, in detection order (the more specific first).
-_BUILTIN_MODULES = {"csm": "audio_pipeline.layouts.csm", "maya1": "audio_pipeline.layouts.maya1",
+_BUILTIN_MODULES = {"csm": "audio_pipeline.layouts.csm", "qwen3-tts": "audio_pipeline.layouts.qwen3_tts",
+                    "maya1": "audio_pipeline.layouts.maya1",
                     "neutts": "audio_pipeline.layouts.neutts", "phoneme-lpc": "audio_pipeline.layouts.phoneme_lpc",
                     "phoneme-lpc-frame": "audio_pipeline.layouts.phoneme_lpc_frame",
                     "orpheus": "audio_pipeline.layouts.orpheus"}

@@ -9,9 +9,10 @@ from typing import Any
 
 #: model_type -> "module:class" of the PipelineModel that runs it; anything else runs as Llama
 #: (Llama, Qwen2 and Qwen3 checkpoints; models/llama.py names what it refuses).
-PIPELINE_MODELS = {"csm": "audio_pipeline.models.csm_model:CsmPipelineModel"}
+PIPELINE_MODELS = {"csm": "audio_pipeline.models.csm_model:CsmPipelineModel",
+                   "qwen3_tts": "audio_pipeline.models.qwen3_tts_model:Qwen3TTSPipelineModel"}
 #: model_type -> "module:function" reading a config.json that transformers does not know.
-CONFIG_READERS: dict[str, str] = {}
+CONFIG_READERS = {"qwen3_tts": "audio_pipeline.models.qwen3_tts:read_config"}
 DEFAULT_PIPELINE_MODEL = "audio_pipeline.models.llama_model:LlamaPipelineModel"
 #: A Llama checkpoint whose config has a ``frame_head`` (models/frame_head.py) runs one position per
 #: frame with its depth head.

@@ -1,0 +1,340 @@
+"""Qwen3-TTS served exactly as its reference generates it: the golden fixtures in
+tests/fixtures/qwen3_tts/ (made by scripts/qwen3_tts_reference/ with qwen-tts 0.1.1 on tiny random
+CustomVoice, VoiceDesign and Base checkpoints) against the engine's own layout, model and runner.
+
+Per case the reference recorded its prompt embeddings, its talker's first logits and its greedy
+frames (``generate(do_sample=False, subtalker_dosample=False)`` with its default repetition penalty,
+minimum length and suppression). Here the same prompt is built by the layout, the same logits come
+from the engine's model on the paged cache, and the same frames come out of the engine, alone and
+batched with other requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from audio_pipeline.config import AudioGenerationConfig
+from audio_pipeline.layouts.qwen3_tts import Qwen3TTSLayout
+from audio_pipeline.models.qwen3_tts import Qwen3TTSSpeechLM, read_config
+from audio_pipeline.models.weights import load_safetensors_into
+from audio_pipeline.service.voices import VoicePrompt
+
+FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tts"
+CASES = sorted(path.name for path in (FIXTURES / "cases").iterdir())
+
+
+def case_info(name: str) -> tuple[dict, dict, str]:
+    info = json.loads((FIXTURES / "cases" / name / "case.json").read_text())
+    return info, info["inputs"], info["model"].split("/")[-1]
+
+
+def case_array(name: str, file: str) -> np.ndarray:
+    return np.load(FIXTURES / "cases" / name / file)
+
+
+def case_reference(name: str) -> VoicePrompt | None:
+    """A Base case's reference as the reference took it: its codes, transcript (none in x-vector
+    mode) and speaker embedding."""
+    _, inputs, kind = case_info(name)
+    if kind != "base":
+        return None
+    path = FIXTURES / "cases" / name / "ref_code.npy"
+    codes = torch.from_numpy(np.load(path)).reshape(-1) if path.is_file() else torch.zeros(0, dtype=torch.long)
+    transcript = "" if inputs.get("x_vector_only_mode") else inputs["ref_text"]
+    return VoicePrompt(transcript, codes, torch.from_numpy(case_array(name, "ref_spk_embedding.npy")))
+
+
+def case_request(name: str) -> dict:
+    """The engine request of a case: its text and voice (a preset speaker, a description, or the
+    reference), its instruction, greedy, as many frames as the reference could make (its
+    max_new_tokens 17 gives at most 16: the last token sampled gets no code predictor)."""
+    _, inputs, kind = case_info(name)
+    request = {"voice": inputs["speaker"].lower() if kind == "custom_voice" else None,
+               "reference": case_reference(name), "temperature": 0.0, "max_tokens": 16}
+    if kind == "voice_design":
+        request["voice"] = inputs["instruct"]
+    if kind == "custom_voice" and inputs.get("instruct"):
+        request["instructions"] = inputs["instruct"]
+    return request
+
+
+def model_copy(tmp_path: Path, kind: str, language: str, streaming_text: bool) -> Path:
+    """The fixture checkpoint of ``kind`` with a manifest setting the layout's language and text
+    mode (the reference takes them per call; the engine per model)."""
+    directory = tmp_path / f"{kind}-{language}-{streaming_text}"
+    if not directory.exists():
+        shutil.copytree(FIXTURES / "models" / kind, directory)
+        (directory / "audio_pipeline.json").write_text(json.dumps(
+            {"family": "qwen3-tts", "layout_options": {"language": language, "streaming_text": streaming_text}}))
+    return directory
+
+
+def engine_for(model_dir: Path, *flags: str):
+    from audio_pipeline.engine import TTSEngine
+
+    config = AudioGenerationConfig.load(env={}, audio_flags=["normalize_text=false", "grace_period_s=5", *flags],
+                                        model={"model_path": str(model_dir), "device": "cpu"})
+    engine = TTSEngine(config)
+    engine.start()
+    return engine
+
+
+def run(engine, requests: list[dict], text: list[str]) -> list:
+    """Submits every request at once; returns each one's context once all have ended."""
+    contexts, sinks = [], []
+    for request, words in zip(requests, text):
+        context = engine.create_context(words, **request)
+        sink: queue.Queue = queue.Queue()
+        engine.submit(context, sink.put)
+        contexts.append(context)
+        sinks.append(sink)
+    for sink in sinks:
+        while (event := sink.get(timeout=120)).kind == "audio":
+            pass
+        assert event.kind != "error", event.error
+    return contexts
+
+
+def load_model(kind: str) -> tuple[Qwen3TTSSpeechLM, Qwen3TTSLayout, object]:
+    from transformers import AutoTokenizer
+
+    directory = FIXTURES / "models" / kind
+    config = read_config(directory)
+    with torch.device("meta"):
+        model = Qwen3TTSSpeechLM(config)
+    load_safetensors_into(model, directory, torch.float32, torch.device("cpu"), ignore_prefixes=("speaker_encoder.",))
+    model.reset_rotary(torch.device("cpu"))
+    return model.eval(), Qwen3TTSLayout.from_config(config), AutoTokenizer.from_pretrained(directory)
+
+
+def case_prompt(name: str):
+    info, inputs, kind = case_info(name)
+    model, layout, tokenizer = load_model(kind)
+    layout = dataclasses.replace(layout, streaming_text=not inputs["non_streaming_mode"])
+    request = case_request(name)
+    prompt = layout.build_prompt(tokenizer, inputs["text"], request["voice"], request["reference"],
+                                 language=inputs["language"], instructions=request.get("instructions"))
+    return model, layout, prompt, request["reference"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_prompt_and_its_text_track_embed_as_the_reference(name):
+    """Every mode's prompt (presets in both text modes, dialect speakers, an instruction, a
+    designed voice, x-vector and in-context cloning): the codec track, the text track and the
+    speaker vector sum to the reference's prompt embeddings, and the generated frames' text track
+    is the reference's trailing text."""
+    model, layout, prompt, reference = case_prompt(name)
+    track = layout.text_track(prompt)
+    vectors = None
+    if track.vectors:
+        rows = torch.tensor(sorted(track.vectors))
+        vectors = (rows, torch.stack([track.vectors[int(r)] for r in rows]))
+    with torch.no_grad():
+        embeds = model.embed(torch.tensor(list(prompt)), layout.prompt_frames(prompt, reference),
+                             torch.tensor(track.prompt), vectors)
+        trailing = model.project_text(torch.tensor(track.generated or [track.pad]))
+    np.testing.assert_allclose(embeds.numpy(), case_array(name, "prompt_embeds.npy"), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(trailing.numpy(), case_array(name, "trailing_text_hidden.npy"), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["custom_voice_serena_en_nonstreaming", "voice_design_streaming",
+                                  "base_icl_streaming_long_text"])
+def test_the_talkers_first_logits_and_the_code_predictors_frame_are_the_reference(name):
+    """The talker on the engine's paged cache gives the reference's first-step logits; the code
+    predictor, given the reference's codebook 0, its first frame's logits and codes (greedy)."""
+    from audio_pipeline.config import KVCacheConfig
+    from audio_pipeline.core.kv_cache import PagedKVCacheManager
+    from audio_pipeline.models.qwen3_tts_model import Qwen3TTSPipelineModel
+
+    model, layout, prompt, reference = case_prompt(name)
+    track = layout.text_track(prompt)
+    params = Qwen3TTSPipelineModel.get_kv_params(model.qwen3_tts_config, 1, KVCacheConfig(kv_cache_page_size=4),
+                                                 torch.float32)
+    kv = PagedKVCacheManager(params, torch.device("cpu"), 64, enable_prefix_caching=False,
+                             num_heads=model.config.num_attention_heads)
+    kv.claim("r")
+    kv.block_manager.alloc("r", len(prompt))
+    vectors = None
+    if track.vectors:
+        rows = torch.tensor(sorted(track.vectors))
+        vectors = (rows, torch.stack([track.vectors[int(r)] for r in rows]))
+    with torch.no_grad():
+        hidden = model(torch.tensor(list(prompt)), torch.arange(len(prompt)), kv.batch(["r"], [0], [len(prompt)]),
+                       layout.prompt_frames(prompt, reference), torch.tensor(track.prompt), vectors)
+        logits = model.compute_logits(hidden[-1:])[0]
+    np.testing.assert_allclose(logits.numpy(), case_array(name, "talker_logits_first_step.npy"), atol=1e-4, rtol=0)
+    first = torch.tensor([int(case_array(name, "codes.npy")[0, 0])])
+    seen = []
+
+    def greedy(k, scores):
+        seen.append(scores[0].numpy().copy())
+        return scores.argmax(dim=-1)
+
+    frame = model.depth_frame(hidden[-1:], first, greedy)
+    np.testing.assert_allclose(np.stack(seen), case_array(name, "code_predictor_logits.npy")[0], atol=1e-4, rtol=0)
+    assert frame[0].tolist() == case_array(name, "codes.npy")[0].tolist()
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_greedy_frames_through_the_engine_are_the_reference(name, tmp_path):
+    """Each case alone through the engine (its layout options from a manifest): the reference's
+    frames, ending where it ended (on the codec's end of speech, or at its frame budget)."""
+    info, inputs, kind = case_info(name)
+    engine = engine_for(model_copy(tmp_path, kind, inputs["language"].lower(), not inputs["non_streaming_mode"]))
+    try:
+        [context] = run(engine, [case_request(name)], [inputs["text"]])
+    finally:
+        engine.stop()
+    assert context.frames == case_array(name, "codes.npy").tolist()
+    # Within the 16 frames the reference ended on the codec's end of speech where it made fewer.
+    assert context.stop_reason.value == ("end_of_speech" if info["num_frames"] < 16 else "max_tokens")
+
+
+BATCHES = {  # cases that share a checkpoint, language and text mode, served together
+    ("custom_voice", "english", False): ["custom_voice_serena_en_nonstreaming", "custom_voice_ryan_instruct"],
+    ("base", "english", True): ["base_icl_streaming_long_text", "base_icl_streaming_short_text",
+                                "base_xvector_streaming"],
+    ("base", "english", False): ["base_icl_nonstreaming", "base_xvector_nonstreaming"],
+}
+
+
+@pytest.mark.parametrize("key", list(BATCHES), ids=["-".join(map(str, key)) for key in BATCHES])
+def test_greedy_frames_batched_with_other_requests_are_the_reference(key, tmp_path):
+    """The cases of one checkpoint at once, beside sampled requests of other voices (other prompt
+    lengths, both ends of a stop), in-flight batching on: each case's frames are still the
+    reference's, and the prefix cache never lends one voice's positions to another."""
+    kind, language, streaming = key
+    names = BATCHES[key]
+    engine = engine_for(model_copy(tmp_path, kind, language, streaming), "enable_in_flight_batching=true",
+                        "max_batch_input_tokens=40")
+    try:
+        requests = [case_request(name) for name in names]
+        texts = [case_info(name)[1]["text"] for name in names]
+        for index, name in enumerate(names):  # the same voice and text, sampled: a shared prefix
+            requests.append({**case_request(name), "temperature": 0.9, "top_k": 50, "seed": index})
+            texts.append(texts[index])
+        contexts = run(engine, requests, texts)
+    finally:
+        engine.stop()
+    for name, context in zip(names, contexts):
+        assert context.frames == case_array(name, "codes.npy").tolist(), name
+
+
+def test_seeded_sampling_gives_the_same_frames_alone_and_batched(tmp_path):
+    model_dir = model_copy(tmp_path, "custom_voice", "english", False)
+    text = "Hello world. This is a tiny test."
+    request = {"voice": "serena", "temperature": 0.9, "top_k": 50, "seed": 7, "max_tokens": 12}
+    engine = engine_for(model_dir)
+    try:
+        [alone] = run(engine, [request], [text])
+        batched = run(engine, [{**request, "voice": "ryan", "seed": 1}, request,
+                               {**request, "voice": "eric", "seed": 2}], ["Other words, here.", text, "And more."])
+    finally:
+        engine.stop()
+    assert alone.frames == batched[1].frames and len(alone.frames) > 1
+    assert batched[0].frames != alone.frames
+
+
+def test_the_prefix_cache_never_shares_two_speaker_vectors(tmp_path):
+    """Two x-vector clones with the same text and transcript differ only in the speaker slot: the
+    second must not reuse the first's cached positions from there on (its frames are its own)."""
+    name = "base_xvector_streaming"
+    inputs = case_info(name)[1]
+    engine = engine_for(model_copy(tmp_path, "base", "english", True))
+    try:
+        request = case_request(name)
+        other = VoicePrompt("", request["reference"].codes, -request["reference"].speaker_embedding)
+        [first] = run(engine, [request], [inputs["text"]])
+        [moved] = run(engine, [{**request, "reference": other}], [inputs["text"]])
+        [again] = run(engine, [request], [inputs["text"]])
+    finally:
+        engine.stop()
+    assert first.frames == again.frames == case_array(name, "codes.npy").tolist()
+    assert moved.frames != first.frames
+    assert moved.cache_prompt != first.cache_prompt and moved.cache_prompt[:3] == first.cache_prompt[:3]
+
+
+def test_served_over_grpc_http_and_the_websocket_with_its_presets_and_clear_errors(tmp_path):
+    """A CustomVoice checkpoint as published (no manifest) behind the real server: gRPC streams a
+    preset speaker's frames in chunks (the first after one frame); /v1/audio/voices lists the
+    presets; OpenAI's speech route speaks one with a style instruction (which changes the speech);
+    the WebSocket speaks one; a reference recording or an unknown speaker is refused naming the field."""
+    import grpc
+    import httpx
+
+    from audio_pipeline.testing.background import BackgroundServer
+    from tests.speech_requests import audio_of, recording, synthesize
+    from tests.test_http import socket_session
+
+    config = AudioGenerationConfig.load(env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=48"],
+                                        model={"model_path": str(FIXTURES / "models" / "custom_voice"), "device": "cpu"},
+                                        voices_dir=str(tmp_path / "voices"))
+    server = BackgroundServer(config, http_port=0).start()
+    try:
+        frame = server.engine.decoder.samples_per_frame
+        chunks = synthesize(server.target, "Hello world, this is a tiny test.", voice="serena", seed=1, max_tokens=12)
+        usage = chunks[-1].complete.usage
+        heard = audio_of(chunks)
+        assert len(heard) >= 2 and heard[0].size == frame  # the first chunk: one frame (80 ms at 12.5 Hz)
+        assert sum(piece.size for piece in heard) == usage.generated_tokens * frame
+        voices = httpx.get(f"{server.http_url}/v1/audio/voices", timeout=30).json()
+        names = {voice["name"] for voice in voices["voices"] if not voice["registered"]}
+        assert names == {"aiden", "dylan", "eric", "ono_anna", "ryan", "serena", "sohee", "uncle_fu", "vivian"}
+        body = {"model": "tts", "input": "Today the weather is sunny.", "voice": "ryan", "response_format": "pcm",
+                "seed": 3}
+        plain = httpx.post(f"{server.http_url}/v1/audio/speech", json=body, timeout=120)
+        styled = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=120,
+                            json={**body, "instructions": "Speak with a cheerful tone, please."})
+        assert plain.status_code == styled.status_code == 200, styled.text
+        assert plain.content and styled.content and plain.content != styled.content
+        received, audio = socket_session(server, [{"type": "start", "context_id": "a", "voice": "eric", "seed": 2},
+                                                  {"type": "text", "context_id": "a", "text": "Hello there."},
+                                                  {"type": "end", "context_id": "a"}])
+        assert [e["type"] for e in received if e["type"] in ("done", "error")] == ["done"] and audio["a"], received
+        for fields, name in ((dict(voice="serena", reference=recording(rate=24000)), "voice"),
+                             (dict(reference=recording(rate=24000)), "reference"),
+                             (dict(voice="nobody"), "voice")):
+            with pytest.raises(grpc.RpcError) as error:
+                synthesize(server.target, "Hello.", **fields)
+            assert error.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+            assert name in error.value.details(), error.value.details()
+    finally:
+        server.stop()
+
+
+def test_a_base_model_clones_a_registered_voice_by_its_reference_codes_and_speaker_vector(tmp_path):
+    """Registering the fixture's recording on a Base checkpoint keeps what the reference computes
+    from it: its codes (the speech tokenizer's encode) and its x-vector (the speaker encoder); the
+    voice then speaks over gRPC, and after a restart its x-vector is the same (read from its
+    reference.flac)."""
+    from audio_pipeline_client import TTSClient
+
+    from audio_pipeline.testing.background import BackgroundServer
+
+    wav = (FIXTURES / "reference_24k.wav").read_bytes()
+    config = AudioGenerationConfig.load(env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=48"],
+                                        model={"model_path": str(FIXTURES / "models" / "base"), "device": "cpu"},
+                                        voices_dir=str(tmp_path / "voices"))
+    for attempt in range(2):
+        server = BackgroundServer(config).start()
+        try:
+            with TTSClient(server.target) as client:
+                if attempt == 0:
+                    client.register_voice("me", wav, "Speak with a cheerful tone.")
+                samples = client.synthesize("Hi.", voice="me", seed=1, max_tokens=8).samples
+            assert samples.size > 0
+            prompt = server.engine.voice_store.get("me").prompt
+            np.testing.assert_allclose(prompt.speaker_embedding.numpy(),
+                                       np.load(FIXTURES / "speaker_encoder" / "reference_xvector.npy"), atol=1e-5, rtol=0)
+            assert prompt.codes.view(-1, 16).tolist() == np.load(
+                FIXTURES / "speech_tokenizer" / "encode_reference_codes.npy").tolist()
+        finally:
+            server.stop()
