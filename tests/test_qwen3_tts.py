@@ -338,3 +338,19 @@ def test_a_base_model_clones_a_registered_voice_by_its_reference_codes_and_speak
                 FIXTURES / "speech_tokenizer" / "encode_reference_codes.npy").tolist()
         finally:
             server.stop()
+
+
+def test_a_random_model_of_a_real_shape_serves_for_the_benchmark(tmp_path):
+    """bench.serve --random-model qwen3-tts-*: a CustomVoice directory whose talker is drawn at load,
+    with the published decoder's rates (1920 samples a frame at 24 kHz) and preset speakers."""
+    from audio_pipeline.layouts.manifest import ModelManifest
+    from audio_pipeline.testing.random_models import write_random_model
+
+    model_dir = write_random_model(tmp_path / "random", "qwen3-tts-tiny")
+    assert ModelManifest.read(model_dir).random_weights and not (model_dir / "model.safetensors").exists()
+    engine = engine_for(model_dir, "sampling.min_tokens=6", "sampling.max_tokens=6")
+    try:
+        result = engine.synthesize("Hello there.", voice="serena", seed=1)
+    finally:
+        engine.stop()
+    assert result.sample_rate == 24000 and result.samples.size == 6 * 1920

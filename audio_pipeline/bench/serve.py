@@ -3,9 +3,11 @@
     python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en-frame]
                                          [--task-arg NAME=VALUE ...] [--rounds 1]
     python -m audio_pipeline.bench.serve --device cuda --random-model orpheus-3b [--streams 1,64,128,256,512]
+    python -m audio_pipeline.bench.serve --random-model qwen3-tts-0.6b --utterance-tokens 75 [--streams 1,4]
 
 With ``--random-model`` the server runs a randomly initialised model of a real shape (Orpheus-3B:
-Llama 3.2 3B with a random SNAC 24 kHz decoder, its weights drawn on the device at load: nothing to
+Llama 3.2 3B with a random SNAC 24 kHz decoder; Qwen3-TTS-12Hz-0.6B: its talker, code predictor
+and a random 12 Hz speech tokenizer; the weights drawn on the device at load: nothing to
 download) and every stream is exactly ``--utterance-tokens`` speech tokens long (min_tokens =
 max_tokens), since a random model's end of speech means nothing, and the plain forward is skipped.
 
@@ -662,9 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="--device for the server (cpu, cuda, cuda:N; default: the server's)")
     parser.add_argument("--random-model", metavar="SHAPE",
                         help="serve a randomly initialised model of this shape instead of --model: orpheus-3b "
-                             "(Llama 3.2 3B + SNAC 24 kHz) or orpheus-tiny")
+                             "(Llama 3.2 3B + SNAC 24 kHz), orpheus-tiny, qwen3-tts-0.6b (talker, code "
+                             "predictor, 12 Hz speech tokenizer) or qwen3-tts-tiny")
     parser.add_argument("--utterance-tokens", type=int, default=490,
-                        help="with --random-model, speech tokens per stream (default 490: 70 frames, 6 s)")
+                        help="with --random-model, speech tokens per stream (default 490: 70 Orpheus frames, 6 s; "
+                             "a Qwen3-TTS token is an 80 ms frame: 75 is 6 s)")
     parser.add_argument("--spread", type=float, default=0.0, metavar="SECONDS",
                         help="start each round's N streams evenly over this many seconds instead of all at once "
                              "(default 0); TTFA is counted from each stream's own start")

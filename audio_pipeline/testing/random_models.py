@@ -36,13 +36,94 @@ ORPHEUS_3B_CONFIG = {
 #: Shapes by name: the real model, and a tiny one for trying the benchmark on a CPU.
 RANDOM_SHAPES = {"orpheus-3b": ORPHEUS_3B_CONFIG, "orpheus-tiny": TINY_LLAMA_CONFIG}
 
+#: Qwen3-TTS-12Hz-0.6B: the talker (a Qwen3 0.6B's shape), its code predictor and its speech
+#: tokenizer's decoder, as third-party descriptions give them (no published config.json could be
+#: read here: the sizes are the ones the serving cost depends on, not checked against the hub).
+QWEN3_TTS_SHAPES = {
+    "qwen3-tts-0.6b": {
+        "talker": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, text_hidden_size=2048, text_vocab_size=151936,
+                       max_position_embeddings=32768),
+        "code_predictor": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
+                               num_key_value_heads=8, head_dim=128),
+        "codebook_size": 2048,
+        "decoder": dict(num_quantizers=16, codebook_size=2048, codebook_dim=512, latent_dim=1024, hidden_size=512,
+                        intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                        head_dim=64, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=1536),
+    },
+    "qwen3-tts-tiny": {
+        "talker": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, text_hidden_size=32, text_vocab_size=512,
+                       max_position_embeddings=4096),
+        "code_predictor": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=16),
+        "codebook_size": 64,
+        "decoder": dict(num_quantizers=16, codebook_size=64, codebook_dim=16, latent_dim=16, hidden_size=16,
+                        intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                        head_dim=8, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=32),
+    },
+}
+#: Qwen3-TTS-12Hz CustomVoice's codec control ids and a few preset speakers (talker vocabulary
+#: = the codebook, then 1024 control ids), relative to the codebook size.
+QWEN3_TTS_CODEC = {"codec_pad_id": 100, "codec_bos_id": 101, "codec_eos_token_id": 102, "codec_think_id": 106,
+                   "codec_nothink_id": 107, "codec_think_bos_id": 108, "codec_think_eos_id": 109}
+QWEN3_TTS_LANGUAGES = {"english": 2, "chinese": 7}
+QWEN3_TTS_SPEAKERS = {"serena": 1018, "ryan": 1013, "vivian": 1017}
+
+
+def write_random_qwen3_tts(path: Path, shape: str, *, seed: int = 0) -> Path:
+    """A Qwen3-TTS CustomVoice directory of ``shape`` (QWEN3_TTS_SHAPES) whose talker weights are
+    drawn at load, with a byte-level text tokenizer carrying the prompt's special tokens and a
+    random speech tokenizer of the shape's decoder."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from audio_pipeline.decoders.qwen3_tts_12hz import save_random_qwen3_tts_12hz_checkpoint
+
+    spec = QWEN3_TTS_SHAPES[shape]
+    codebook = spec["codebook_size"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
+    tokenizer.add_special_tokens(specials)
+    # The prompt's role words are one token each, as in Qwen's vocabulary (the layout slices by count).
+    tokenizer.add_tokens([AddedToken(word, normalized=False) for word in ("assistant", "user")])
+    tokenizer.save(str(path / "tokenizer.json"))
+    vocab = tokenizer.get_vocab()
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer",
+                                                            "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    talker = {**spec["talker"], "vocab_size": codebook + 1024, "num_code_groups": 16, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000, "hidden_act": "silu", "attention_bias": False,
+              **{key: codebook + value for key, value in QWEN3_TTS_CODEC.items()},
+              "codec_language_id": {key: codebook + value for key, value in QWEN3_TTS_LANGUAGES.items()},
+              "spk_id": {key: codebook + value for key, value in QWEN3_TTS_SPEAKERS.items()},
+              "spk_is_dialect": {key: False for key in QWEN3_TTS_SPEAKERS},
+              "code_predictor_config": {**spec["code_predictor"], "vocab_size": codebook, "rms_norm_eps": 1e-6,
+                                        "rope_theta": 1000000, "hidden_act": "silu", "attention_bias": False,
+                                        "max_position_embeddings": 64, "num_code_groups": 16}}
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_tts", "tts_model_type": "custom_voice", "tts_model_size": shape.rsplit("-", 1)[-1],
+        "tts_bos_token_id": vocab["<tts_text_bos>"], "tts_eos_token_id": vocab["<tts_text_eod>"],
+        "tts_pad_token_id": vocab["<tts_pad>"], "talker_config": talker}, indent=2))
+    save_random_qwen3_tts_12hz_checkpoint(path / "speech_tokenizer", seed=seed, **spec["decoder"])
+    (path / MANIFEST_NAME).write_text(json.dumps({
+        "family": "qwen3-tts", "description": f"random {shape} (noise, real shapes)", "random_weights": True}, indent=2))
+    return path
+
 
 def write_random_model(path: str | Path, shape: str, *, seed: int = 0) -> Path:
-    """A model directory of ``shape`` (one of RANDOM_SHAPES) whose LM weights are drawn at load."""
+    """A model directory of ``shape`` (one of RANDOM_SHAPES or QWEN3_TTS_SHAPES) whose LM weights
+    are drawn at load."""
     from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 
+    if shape in QWEN3_TTS_SHAPES:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        return write_random_qwen3_tts(path, shape, seed=seed)
     if shape not in RANDOM_SHAPES:
-        raise ValueError(f"--random-model: unknown shape {shape!r}; known: {', '.join(RANDOM_SHAPES)}")
+        known = ", ".join([*RANDOM_SHAPES, *QWEN3_TTS_SHAPES])
+        raise ValueError(f"--random-model: unknown shape {shape!r}; known: {known}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = RANDOM_SHAPES[shape]
