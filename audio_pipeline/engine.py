@@ -32,7 +32,7 @@ from audio_pipeline.service.voices import (RegisteredVoice, VoicePrompt, VoiceSt
 from audio_pipeline.core.engine_core import AudioEvent, EngineCore, Sink, StreamSettings, Usage
 from audio_pipeline.core.model_runner import build_runner
 from audio_pipeline.core.step_timing import StepTimer
-from audio_pipeline.core.runtime import default_num_threads
+from audio_pipeline.core.runtime import default_num_threads, release_free_memory
 from audio_pipeline.core.sampler import SamplingParams
 from audio_pipeline.service.prepare import RequestPreparer
 
@@ -129,9 +129,12 @@ class TTSEngine:
         kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes,
                                                 reserve_bytes=self._activation_reserve())
         # What "auto" settings became (the configuration's own log line shows them as set).
-        logger.info("KV cache: %d pages of %d tokens (%.0f MiB), %s, attention %s", kv_manager.total_num_blocks,
+        blocks = kv_manager.block_manager
+        grows = (f", growing on demand to at most {blocks.max_num_blocks} pages"
+                 if blocks.max_num_blocks > blocks.total_num_blocks else "")
+        logger.info("KV cache: %d pages of %d tokens (%.0f MiB%s), %s, attention %s", kv_manager.total_num_blocks,
                     kv_manager.page_size, kv_manager.total_num_blocks * kv_manager.page_size
-                    * self.model.kv_params.bytes_per_token / 2**20,
+                    * self.model.kv_params.bytes_per_token / 2**20, grows,
                     str(self.model.cache_dtype).removeprefix("torch."), kv_manager.backend.name)
         logger.info("Batching on %s: max_batch_size=%d, max_queue_size=%d, in-flight batching %s, overlap %s, "
                     "max_num_steps %d, audio decoding on %s", device.type, config.max_batch_size,
@@ -168,6 +171,7 @@ class TTSEngine:
                                overlap=config.enable_overlap_scheduler, timer=timer, metrics=self.metrics,
                                num_threads=self.num_threads, decode_stream=self._decode_stream(device),
                                decode_thread=config.audio_decoder_thread)
+        kv_manager.before_grow = self.core.wait_for_steps  # no step may hold the old tensors
 
     @staticmethod
     def _decode_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -398,6 +402,7 @@ class TTSEngine:
                         request_id=f"warmup-{uuid.uuid4().hex[:8]}", reference=reference)
         gc.collect()
         gc.freeze()
+        release_free_memory()  # what start-up and the warm-up freed: an idle server does not hold it
         return time.monotonic() - started
 
     def synthesize(self, text: str, **kwargs: Any) -> SynthesisResult:

@@ -104,3 +104,41 @@ def test_step_refuses_tokens_beyond_the_allocation():
     with pytest.raises(ValueError, match="5 tokens committed but only 1 blocks allocated"):
         manager.step("a", [1, 2, 3, 4, 5])
     manager.step("gone", [1])  # a released sequence's late commit is ignored
+
+
+def test_a_cache_that_may_grow_asks_for_twice_its_size_up_to_its_most():
+    """A cache that starts small grows when an allocation (or an admission within its watermark)
+    needs more: to about twice its size, never past max_num_blocks, keeping every sequence's blocks
+    and the prefix cache as they were; past its most it is full as any cache is."""
+    asked = []
+
+    def grow(total):
+        asked.append(total)
+        return total
+
+    manager = BlockManager(2, 4, max_num_blocks=7, grow=grow)
+    manager.claim("a", list(range(8)))
+    manager.alloc("a", 8)
+    manager.step("a", list(range(8)))
+    assert (manager.total_num_blocks, asked) == (2, [])
+    manager.claim("b")
+    manager.alloc("b", 5)  # two more blocks: the cache doubles
+    assert (manager.total_num_blocks, asked) == (4, [4])
+    assert manager.block_table("a") == [0, 1] and manager.block_table("b") == [2, 3]
+    assert manager.can_alloc("c", 8, watermark=0.9)  # admitted: the cache grows to make room
+    assert asked == [4, 7] and manager.max_num_blocks == manager.total_num_blocks == 7
+    manager.claim("c")
+    manager.alloc("c", 12)
+    with pytest.raises(KVCacheFull):
+        manager.alloc("c", 13)
+    manager.release("a")
+    manager.claim("d", list(range(8)) + [99])
+    assert manager.block_table("d") == [0, 1]  # a's prefix is still cached after growing
+
+
+def test_a_cache_without_a_grow_hook_keeps_its_size():
+    manager = BlockManager(2, 4, max_num_blocks=8)
+    manager.claim("a")
+    with pytest.raises(KVCacheFull):
+        manager.alloc("a", 9)
+    assert manager.total_num_blocks == 2

@@ -190,7 +190,7 @@ class Server:
     def kv_cache_dtype(self) -> str | None:
         """The KV cache dtype the server's start-up log names ("KV cache: ... MiB), float16, attention
         native"; logged at INFO), or None where its log has no such line."""
-        match = re.search(r"KV cache: .*?MiB\), (\w+), attention", Path(self.log.name).read_text())
+        match = re.search(r"KV cache: [^\n]*?\), (\w+), attention", Path(self.log.name).read_text())
         return match.group(1) if match else None
 
     @property

@@ -175,6 +175,11 @@ class EngineCore:
             self._runner = self._make_runner()
         return self._runner
 
+    def wait_for_steps(self) -> None:
+        """Waits until every launched step has run (before the KV cache's tensors are replaced)."""
+        if self._runner is not None:
+            self._runner.wait()
+
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -584,6 +589,7 @@ class EngineCore:
         metrics.requests_running.set(scheduler.num_running)
         manager = scheduler.block_manager
         metrics.kv_blocks_used.set(manager.num_used_blocks)
+        metrics.kv_blocks_total.set(manager.total_num_blocks)  # it grows on demand on the CPU
         stats = manager.prefix_stats
         queried, hits = self._prefix_seen
         if stats.queried_tokens > queried:

@@ -49,6 +49,20 @@ def tune_allocator() -> bool:
     return _allocator_tuned
 
 
+def release_free_memory() -> bool:
+    """Gives the heap's free memory back to the system now (glibc's malloc_trim; elsewhere a no-op).
+    tune_allocator keeps freed blocks for the steps' reuse; once, after the warm-up, an idle server
+    should not hold what start-up freed. Returns whether it applied."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    return bool(trim(0))
+
+
 def configure_cpu_runtime(num_threads: int) -> None:
     """Sets torch's intra-op threads and tunes the allocator; call from the thread that runs the model."""
     torch.set_num_threads(num_threads)

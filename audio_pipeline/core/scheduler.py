@@ -275,7 +275,8 @@ class AudioGenerationScheduler:
 
     @property
     def capacity_tokens(self) -> int:
-        return self.block_manager.total_num_blocks * self.block_manager.block_size
+        """Tokens the KV cache can hold once grown to its most."""
+        return self.block_manager.max_num_blocks * self.block_manager.block_size
 
     @property
     def num_waiting(self) -> int:

@@ -39,6 +39,10 @@ def resolve_cache_dtype(kv_cache_config: "KVCacheConfig", dtype: torch.dtype, de
     return dtype
 
 
+#: Tokens per row the CPU's KV cache starts with room for (it grows on demand from there).
+CPU_START_TOKENS = 256
+
+
 class LlamaPipelineModel(PipelineModel):
     """Llama-family causal LM over the paged KV cache."""
 
@@ -159,8 +163,13 @@ class LlamaPipelineModel(PipelineModel):
                                          - reserve_bytes)
         size = self.estimate_kv_cache_size(self.pipeline_config, available_cache_memory, self.devices,
                                            self.huggingface_config, self.kv_cache_config, self.cache_dtype)
-        blocks = size // PagedKVCache.bytes_per_block(params)
-        self.kv_manager = PagedKVCacheManager(params, self.devices[0], blocks,
+        blocks = most = size // PagedKVCache.bytes_per_block(params)
+        if self.devices[0].type == "cpu" and self.kv_cache_config.kv_cache_memory_bytes is None:
+            # Start with room for every row's first CPU_START_TOKENS tokens and grow on demand: the
+            # server holds what its streams use (CUDA sizes the cache once, from the measured memory).
+            start = self.pipeline_config.max_batch_size * min(CPU_START_TOKENS, self.max_seq_len)
+            blocks = min(most, max(1, -(-start // params.page_size)))
+        self.kv_manager = PagedKVCacheManager(params, self.devices[0], blocks, max_num_blocks=most,
                                               enable_prefix_caching=self.kv_cache_config.enable_prefix_caching,
                                               attention_kernel=self.kv_cache_config.attention_kernel,
                                               num_heads=self.huggingface_config.num_attention_heads,

@@ -14,13 +14,20 @@ Lifecycle of a sequence (the names follow the seed pages):
 
 Only whole blocks are shared, and a sequence never writes into a block it did not allocate, so a
 shared block is never modified.
+
+The cache may start smaller than it may become (``max_num_blocks``): when an allocation, or an
+admission within a watermark, needs more blocks than there are, ``grow(total)`` (the cache's owner:
+it enlarges its tensors, keeping every block's contents) is asked for about twice as many, up to
+``max_num_blocks``, and the new blocks join the free list. So a server holds the memory its
+streams use, not the most it could ever use.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 
 class KVCacheFull(RuntimeError):
@@ -51,12 +58,17 @@ class PrefixCacheStats:
 class BlockManager:
     """Allocates fixed-size KV blocks to sequences; shares full prompt blocks between sequences."""
 
-    def __init__(self, total_num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
+    def __init__(self, total_num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+                 max_num_blocks: int | None = None, grow: Callable[[int], int] | None = None):
         if total_num_blocks < 1:
             raise ValueError(f"total_num_blocks must be at least 1, got {total_num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         self.total_num_blocks = total_num_blocks
+        #: The most blocks the cache may grow to (``grow`` makes room for them); the start size
+        #: where it may not grow.
+        self.max_num_blocks = max(total_num_blocks, max_num_blocks or total_num_blocks)
+        self.grow = grow
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._free: deque[int] = deque(range(total_num_blocks))
@@ -143,6 +155,7 @@ class BlockManager:
         """Whether ``alloc(seq_id, total_tokens)`` would succeed and keep usage within ``watermark``."""
         held = len(self._sequences[seq_id].blocks) if seq_id is not None and seq_id in self._sequences else 0
         needed = max(0, self.blocks_for(total_tokens) - held)
+        self._make_room(needed, watermark)
         if needed > self.num_free_blocks:
             return False
         return self.num_used_blocks + needed <= watermark * self.total_num_blocks
@@ -153,6 +166,7 @@ class BlockManager:
         needed = self.blocks_for(total_tokens) - len(sequence.blocks)
         if needed <= 0:
             return
+        self._make_room(needed)
         if needed > self.num_free_blocks:
             raise KVCacheFull(f"sequence {seq_id!r} needs {needed} more KV blocks, {self.num_free_blocks} free")
         for _ in range(needed):
@@ -196,6 +210,21 @@ class BlockManager:
                 self._free.append(block)
 
     # --- internals -------------------------------------------------------------------------------
+
+    def _make_room(self, needed: int, watermark: float = 1.0) -> None:
+        """Grows the cache where ``needed`` more blocks would not fit within ``watermark`` of it and
+        it may grow: to twice its size, or what they need, up to max_num_blocks."""
+        used = self.num_used_blocks
+        if self.grow is None or self.total_num_blocks >= self.max_num_blocks:
+            return
+        if needed <= self.num_free_blocks and used + needed <= watermark * self.total_num_blocks:
+            return
+        wanted = max(2 * self.total_num_blocks, math.ceil((used + needed) / watermark))
+        target = self.grow(int(min(self.max_num_blocks, wanted)))
+        if target > self.total_num_blocks:
+            self._free.extend(range(self.total_num_blocks, target))
+            self._ref_counts.extend([0] * (target - self.total_num_blocks))
+            self.total_num_blocks = target
 
     @staticmethod
     def _key(parent: Hashable, tokens: Sequence[int]) -> Hashable:

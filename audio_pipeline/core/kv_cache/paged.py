@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -13,15 +14,30 @@ from audio_pipeline_kernels import (AttentionBackend, AttentionPlan, StepMetadat
                                     select_attention_backend, write_paged_kv)
 
 
+logger = logging.getLogger(__name__)
+
+
 class PagedKVCache:
     """Per layer, keys and values of shape [num_blocks + 1, page_size, kv_heads, head_dim] (the layout
     of audio_pipeline_kernels.paged_layout, FlashInfer's NHD). The last block is scratch: the rows
     that pad a step to a static shape write there, and no sequence ever holds it."""
 
     def __init__(self, params: KVCacheParams, num_blocks: int, device: torch.device):
+        self.params, self.device = params, device
         self.scratch_block = num_blocks
         self.keys, self.values = allocate_paged_cache(params.num_layers, num_blocks + 1, params.page_size,
                                                       params.n_kv_heads, params.head_dim, params.dtype, device)
+
+    def grow(self, num_blocks: int) -> None:
+        """Room for ``num_blocks`` blocks (more than now), every block keeping its contents; the
+        scratch block moves to the new end. Steps must not be running (their views would go stale)."""
+        keys, values = allocate_paged_cache(self.params.num_layers, num_blocks + 1, self.params.page_size,
+                                            self.params.n_kv_heads, self.params.head_dim, self.params.dtype,
+                                            self.device)
+        kept = self.scratch_block
+        for new, old in zip([*keys, *values], [*self.keys, *self.values]):
+            new[:kept].copy_(old[:kept])
+        self.keys, self.values, self.scratch_block = keys, values, num_blocks
 
     @staticmethod
     def bytes_per_block(params: KVCacheParams) -> int:
@@ -54,19 +70,31 @@ class PagedKVCacheManager:
 
     def __init__(self, params: KVCacheParams, device: torch.device, total_num_blocks: int, *,
                  enable_prefix_caching: bool = True, attention_kernel: str = "auto", num_heads: int | None = None,
-                 model_dtype: torch.dtype | None = None, prefill_backend: str = "auto"):
+                 model_dtype: torch.dtype | None = None, prefill_backend: str = "auto",
+                 max_num_blocks: int | None = None):
         if total_num_blocks < 1:
             raise ValueError(f"the KV cache holds {total_num_blocks} blocks of {params.page_size} tokens; "
                              "give it more memory (kv_cache_memory_bytes) or use a smaller kv_cache_page_size")
         self.params = params
         self.device = device
+        #: Called before the cache grows (the engine waits there for steps in flight).
+        self.before_grow = lambda: None
+        growable = max_num_blocks is not None and max_num_blocks > total_num_blocks
         self.block_manager = BlockManager(total_num_blocks, params.page_size,
-                                          enable_prefix_caching=enable_prefix_caching)
+                                          enable_prefix_caching=enable_prefix_caching,
+                                          max_num_blocks=max_num_blocks, grow=self._grow if growable else None)
         self.cache = PagedKVCache(params, total_num_blocks, device)
         self.backend: AttentionBackend = select_attention_backend(
             attention_kernel, device, model_dtype or params.dtype, num_heads=num_heads or params.n_kv_heads,
             num_kv_heads=params.n_kv_heads, head_dim=params.head_dim, page_size=params.page_size,
             cache_dtype=params.dtype, prefill_backend=prefill_backend)
+
+    def _grow(self, num_blocks: int) -> int:
+        self.before_grow()
+        self.cache.grow(num_blocks)
+        logger.info("KV cache grown to %d pages of %d tokens (%.0f MiB; at most %d)", num_blocks, self.page_size,
+                    num_blocks * PagedKVCache.bytes_per_block(self.params) / 2**20, self.block_manager.max_num_blocks)
+        return num_blocks
 
     @property
     def page_size(self) -> int:
