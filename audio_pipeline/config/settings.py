@@ -85,8 +85,9 @@ class KVCacheConfig(BaseModel):
         "memory once the weights and the decoder are loaded, less the steps' activations; on the CPU of the "
         "machine's available memory.")
     kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="KV cache size in bytes; None = room for max_batch_size sequences of max_length, "
-        "at most the free memory device_memory_utilization allows (on the CPU and on CUDA).")
+        None, ge=1, description="KV cache size in bytes (fixed); None = at most room for max_batch_size sequences of "
+        "max_length and the free memory device_memory_utilization allows: on CUDA that much up front, on the CPU "
+        "room for each row's first 256 tokens, grown on demand (doubling) up to it.")
     cache_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8_e4m3"] = Field(
         "auto", description="KV cache dtype: auto is float16 for a float32 model on CPU where the native attention "
         "kernel serves (it widens the cache as it reads it: half the bytes a decode step's attention reads; faster "
