@@ -541,6 +541,9 @@ class ServedSettings:
         dtype = resolve_dtype(config.model.dtype, resolved_device)
         cache_dtype = resolve_cache_dtype(config.model.kv_cache, dtype, resolved_device)
         model_config = json.loads((resolve_model_dir(config.model.model_path) / "config.json").read_text())
+        # A config that nests its language model (Qwen3-TTS's talker): the floor is that model's
+        # passes (its code predictor's run in the sampling phase).
+        model_config = model_config.get("talker_config", model_config)
         threads = config.model.num_threads or default_num_threads(resolved_device)
         return cls(model_config, str(resolved_device), str(dtype).removeprefix("torch."),
                    str(cache_dtype).removeprefix("torch."), threads)
