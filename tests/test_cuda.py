@@ -312,3 +312,27 @@ def test_csm_is_served_on_cuda_over_grpc(tmp_path):
         assert heard == usage.generated_tokens * server.engine.decoder.samples_per_frame
     finally:
         server.stop()
+
+
+def test_qwen3_tts_gives_the_references_greedy_frames_on_cuda(tmp_path):
+    """Qwen3-TTS (its talker, code predictor and 12 Hz decoder: head size 8, the torch form) in
+    float32 on the GPU: the reference's greedy frames for a CustomVoice and an in-context Base case,
+    batched, and audio streamed to the end."""
+    from test_qwen3_tts import case_array, case_info, case_request, model_copy, run
+
+    for kind, names, streaming in (("custom_voice", ["custom_voice_serena_en_nonstreaming",
+                                                     "custom_voice_ryan_instruct"], False),
+                                   ("base", ["base_icl_streaming_long_text", "base_xvector_streaming"], True)):
+        config = make_config(model_copy(tmp_path, kind, "english", streaming), "normalize_text=false",
+                             "chunk_size=16,32", model={"device": DEVICE, "dtype": "float32",
+                                                        "kv_cache": {"cache_dtype": "float32"}})
+        engine = TTSEngine(config)
+        engine.start()
+        try:
+            assert engine.model.devices[0].type == DEVICE and engine.decoder_device.type == DEVICE
+            contexts = run(engine, [case_request(name) for name in names],
+                           [case_info(name)[1]["text"] for name in names])
+        finally:
+            engine.stop()
+        for name, context in zip(names, contexts):
+            assert context.frames == case_array(name, "codes.npy").tolist(), name
