@@ -654,3 +654,16 @@ def test_the_longest_sequence_is_one_setting():
         make(model={"max_length": 2048})
     with pytest.raises(ValueError, match=r"'model\.max_length' \(audio flag .*\); the setting is 'max_length'"):
         AudioGenerationConfig.load(env={}, audio_flags=["model.max_length=2048"])
+
+
+def test_audio_flags_may_be_maxs_dictionary_of_names_and_values():
+    """from_flags takes MAX's dictionary as well as NAME=VALUE strings, with the same result;
+    values of any JSON type are read as their flag text would be."""
+    strings = AudioGenerationConfig.from_flags(["chunk_size=16,32", "block_causal=true", "sampling.top_k=7",
+                                                "audio_decoder_config.mode=fast", "max_batch_size=none"])
+    mapping = AudioGenerationConfig.from_flags({"chunk_size": [16, 32], "block_causal": True, "sampling.top_k": 7,
+                                                "audio_decoder_config.mode": "fast", "max_batch_size": None})
+    assert strings.model_dump() == mapping.model_dump()
+    assert (mapping.chunk_size, mapping.block_causal, mapping.sampling.top_k) == ([16, 32], True, 7)
+    with pytest.raises(ValueError, match="unknown configuration key 'sampling.top_q'"):
+        AudioGenerationConfig.from_flags({"sampling.top_q": 1})

@@ -265,7 +265,8 @@ class PipelineConfig(BaseSettings):
 
     @classmethod
     def load(cls, *, config_file: str | None = None, section_name: str | None = None,
-             env: Mapping[str, str] | None = None, audio_flags: Iterable[str] = (), **overrides: Any) -> Self:
+             env: Mapping[str, str] | None = None, audio_flags: Iterable[str] | Mapping[str, Any] = (),
+             **overrides: Any) -> Self:
         """Builds the configuration from every source; later sources win.
 
         defaults < the model's streaming and sampling defaults < config file < ``AUDIO_PIPELINE_*`` variables of
@@ -281,8 +282,9 @@ class PipelineConfig(BaseSettings):
         return cls(_build_sources=(order, kwargs))
 
     @classmethod
-    def from_flags(cls, audio_flags: Iterable[str], **config_flags: Any) -> Self:
-        """Builds the configuration from ``--task-arg`` NAME=VALUE strings over plain keyword fields.
+    def from_flags(cls, audio_flags: Iterable[str] | Mapping[str, Any], **config_flags: Any) -> Self:
+        """Builds the configuration from ``--task-arg`` NAME=VALUE strings (or MAX's dictionary of
+        NAME -> VALUE) over plain keyword fields.
 
         ``audio_flags`` win over ``config_flags`` (they are the more specific). Names take ``-`` or
         ``_`` and dots for nested fields (``sampling.temperature=0.5``); ``audio_decoder_config.KEY``

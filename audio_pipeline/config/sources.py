@@ -129,12 +129,30 @@ class EnvironSource(EnvSettingsSource):
         return super().__call__()
 
 
-class FlagSource(EnvironSource):
-    """``NAME=VALUE`` flags (``--task-arg``): dotted names reach nested fields, ``-`` and ``_``
-    alike; later flags win. Values are read as the environment's are."""
+def flag_text(value: Any) -> str:
+    """A flag's value as its NAME=VALUE text: true/false, none, lists comma-separated, objects as JSON."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(flag_text(item) for item in value)
+    if isinstance(value, Mapping):
+        return json.dumps(value)
+    return str(value)
 
-    def __init__(self, settings_cls: type[BaseSettings], flags: Iterable[str]) -> None:
+
+class FlagSource(EnvironSource):
+    """``NAME=VALUE`` flags (``--task-arg``), or MAX's dictionary of NAME -> VALUE: dotted names
+    reach nested fields, ``-`` and ``_`` alike; later flags win. Values are read as the
+    environment's are (a dictionary's as :func:`flag_text` writes them)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], flags: Iterable[str] | Mapping[str, Any]) -> None:
         environ = {}
+        if isinstance(flags, Mapping):
+            flags = [f"{name}={flag_text(value)}" for name, value in flags.items()]
         for flag in [flags] if isinstance(flags, str) else flags:
             name, sep, value = flag.partition("=")
             if not sep:
