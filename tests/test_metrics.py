@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import time
 import sys
 import urllib.request
 
@@ -109,3 +110,33 @@ def test_output_tokens_count_the_tokens_each_request_generated(tiny_model_dir):
         assert counted == [(14, 14), (70, 70)]
     finally:
         engine.stop()
+
+
+def test_a_long_text_counts_as_one_running_request_not_one_per_piece(idle_server):
+    """A text of several pieces is prepared a piece ahead (two contexts in the engine at once):
+    tts_requests_running still counts the one client request, and nothing is counted as queued
+    for it while it runs."""
+    import threading
+
+    from speech_requests import synthesize
+
+    text = " ".join(f"This is sentence number {i} of a text long enough to be several pieces." for i in range(6))
+    metrics, seen = idle_server.engine.metrics, []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append((metrics.requests_running._value.get(), metrics.requests_queued._value.get(),
+                         len(idle_server.engine.scheduler.running) + idle_server.engine.scheduler.num_waiting))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        chunks = synthesize(idle_server.target, text, seed=1, max_tokens=56)
+    finally:
+        done.set()
+        watcher.join()
+    assert chunks[-1].HasField("complete")
+    assert max(contexts for _, _, contexts in seen) >= 2  # a piece was prepared while another ran
+    assert max(running for running, _, _ in seen) == 1 and max(queued for _, queued, _ in seen) == 0

@@ -585,8 +585,12 @@ class EngineCore:
 
     def _update_load(self) -> None:
         metrics, scheduler = self.metrics, self.scheduler
-        metrics.requests_queued.set(scheduler.num_waiting)
-        metrics.requests_running.set(scheduler.num_running)
+        # Client requests, not contexts: a long text's next piece is prepared and queued while its
+        # current one runs, and counts once (as running).
+        running = {request.stream_id for request in scheduler.running}
+        queued = {request.stream_id for request in scheduler.waiting} - running
+        metrics.requests_queued.set(len(queued))
+        metrics.requests_running.set(len(running))
         manager = scheduler.block_manager
         metrics.kv_blocks_used.set(manager.num_used_blocks)
         metrics.kv_blocks_total.set(manager.total_num_blocks)  # it grows on demand on the CPU

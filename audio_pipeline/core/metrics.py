@@ -43,8 +43,8 @@ class EngineMetrics:
         gauge_mode = {"multiprocess_mode": "livesum"} if self.multiprocess else {}
         self.requests_queued = Gauge("tts_requests_queued", "Requests waiting for admission", registry=r,
                                      **gauge_mode)
-        self.requests_running = Gauge("tts_requests_running", "Requests admitted (holding KV blocks)", registry=r,
-                                      **gauge_mode)
+        self.requests_running = Gauge("tts_requests_running", "Client requests with a piece admitted (holding KV "
+                                      "blocks); a long text's pieces count once", registry=r, **gauge_mode)
         self.batch_size = Histogram("tts_batch_size", "Requests per model step, by step kind", ["kind"],
                                     buckets=BATCH_BUCKETS, registry=r)
         self.kv_blocks_used = Gauge("tts_kv_cache_blocks_used", "KV cache blocks held by requests", registry=r,

@@ -27,6 +27,9 @@ class TTSContext:
     sampling: SamplingParams
     layout: OrpheusLayout
     voice: str | None = None
+    #: The client request this context speaks a piece of (a long text is several contexts, one
+    #: after the other); None: the context is the request.
+    stream_id: str | None = None
     #: Speech codes of the voice prompt (a cloned voice's reference), for the decoder's prepend modes.
     prompt_speech_codes: torch.Tensor | None = None
     #: The forced tokens of layouts with an explicit alignment (phoneme-lpc: fixed by the prompt
@@ -57,6 +60,7 @@ class TTSContext:
     finish_time: float | None = None
 
     def __post_init__(self) -> None:
+        self.stream_id = self.stream_id or self.request_id
         self.generator = self.sampling.make_generator()
         # Uniform draws made ahead, handed out in order by uniforms().
         self._uniforms: list[float] = []

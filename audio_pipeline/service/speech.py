@@ -171,7 +171,8 @@ class SpeechService:
         engine, requests = self.engine, self.requests
 
         def prepare(text: str, index: int):  # runs on the front-end pool
-            return requests.segment_context(text, segment_settings(settings, index), f"{stream.request_id}-{index}")
+            return requests.segment_context(text, segment_settings(settings, index), f"{stream.request_id}-{index}",
+                                            stream_id=stream.request_id)
 
         return SegmentedSynthesis(engine, prepare, executor=self.frontend, request_id=stream.request_id,
                                   max_segment_chars=engine.config.max_segment_chars, stretch=stretch)
