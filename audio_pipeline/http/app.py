@@ -11,10 +11,13 @@ Routes:
 - ``/v1/audio/stream``: a WebSocket for live text (http/stream_socket.py).
 - ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health`` (200 when serving, 503 otherwise:
   the gRPC health state), ``GET /metrics`` (Prometheus).
+- ``POST /v1/audio/voices`` (a multipart form: ``name``, ``file``, ``transcript``, ``description``)
+  and ``DELETE /v1/audio/voices/{name}``: cloned voices, as gRPC's RegisterVoice and DeleteVoice
+  (http/voices.py); where the server has admin tokens, they need one.
 
 Requests go to the speech service (service/speech.py) as gRPC's do (the same limits, queue,
 labels and metrics), and every error comes in OpenAI's shape: ``{"error": {"message", "type",
-"param", "code"}}`` with 400, 401, 404, 413, 429 (with Retry-After) or 503. A client that goes
+"param", "code"}}`` with 400, 401, 403, 404, 409, 413, 429 (with Retry-After) or 503. A client that goes
 away mid-stream has its request cancelled at once.
 """
 
@@ -34,7 +37,8 @@ from starlette.websockets import WebSocket
 from audio_pipeline.errors import RequestError
 from audio_pipeline.http.openai_speech import OpenAISpeech, error_fields, error_response, request_error
 from audio_pipeline.http.stream_socket import StreamSocket
-from audio_pipeline.service.auth import bearer_token
+from audio_pipeline.http.voices import voice_handlers
+from audio_pipeline.service.auth import Role, bearer_token
 from audio_pipeline.service.request import SpeechAudio, SpeechDone
 from audio_pipeline.service.speech import SpeechStream, gather
 
@@ -107,18 +111,24 @@ def create_app(running) -> Starlette:
 
     auth = getattr(running.options, "auth", None)
 
-    def authorized(handler):
-        """The route behind the server's bearer tokens (as gRPC's: health and metrics stay open)."""
+    def authorized(handler, *, admin: bool = False):
+        """The route behind the server's bearer tokens (as gRPC's: health and metrics stay open);
+        with ``admin``, where the server has admin tokens, behind one of those (403 for a client's)."""
         if auth is None or not auth.enabled:
             return handler
+        needs_admin = admin and bool(auth.admin)
 
         async def checked(request: Request) -> Response:
             token = bearer_token([("authorization", request.headers.get("authorization", ""))])
             if token is None:
                 return error_response(401, "missing bearer token (Authorization: Bearer <token>)", None,
                                       "invalid_api_key")
-            if auth.role_of(token) is None:
+            role = auth.role_of(token)
+            if role is None:
                 return error_response(401, "the bearer token is not valid", None, "invalid_api_key")
+            if needs_admin and role is not Role.ADMIN:
+                return error_response(403, "registering and deleting voices needs an admin token", None,
+                                      "permission_denied")
             return await handler(request)
         return checked
 
@@ -133,8 +143,11 @@ def create_app(running) -> Starlette:
         await StreamSocket(websocket, running).run()
 
     speech, models, voices = authorized(speech), authorized(models), authorized(voices)
+    register_voice, delete_voice = (authorized(handler, admin=True) for handler in voice_handlers(running))
     routes = [Route("/v1/audio/speech", speech, methods=["POST"]), WebSocketRoute("/v1/audio/stream", stream_socket), Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/audio/voices", voices, methods=["GET"]), Route("/health", health, methods=["GET"]),
+              Route("/v1/audio/voices", voices, methods=["GET"]),
+              Route("/v1/audio/voices", register_voice, methods=["POST"]),
+              Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]), Route("/health", health, methods=["GET"]),
               Route("/metrics", metrics, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
 

@@ -27,7 +27,7 @@ OPENAI_RATE = 24000
 RETRY_AFTER_S = 1
 STATUS = {InvalidArgument: 400, NotFound: 404, ResourceExhausted: 429, Unavailable: 503, AlreadyExists: 409,
           GenerationFailed: 500}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                503: "server_error", 500: "server_error"}
 #: The service's field names as OpenAI's request names them.
