@@ -102,3 +102,23 @@ def test_a_family_registered_by_its_record_alone_is_served(tiny_model_dir, tmp_p
         assert result.samples.size > 0 and np.isfinite(result.samples).all()
     finally:
         engine.stop()
+
+
+def test_layout_options_are_the_familys_own_and_checked(tmp_path):
+    """A manifest's layout_options: a family refuses those it does not declare, naming them and its
+    own; Qwen3-TTS's language must be one its checkpoint knows."""
+    import shutil
+    from pathlib import Path
+
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps({"family": "orpheus", "layout_options": {"bogus": 1}}))
+    with pytest.raises(ValueError, match=r"unknown layout_options \['bogus'\] for the orpheus family \(known: none\)"):
+        ModelManifest.read(tmp_path)
+    qwen = tmp_path / "qwen"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "qwen3_tts" / "models" / "custom_voice", qwen)
+    (qwen / MANIFEST_NAME).write_text(json.dumps({"family": "qwen3-tts", "layout_options": {"language": "klingon"}}))
+    with pytest.raises(ValueError, match=r"layout_options.language 'klingon' is not one of auto, beijing_dialect"):
+        ModelManifest.read(qwen).make_layout(qwen)
+    (qwen / MANIFEST_NAME).write_text(json.dumps({"family": "qwen3-tts",
+                                                  "layout_options": {"language": "English", "streaming_text": True}}))
+    layout = ModelManifest.read(qwen).make_layout(qwen)
+    assert (layout.language, layout.streaming_text) == ("english", True)
