@@ -299,7 +299,18 @@ def test_served_over_grpc_http_and_the_websocket_with_its_presets_and_clear_erro
                                                   {"type": "text", "context_id": "a", "text": "Hello there."},
                                                   {"type": "end", "context_id": "a"}])
         assert [e["type"] for e in received if e["type"] in ("done", "error")] == ["done"] and audio["a"], received
-        for fields, name in ((dict(voice="serena", reference=recording(rate=24000)), "voice"),
+        styled = synthesize(server.target, "Today the weather is sunny.", voice="ryan", seed=3, max_tokens=12,
+                            instructions="Speak with a cheerful tone, please.")
+        plain = synthesize(server.target, "Today the weather is sunny.", voice="ryan", seed=3, max_tokens=12)
+        assert audio_of(styled) and [a.tolist() for a in audio_of(styled)] != [a.tolist() for a in audio_of(plain)]
+        from audio_pipeline_client import TTSClient
+
+        with TTSClient(server.target) as client:  # the client library sends both fields
+            spoken = client.synthesize("Today the weather is sunny.", voice="ryan", seed=3, max_tokens=12,
+                                       instructions="Speak with a cheerful tone, please.", language="english")
+        assert spoken.samples.size > 0
+        for fields, name in ((dict(voice="serena", language="klingon"), "language"),
+                             (dict(voice="serena", reference=recording(rate=24000)), "voice"),
                              (dict(reference=recording(rate=24000)), "reference"),
                              (dict(voice="nobody"), "voice")):
             with pytest.raises(grpc.RpcError) as error:
@@ -354,3 +365,26 @@ def test_a_random_model_of_a_real_shape_serves_for_the_benchmark(tmp_path):
     finally:
         engine.stop()
     assert result.sample_rate == 24000 and result.samples.size == 6 * 1920
+
+
+@pytest.mark.parametrize("name", ["custom_voice_serena_en_nonstreaming", "custom_voice_eric_dialect_chinese"])
+def test_a_requests_language_is_the_prompts(name, tmp_path):
+    """The language a request names (here on a model whose setting is auto) makes the reference's
+    prompt and frames; a dialect speaker asked for Chinese speaks its dialect."""
+    info, inputs, kind = case_info(name)
+    engine = engine_for(model_copy(tmp_path, kind, "auto", False))
+    try:
+        [context] = run(engine, [{**case_request(name), "language": inputs["language"]}], [inputs["text"]])
+    finally:
+        engine.stop()
+    assert context.frames == case_array(name, "codes.npy").tolist()
+
+
+def test_a_model_that_is_not_told_the_language_refuses_one(tiny_model_dir):
+    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.errors import InvalidArgument
+    from tests.conftest import make_config
+
+    engine = TTSEngine(make_config(tiny_model_dir))
+    with pytest.raises(InvalidArgument, match="language: this model .* is not told the language"):
+        engine.create_context("Hello.", language="english")

@@ -118,9 +118,12 @@ class OpenAISpeech:
         normalize = body.get("normalize_text")  # extension
         if normalize is not None and not isinstance(normalize, bool):
             raise InvalidArgument("must be true or false", field="normalize_text")
+        language = body.get("language")  # extension: for a model that is told the language
+        if language is not None and not isinstance(language, str):
+            raise InvalidArgument("must be a string", field="language")
         self.request = SpeechRequest(
             text=text, voice=voice or None, normalize_text=normalize, speed=speed,
-            instructions=instructions if takes_instructions else None,
+            instructions=instructions if takes_instructions else None, language=language or None,
             sampling={} if seed is None else {"seed": seed}, format=response_format,
             sample_rate=rate or default_rate(response_format, OPENAI_RATE),
             streamed=client_streams(body, headers or {}))

@@ -25,7 +25,9 @@ Prompts
 Optional capabilities (the defaults here say "not this family")
     ``requires_reference`` (every request speaks as a reference recording), ``described_voices``
     (a voice is a description in words), ``takes_instructions`` (``build_prompt`` takes a request's
-    ``instructions``, a style, beside its voice), ``supports_speed`` (a request may set a speed),
+    ``instructions``, a style, beside its voice), ``takes_language`` (``build_prompt`` takes a
+    request's ``language``; ``check_language`` refuses one it does not know), ``supports_speed``
+    (a request may set a speed),
     ``has_text_track`` with ``text_track(prompt)`` (a text token beside every position, and raw
     input vectors: core/tracks.py), ``alignment(prompt)`` (tokens fixed by the prompt alone),
     ``word_frames(text, speed)`` (the
@@ -52,6 +54,7 @@ class Layout:
     supports_speed: ClassVar[bool] = False
     has_text_track: ClassVar[bool] = False
     takes_instructions: ClassVar[bool] = False
+    takes_language: ClassVar[bool] = False
 
     @property
     def codes_per_frame(self) -> int:
@@ -89,6 +92,9 @@ class Layout:
         """The text track that travels beside ``prompt`` (core/tracks.py's TextTrack: a text id per
         position, raw vectors), where ``has_text_track``; None otherwise."""
         return None
+
+    def check_language(self, language: str) -> None:
+        """InvalidArgument naming ``language`` where the layout does not know it (takes_language)."""
 
     def check_decoder(self, decoder) -> None:
         """ValueError unless ``decoder`` speaks this layout's codes (beyond its frame size, which

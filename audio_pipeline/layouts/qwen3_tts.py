@@ -87,6 +87,7 @@ class Qwen3TTSLayout(Layout):
     ignores_instructions: bool = False
     vocab_size: int = 0
     has_text_track: ClassVar[bool] = True
+    takes_language: ClassVar[bool] = True
 
     @classmethod
     def from_config(cls, config) -> "Qwen3TTSLayout":
@@ -147,6 +148,9 @@ class Qwen3TTSLayout(Layout):
         return [int(c) for c in list(codes)[::self.codes_per_token]]
 
     # --- prompts ---------------------------------------------------------------------------------
+
+    def check_language(self, language: str) -> None:
+        self.language_id(language, None)
 
     def language_id(self, language: str | None, speaker: str | None) -> int | None:
         """The codec's language id (None: auto), switched to a dialect speaker's dialect where the

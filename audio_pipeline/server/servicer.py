@@ -56,6 +56,7 @@ def speech_request(message, field_prefix: str = "", reference: tts_pb2.Reference
         normalize_text=message.normalize_text if message.HasField("normalize_text") else None,
         sampling=sampling, speed=message.speed if message.HasField("speed") else None,
         format=FORMATS[message.encoding], sample_rate=message.sample_rate,
+        instructions=message.instructions or None, language=message.language or None,
         label=message.request_id, label_field=f"{field_prefix}request_id")
 
 

@@ -40,6 +40,8 @@ class RequestSettings:
     explicit_max_tokens: bool
     #: A style beside the voice, for a layout that takes_instructions (else None).
     instructions: str | None = None
+    #: The language to speak, for a layout that takes_language (None: the model's setting).
+    language: str | None = None
 
 
 class RequestPreparer:
@@ -51,7 +53,7 @@ class RequestPreparer:
 
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
                        reference: VoicePrompt | None = None, normalize_text: bool | None = None,
-                       speed: float | None = None, instructions: str | None = None,
+                       speed: float | None = None, instructions: str | None = None, language: str | None = None,
                        **sampling_overrides: Any) -> TTSContext:
         """A validated context of a whole text (in-process use: the speech service validates a
         request once and builds its segments with :meth:`segment_context`); InvalidArgument or
@@ -62,7 +64,8 @@ class RequestPreparer:
         if speed is not None:
             self.check_speed(speed)
         settings = self.resolve_settings(voice=voice, reference=reference, normalize_text=normalize_text,
-                                         speed=speed, instructions=instructions, **sampling_overrides)
+                                         speed=speed, instructions=instructions, language=language,
+                                         **sampling_overrides)
         return self.segment_context(text, settings, request_id or uuid.uuid4().hex)
 
     def check_request_id(self, value: str, field: str = "request_id") -> None:
@@ -89,12 +92,22 @@ class RequestPreparer:
 
     def resolve_settings(self, *, voice: str | None = None, reference: VoicePrompt | None = None,
                          normalize_text: bool | None = None, speed: float | None = None,
-                         instructions: str | None = None, **sampling_overrides: Any) -> RequestSettings:
+                         instructions: str | None = None, language: str | None = None,
+                         **sampling_overrides: Any) -> RequestSettings:
         """A request's settings checked against this model (the voice exists, the sampling values
         and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
         The speed's range is the caller's to check (:meth:`check_speed`). ``instructions`` describe
         the voice to a model whose voices are descriptions (Maya1); other models ignore them."""
         limits = self.engine.config.limits
+        layout = self.engine.layout
+        if language:
+            if len(language) > limits.max_voice_name_chars:
+                raise InvalidArgument(f"{len(language)} characters, over the limit of {limits.max_voice_name_chars}",
+                                      field="language")
+            if not layout.takes_language:
+                raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) is not told the language: "
+                                      "leave it empty", field="language")
+            layout.check_language(language)
         if self.engine.describes_voices:
             voice = self._voice_description(voice, instructions)
             instructions = None
@@ -140,7 +153,7 @@ class RequestPreparer:
             voice=voice, reference=reference, speed=speed, sampling=sampling,
             normalize_text=self.engine.config.normalize_text if normalize_text is None else normalize_text,
             explicit_max_tokens=sampling_overrides.get("max_tokens") is not None,
-            instructions=instructions.strip() or None if instructions else None)
+            instructions=instructions.strip() or None if instructions else None, language=language or None)
 
     def _voice_description(self, voice: str | None, instructions: str | None) -> str:
         """The description a described-voice model speaks with: the instructions where given, else
@@ -166,6 +179,8 @@ class RequestPreparer:
         normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
         layout = self.engine.layout
         extra = {"instructions": settings.instructions} if layout.takes_instructions else {}
+        if layout.takes_language:
+            extra["language"] = settings.language
         prompt = layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
                                      speed=settings.speed, **extra)
         aligned_words = layout.word_frames(normalized.spoken, speed=settings.speed)

@@ -26,8 +26,11 @@ class SpeechRequest:
     sampling: dict = field(default_factory=dict)
     #: Speaking rate (None: 1.0).
     speed: float | None = None
-    #: How to speak: the voice's description for a model whose voices are descriptions (Maya1).
+    #: How to speak: the voice's description for a model whose voices are descriptions (Maya1), or
+    #: a style beside a preset voice (a layout that takes_instructions).
     instructions: str | None = None
+    #: The language to speak, for a layout that is told it (None: the model's setting).
+    language: str | None = None
     #: Output format (audio/encoders.py's names) and rate (0: the format's default).
     format: str = "pcm"
     sample_rate: int = 0

@@ -164,7 +164,8 @@ class SpeechService:
             speed, stretch = None, speed
         settings = self.requests.resolve_settings(voice=request.voice or None, reference=reference,
                                                 normalize_text=request.normalize_text, speed=speed,
-                                                instructions=request.instructions, **request.sampling)
+                                                instructions=request.instructions, language=request.language,
+                                                **request.sampling)
         return settings, stretch
 
     def _synthesis(self, stream: SpeechStream, settings: RequestSettings, stretch: float | None) -> SegmentedSynthesis:

@@ -59,7 +59,8 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
                   reference_transcript: str | None = None, min_p: float | None = None,
                   frequency_penalty: float | None = None, presence_penalty: float | None = None,
                   stop_token_ids: Sequence[int] | None = None,
-                  normalize_text: bool | None = None, speed: float | None = None) -> tts_pb2.SynthesizeRequest:
+                  normalize_text: bool | None = None, speed: float | None = None, language: str | None = None,
+                  instructions: str | None = None) -> tts_pb2.SynthesizeRequest:
     """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
     request = tts_pb2.SynthesizeRequest(text=text)
     if reference_audio is not None or reference_transcript is not None:
@@ -86,6 +87,10 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
         request.normalize_text = normalize_text
     if speed is not None:
         request.speed = speed
+    if language is not None:
+        request.language = language
+    if instructions is not None:
+        request.instructions = instructions
     return request
 
 

@@ -83,7 +83,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text", "speed")
+    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text", "speed", "language", "instructions")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,8 @@ class SynthesizeRequest(_message.Message):
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_TEXT_FIELD_NUMBER: _ClassVar[int]
     SPEED_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     text: str
     voice: str
     sampling: SamplingParams
@@ -102,10 +104,12 @@ class SynthesizeRequest(_message.Message):
     reference: VoiceReference
     normalize_text: bool
     speed: float
-    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ...) -> None: ...
+    language: str
+    instructions: str
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
 
 class StreamSettings(_message.Message):
-    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text", "speed")
+    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text", "speed", "language", "instructions")
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +117,8 @@ class StreamSettings(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_TEXT_FIELD_NUMBER: _ClassVar[int]
     SPEED_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     voice: str
     sampling: SamplingParams
     encoding: AudioEncoding
@@ -120,7 +126,9 @@ class StreamSettings(_message.Message):
     request_id: str
     normalize_text: bool
     speed: float
-    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ...) -> None: ...
+    language: str
+    instructions: str
+    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
 
 class Flush(_message.Message):
     __slots__ = ()
