@@ -98,6 +98,16 @@ class AudioDecoder(ABC):
         """
         raise NotImplementedError(f"block_causal: audio decoder {self.name!r} cannot decode block-causally")
 
+    def check_states(self, blocks: list, states: list, state_type: type) -> None:
+        """ValueError unless there is one ``state_type`` state (from init_state or decode_blocks)
+        per block: what every causal decoder's decode_blocks checks first."""
+        if len(states) != len(blocks):
+            raise ValueError(f"need one state per block: {len(blocks)} blocks, {len(states)} states")
+        for state in states:
+            if not isinstance(state, state_type):
+                raise ValueError(f"a {self.name} stream state must come from init_state or decode_blocks, "
+                                 f"got {type(state).__name__}")
+
     def check_code_values(self, codes: torch.Tensor, codebook_size: int, where=None) -> None:
         """Raises ValueError unless ``codes`` is an integer tensor of whole frames (check_codes)
         with every code in [0, codebook_size); ``where(position)`` names a bad code's place."""

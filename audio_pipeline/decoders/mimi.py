@@ -333,12 +333,7 @@ class MimiDecoder(AudioDecoder):
         Equals the one-shot decode of the stream so far, block after block (see the module
         docstring). Blocks of equal length run as one batch.
         """
-        if len(states) != len(blocks):
-            raise ValueError(f"need one state per block: {len(blocks)} blocks, {len(states)} states")
-        for state in states:
-            if not isinstance(state, MimiState):
-                raise ValueError(f"a Mimi stream state must come from init_state or decode_blocks, "
-                                 f"got {type(state).__name__}")
+        self.check_states(blocks, states, MimiState)
         checked = [self._validate(c) for c in blocks]
         out: list[tuple[torch.Tensor, MimiState] | None] = [None] * len(blocks)
         for members in _by_length(checked):

@@ -271,12 +271,7 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         Equals the whole-sequence forward of the stream so far, block after block (see the module
         docstring). All blocks run as one batch, in pieces of at most PIECE_FRAMES frames.
         """
-        if len(states) != len(blocks):
-            raise ValueError(f"need one state per block: {len(blocks)} blocks, {len(states)} states")
-        for state in states:
-            if not isinstance(state, Qwen3TTS12HzState):
-                raise ValueError(f"a qwen3-tts-12hz stream state must come from init_state or decode_blocks, "
-                                 f"got {type(state).__name__}")
+        self.check_states(blocks, states, Qwen3TTS12HzState)
         checked = [self._validate(c) for c in blocks]
         states, parts, done = list(states), [[] for _ in blocks], [0] * len(blocks)
         while active := [i for i, codes in enumerate(checked) if done[i] < codes.shape[1]]:
