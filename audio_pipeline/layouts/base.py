@@ -39,6 +39,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
+import torch
+
+from audio_pipeline.errors import InvalidArgument
+
 
 class Layout:
     """The base of every layout: what a family must define, and the defaults of what it may."""
@@ -72,6 +76,15 @@ class Layout:
         """The LM prompt ids for ``text`` in ``voice`` (or as ``reference``: a cloned voice's
         ``.transcript`` and frame-major ``.codes``), at ``speed`` where ``supports_speed``."""
         raise NotImplementedError
+
+    def reference_frames(self, reference) -> torch.Tensor:
+        """A cloned voice's frame-major codes as [frames, codes_per_token] (layouts whose positions
+        are frames); InvalidArgument naming ``reference`` unless they are whole frames."""
+        codes = torch.as_tensor(reference.codes, dtype=torch.long).reshape(-1)
+        if codes.numel() == 0 or codes.numel() % self.codes_per_token:
+            raise InvalidArgument(f"the reference's codes ({codes.numel()}) are not whole frames of "
+                                  f"{self.codes_per_token} codebooks", field="reference")
+        return codes.view(-1, self.codes_per_token)
 
     def prompt_frames(self, prompt_ids: Sequence[int], reference=None):
         """[len(prompt_ids), codes_per_token] codes of the prompt positions that are audio frames

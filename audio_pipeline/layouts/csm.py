@@ -105,14 +105,6 @@ class CsmLayout(OrpheusLayout):
         return [*self.turn(tokenizer, reference.transcript, speaker), *[self.audio] * frames.shape[0], self.audio_eos,
                 *self.turn(tokenizer, text, speaker)]
 
-    def reference_frames(self, reference) -> torch.Tensor:
-        """A reference's frame-major codes as [frames, codebooks]."""
-        codes = torch.as_tensor(reference.codes, dtype=torch.long).reshape(-1)
-        if codes.numel() == 0 or codes.numel() % self.codes_per_token:
-            raise InvalidArgument(f"the reference's codes ({codes.numel()}) are not whole frames of "
-                                  f"{self.codes_per_token} codebooks", field="reference")
-        return codes.view(-1, self.codes_per_token)
-
     def prompt_frames(self, prompt_ids: Sequence[int], reference=None) -> torch.Tensor | None:
         """The reference's frames at the ``<|AUDIO|>`` positions, zeros at ``<|audio_eos|>``."""
         ids = torch.as_tensor(list(prompt_ids), dtype=torch.long)

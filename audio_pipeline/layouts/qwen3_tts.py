@@ -255,14 +255,6 @@ class Qwen3TTSLayout(Layout):
             add(codec_id, text[index] if index < len(text) else self.tts_pad)
         return []
 
-    def reference_frames(self, reference) -> torch.Tensor:
-        """A reference's frame-major codes as [frames, 16]."""
-        codes = torch.as_tensor(reference.codes, dtype=torch.long).reshape(-1)
-        if codes.numel() == 0 or codes.numel() % self.codes_per_token:
-            raise InvalidArgument(f"the reference's codes ({codes.numel()}) are not whole frames of "
-                                  f"{self.codes_per_token} codebooks", field="reference")
-        return codes.view(-1, self.codes_per_token)
-
     def prompt_frames(self, prompt_ids: Sequence[int], reference=None) -> torch.Tensor | None:
         """In-context cloning: the reference's frames at the positions after the codec bos that
         carries it (the codec track's frame positions); None otherwise."""
