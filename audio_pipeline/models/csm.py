@@ -21,25 +21,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from audio_pipeline.models.llama import (AttentionBatch, DecoderLayer, RMSNorm, check_supported,
-                                         rope_inverse_frequencies, rotary_cos_sin)
+                                         rope_inverse_frequencies, rotary_cos_sin, transformer_view)
 
 
 def _llama_view(source, vocab_size: int):
     """A LlamaConfig carrying ``source``'s transformer fields (what DecoderLayer and the RoPE need)."""
     from transformers import LlamaConfig
 
-    heads = source.num_attention_heads
-    rope = getattr(source, "rope_parameters", None)
-    return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=source.hidden_size, intermediate_size=source.intermediate_size,
-        num_hidden_layers=source.num_hidden_layers, num_attention_heads=heads,
-        num_key_value_heads=getattr(source, "num_key_value_heads", None) or heads,
-        head_dim=getattr(source, "head_dim", None) or source.hidden_size // heads,
-        hidden_act=getattr(source, "hidden_act", "silu"), max_position_embeddings=source.max_position_embeddings,
-        rms_norm_eps=source.rms_norm_eps, rope_parameters=dict(rope) if rope else None,
-        attention_bias=bool(getattr(source, "attention_bias", False)),
-        mlp_bias=bool(getattr(source, "mlp_bias", False)),
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return transformer_view(LlamaConfig, source, vocab_size)
 
 
 def backbone_config(csm_config):

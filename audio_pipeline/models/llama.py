@@ -56,6 +56,25 @@ def concatenated_linear(*parts: nn.Linear) -> nn.Linear:
     return fused.requires_grad_(False)
 
 
+def transformer_view(config_class: type, source, vocab_size: int, **fields):
+    """A ``config_class`` (transformers' LlamaConfig, Qwen3Config) carrying the transformer fields
+    of ``source`` (a nested config of a composite checkpoint: CSM's backbone or depth decoder,
+    Qwen3-TTS's talker or code predictor), what DecoderLayer and the RoPE read; ``fields`` add to
+    them or replace them."""
+    heads = source.num_attention_heads
+    rope = getattr(source, "rope_parameters", None)
+    return config_class(**{
+        "vocab_size": vocab_size, "hidden_size": source.hidden_size, "intermediate_size": source.intermediate_size,
+        "num_hidden_layers": source.num_hidden_layers, "num_attention_heads": heads,
+        "num_key_value_heads": getattr(source, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(source, "head_dim", None) or source.hidden_size // heads,
+        "hidden_act": getattr(source, "hidden_act", "silu"), "max_position_embeddings": source.max_position_embeddings,
+        "rms_norm_eps": source.rms_norm_eps, "rope_parameters": dict(rope) if rope else None,
+        "attention_bias": bool(getattr(source, "attention_bias", False)),
+        "mlp_bias": bool(getattr(source, "mlp_bias", False)),
+        "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **fields})
+
+
 def rope_inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling of the config's RoPE variant (default, llama3, ...)."""
     params = getattr(config, "rope_parameters", None) or {

@@ -33,7 +33,7 @@ from torch import nn
 
 from audio_pipeline.models.csm import FrameKVCache
 from audio_pipeline.models.llama import (AttentionBatch, DecoderLayer, RMSNorm, check_supported,
-                                         rope_inverse_frequencies, rotary_cos_sin)
+                                         rope_inverse_frequencies, rotary_cos_sin, transformer_view)
 
 MODEL_TYPE = "qwen3_tts"
 
@@ -68,17 +68,10 @@ def qwen3_view(source: SimpleNamespace, vocab_size: int):
     the three equal MRoPE rows of the talker are plain RoPE with its rope_theta."""
     from transformers import Qwen3Config
 
-    heads = source.num_attention_heads
-    return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=source.hidden_size, intermediate_size=source.intermediate_size,
-        num_hidden_layers=source.num_hidden_layers, num_attention_heads=heads,
-        num_key_value_heads=getattr(source, "num_key_value_heads", None) or heads,
-        head_dim=getattr(source, "head_dim", None) or source.hidden_size // heads,
-        hidden_act=getattr(source, "hidden_act", "silu"), max_position_embeddings=source.max_position_embeddings,
-        rms_norm_eps=source.rms_norm_eps, attention_bias=bool(getattr(source, "attention_bias", False)),
+    return transformer_view(
+        Qwen3Config, source, vocab_size,
         rope_parameters={"rope_type": "default", "rope_theta": float(getattr(source, "rope_theta", 10000.0))},
-        use_sliding_window=bool(getattr(source, "use_sliding_window", False)),
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        use_sliding_window=bool(getattr(source, "use_sliding_window", False)))
 
 
 class TextProjection(nn.Module):
