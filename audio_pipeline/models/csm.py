@@ -125,7 +125,7 @@ class CsmSpeechLM(nn.Module):
         self.depth_config = depth_decoder_config(csm_config)
         check_supported(self.config)
         depth = csm_config.depth_decoder_config
-        self.num_codebooks = int(csm_config.num_codebooks)
+        self.num_codebooks = self.codes_per_token = int(csm_config.num_codebooks)
         self.codebook_size = int(csm_config.codebook_size)
         self.depth_vocab_size = int(depth.vocab_size)
         self.text_vocab_size = int(csm_config.text_vocab_size)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from audio_pipeline.models.csm import CsmSpeechLM
-from audio_pipeline.models.llama_model import LlamaPipelineModel
+from audio_pipeline.models.llama_model import DepthPipelineModel
 from audio_pipeline.models.weights import load_safetensors_into
 
 logger = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 CODEC_PREFIXES = ("codec_model.",)
 
 
-class CsmPipelineModel(LlamaPipelineModel):
+class CsmPipelineModel(DepthPipelineModel):
     """CSM's backbone over the paged KV cache; ``forward(tokens, positions, batch, frames=...)``."""
 
     supports_int8 = False
@@ -44,15 +44,3 @@ class CsmPipelineModel(LlamaPipelineModel):
         if compile:
             logger.info("model.compile: the CSM backbone runs eagerly (compile is not supported for CSM yet)")
         return self.model
-
-    has_depth_decoder = True
-
-    @property
-    def codes_per_token(self) -> int:
-        """Codes per audio position (one frame): the number of codebooks."""
-        return self.model.num_codebooks
-
-    def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
-                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """CsmSpeechLM.depth_frame: the [B, N] frames from backbone hidden states and codebook 0's codes."""
-        return self.model.depth_frame(backbone_hidden, first_codes, choose)

@@ -14,7 +14,7 @@ import torch
 
 from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings
 from audio_pipeline.models.llama import LlamaForCausalLM
-from audio_pipeline.models.llama_model import LlamaPipelineModel
+from audio_pipeline.models.llama_model import DepthPipelineModel
 
 
 class FrameLlamaForCausalLM(LlamaForCausalLM):
@@ -24,6 +24,8 @@ class FrameLlamaForCausalLM(LlamaForCausalLM):
         if self.frame_head is None:
             raise ValueError("config.json has no frame_head")
         self.depth = DepthHead(config.hidden_size, self.frame_head, config.rms_norm_eps)
+        #: Codes each position carries (its frame's columns).
+        self.codes_per_token = self.frame_head.codes
 
     def embed(self, input_ids: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
         """Input embeddings of ``input_ids`` ([T]) with their ``frames`` ([T, C], -1 where a column
@@ -45,17 +47,7 @@ class FrameLlamaForCausalLM(LlamaForCausalLM):
         return frame
 
 
-class FrameLlamaPipelineModel(LlamaPipelineModel):
+class FrameLlamaPipelineModel(DepthPipelineModel):
     """LlamaPipelineModel over a FrameLlamaForCausalLM: ``forward(tokens, positions, batch, frames=...)``."""
 
     module_class = FrameLlamaForCausalLM
-
-    has_depth_decoder = True
-
-    @property
-    def codes_per_token(self) -> int:
-        return self.model.frame_head.codes
-
-    def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
-                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return self.model.depth_frame(backbone_hidden, first_codes, choose)

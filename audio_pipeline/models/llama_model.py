@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -202,6 +202,23 @@ class LlamaPipelineModel(PipelineModel):
             logits[:, :width].index_copy_(0, order, by_range)
         logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
         return logits
+
+
+class DepthPipelineModel(LlamaPipelineModel):
+    """A model whose positions are frames: the module samples each frame's first code over the
+    paged cache and its depth decoder the others (``codes_per_token`` and ``depth_frame`` are the
+    module's: CSM's, Qwen3-TTS's, the frame Llama's)."""
+
+    has_depth_decoder = True
+
+    @property
+    def codes_per_token(self) -> int:
+        return self.model.codes_per_token
+
+    def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
+                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The module's [B, codes] frames after each row's first code (``choose(k, logits)`` picks codebook k)."""
+        return self.model.depth_frame(backbone_hidden, first_codes, choose)
 
 
 def check_quantization(quantization: str, device: torch.device, dtype: torch.dtype,

@@ -142,7 +142,7 @@ class Qwen3TTSSpeechLM(nn.Module):
         check_supported(self.config)
         check_supported(self.talker.predictor_config)
         talker = config.talker_config
-        self.num_codebooks = int(talker.num_code_groups)
+        self.num_codebooks = self.codes_per_token = int(talker.num_code_groups)
         self.codebook_size = int(talker.code_predictor_config.vocab_size)
         self.codec_vocab_size = int(talker.vocab_size)
         self.text_vocab_size = int(talker.text_vocab_size)

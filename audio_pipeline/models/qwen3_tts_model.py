@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from audio_pipeline.models.llama_model import LlamaPipelineModel
+from audio_pipeline.models.llama_model import DepthPipelineModel
 from audio_pipeline.models.qwen3_tts import Qwen3TTSSpeechLM
 from audio_pipeline.models.weights import load_safetensors_into
 
@@ -25,12 +25,11 @@ logger = logging.getLogger(__name__)
 SPEAKER_PREFIXES = ("speaker_encoder.",)
 
 
-class Qwen3TTSPipelineModel(LlamaPipelineModel):
+class Qwen3TTSPipelineModel(DepthPipelineModel):
     """Qwen3-TTS's talker over the paged KV cache; ``forward(tokens, positions, batch, frames=...,
     text_ids=..., vectors=...)``."""
 
     supports_int8 = False
-    has_depth_decoder = True
     module_class = Qwen3TTSSpeechLM
 
     def _build_model(self, huggingface_config: Any, model_dir: Path, dtype: torch.dtype, device: torch.device,
@@ -65,13 +64,3 @@ class Qwen3TTSPipelineModel(LlamaPipelineModel):
         if compile:
             logger.info("model.compile: the Qwen3-TTS talker runs eagerly (compile is not supported for it yet)")
         return self.model
-
-    @property
-    def codes_per_token(self) -> int:
-        """Codes per position (one frame): the code groups."""
-        return self.model.num_codebooks
-
-    def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
-                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """Qwen3TTSSpeechLM.depth_frame: the [B, 16] frames from the talker's hidden states."""
-        return self.model.depth_frame(backbone_hidden, first_codes, choose)
