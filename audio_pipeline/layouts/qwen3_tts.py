@@ -103,9 +103,8 @@ class Qwen3TTSLayout(Layout):
             codec_pad=int(talker.codec_pad_id), codec_bos=int(talker.codec_bos_id), codec_think=int(talker.codec_think_id),
             codec_nothink=int(talker.codec_nothink_id), codec_think_bos=int(talker.codec_think_bos_id),
             codec_think_eos=int(talker.codec_think_eos_id),
-            languages=vars(getattr(talker, "codec_language_id", None) or _Empty()),
-            speakers=vars(getattr(talker, "spk_id", None) or _Empty()),
-            dialects=vars(getattr(talker, "spk_is_dialect", None) or _Empty()),
+            languages=_table(talker, "codec_language_id"), speakers=_table(talker, "spk_id"),
+            dialects=_table(talker, "spk_is_dialect"),
             tts_bos=int(config.tts_bos_token_id), tts_eos=int(config.tts_eos_token_id),
             tts_pad=int(config.tts_pad_token_id), streaming_text=model_type == BASE,
             ignores_instructions="0b6" in str(getattr(config, "tts_model_size", "")),
@@ -272,8 +271,10 @@ class Qwen3TTSLayout(Layout):
         return prompt.track if isinstance(prompt, TrackedPrompt) else None
 
 
-class _Empty:
-    """An empty namespace (a config without the optional table)."""
+def _table(talker, name: str) -> dict:
+    """One of the talker config's name -> id tables (empty where the checkpoint has none)."""
+    table = getattr(talker, name, None)
+    return dict(vars(table)) if table is not None else {}
 
 
 def _make_layout(model_dir: Path, tokenizer, manifest) -> Qwen3TTSLayout:

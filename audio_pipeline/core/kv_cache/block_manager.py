@@ -214,9 +214,9 @@ class BlockManager:
     def _make_room(self, needed: int, watermark: float = 1.0) -> None:
         """Grows the cache where ``needed`` more blocks would not fit within ``watermark`` of it and
         it may grow: to twice its size, or what they need, up to max_num_blocks."""
-        used = self.num_used_blocks
         if self.grow is None or self.total_num_blocks >= self.max_num_blocks:
-            return
+            return  # a fixed cache (CUDA's, or one at its most): nothing to do on every allocation
+        used = self.num_used_blocks
         if needed <= self.num_free_blocks and used + needed <= watermark * self.total_num_blocks:
             return
         wanted = max(2 * self.total_num_blocks, math.ceil((used + needed) / watermark))
