@@ -3,14 +3,12 @@ server holds little, and streams that need more get it with the same speech."""
 
 from __future__ import annotations
 
-import queue
-
 import pytest
 import torch
 
 from audio_pipeline.core.kv_cache.paged import PagedKVCache
 from audio_pipeline.models.interface import KVCacheParams
-from tests.conftest import make_config
+from tests.conftest import make_config, run_contexts
 
 
 def test_growing_keeps_every_block_and_moves_the_scratch_block_to_the_end():
@@ -28,18 +26,10 @@ def test_growing_keeps_every_block_and_moves_the_scratch_block_to_the_end():
 
 def speak_all(engine, count):
     """``count`` seeded requests at once; each one's generated tokens."""
-    contexts, sinks = [], []
-    for index in range(count):
-        context = engine.create_context(f"Sentence number {index} is a little longer than the others.",
-                                        seed=index, temperature=0.8, min_tokens=280, max_tokens=280)
-        sink: queue.Queue = queue.Queue()
-        engine.submit(context, sink.put)
-        contexts.append(context)
-        sinks.append(sink)
-    for sink in sinks:
-        while (event := sink.get(timeout=120)).kind == "audio":
-            pass
-        assert event.kind != "error", event.error
+    contexts = [engine.create_context(f"Sentence number {index} is a little longer than the others.",
+                                      seed=index, temperature=0.8, min_tokens=280, max_tokens=280)
+                for index in range(count)]
+    run_contexts(engine, contexts)
     return [list(context.generated) for context in contexts]
 
 

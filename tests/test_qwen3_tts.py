@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import queue
 import shutil
 from pathlib import Path
 
@@ -89,17 +88,10 @@ def engine_for(model_dir: Path, *flags: str):
 
 def run(engine, requests: list[dict], text: list[str]) -> list:
     """Submits every request at once; returns each one's context once all have ended."""
-    contexts, sinks = [], []
-    for request, words in zip(requests, text):
-        context = engine.create_context(words, **request)
-        sink: queue.Queue = queue.Queue()
-        engine.submit(context, sink.put)
-        contexts.append(context)
-        sinks.append(sink)
-    for sink in sinks:
-        while (event := sink.get(timeout=120)).kind == "audio":
-            pass
-        assert event.kind != "error", event.error
+    from tests.conftest import run_contexts
+
+    contexts = [engine.create_context(words, **request) for request, words in zip(requests, text)]
+    run_contexts(engine, contexts)
     return contexts
 
 
