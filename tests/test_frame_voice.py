@@ -247,3 +247,44 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
         assert len(context.frames) == context.alignment.tokens > 10
     finally:
         engine.stop(0.0)
+
+
+def test_validation_chooses_the_checkpoint_and_export_writes_that_one(tmp_path, capsys):
+    """train.py --validation logs a clean-input validation loss every --validate-every steps and
+    keeps the weights of the lowest one in best.pt; export --checkpoint best.pt writes those weights."""
+    import json
+    import re
+
+    import torch
+    from safetensors.torch import load_file
+
+    from recipes.builtin_voice import dataset, export, train
+    from tests.frame_voice import SHIPPED
+
+    rng = np.random.default_rng(1)
+    inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
+                 if n.startswith("<ph:")]
+
+    def write(path, count):
+        durations = [rng.integers(1, 6, 6) for _ in range(count)]
+        dataset.save({"inventory": inventory, "centroids": np.zeros((1024, 2)), "texts": ["x"] * count,
+                      "phonemes": [rng.integers(0, len(inventory), 6) for _ in range(count)], "durations": durations,
+                      "codes": [np.stack([rng.integers(0, 1024, d.sum())] * 2, 1) for d in durations]}, path)
+        return path
+
+    data, held = write(tmp_path / "train.npz", 8), write(tmp_path / "validation.npz", 4)
+    run_dir = tmp_path / "run"
+    assert train.main(["--data", str(data), "--validation", str(held), "--validate-every", "2", "--out",
+                       str(run_dir), "--layout", "phoneme-lpc-frame", "--steps", "6", "--batch-tokens", "400",
+                       "--lr", "0.05", "--warmup", "1", "--init-from", str(SHIPPED), "--threads", "1"]) == 0
+    logged = {int(step): float(loss) for step, loss in
+              re.findall(r"step (\d+)  validation loss ([0-9.]+)", capsys.readouterr().out)}
+    assert sorted(logged) == [2, 4, 6]
+    best = torch.load(run_dir / "best.pt", weights_only=False)
+    assert best["step"] == min(logged, key=logged.get)
+    assert abs(best["validation_loss"] - logged[best["step"]]) < 1e-4
+    snapshot = export.from_checkpoint(run_dir, data, "best.pt")
+    assert snapshot.name == f"step-{best['step']}"
+    written = load_file(snapshot / "model.safetensors")
+    assert torch.equal(written["model.layers.0.mlp.up_proj.weight"],
+                       best["model"]["model.layers.0.mlp.up_proj.weight"].half())

@@ -13,6 +13,7 @@ held-out word is in pocketsphinx's dictionary, so a JSGF grammar of them loads.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import re
 from pathlib import Path
@@ -199,6 +200,176 @@ def training_texts(count: int, seed: int = 0) -> list[str]:
 def held_out(count: int = 40, *, seed: int = 1234, train: list[str] | None = None) -> list[str]:
     """Sentences from templates the training set never uses (and not in ``train``)."""
     return sentences(count, seed=seed, templates=HELD_OUT_TEMPLATES, exclude=set(train or []))
+
+
+# --- The fourth generation's corpus: more kinds of text, and a fixed three-way split. ---------------
+
+SURNAMES = ["Smith", "Garcia", "Nguyen", "Brown", "Miller", "Wilson", "Moore", "Taylor", "Anderson", "Jackson",
+            "White", "Harris", "Martin", "Thompson", "Lopez", "Clark", "Lewis", "Walker", "Young", "Allen", "King",
+            "Wright", "Scott", "Green", "Baker", "Adams", "Nelson", "Hill", "Campbell", "Mitchell", "Roberts",
+            "Carter", "Phillips", "Evans", "Turner", "Parker", "Collins", "Edwards", "Stewart", "Morris", "Murphy",
+            "Cook", "Rogers", "Morgan", "Cooper", "Peterson", "Reed", "Bailey", "Kelly", "Howard", "Ward", "Cox",
+            "Richardson", "Wood", "Watson", "Brooks", "Bennett", "Gray", "James", "Hughes", "Price", "Sanders"]
+MORE_NAMES = ["Aaron", "Abigail", "Adrian", "Amelia", "Andrew", "Angela", "Arthur", "Beatrice", "Brian", "Caleb",
+              "Caroline", "Daniel", "Dorothy", "Eleanor", "Ethan", "Felix", "Gabriel", "Hannah", "Isaac", "Jasmine",
+              "Jonathan", "Joseph", "Katherine", "Lily", "Louis", "Margaret", "Matthew", "Michael", "Natalie",
+              "Nathan", "Patrick", "Rachel", "Rebecca", "Samuel", "Sophia", "Steven", "Theodore", "Vincent",
+              "Vanessa", "William", "Priya", "Ahmed", "Mei", "Hiroshi", "Fatima", "Carlos", "Ingrid", "Dmitri"]
+CITIES = ["Boston", "Chicago", "Denver", "Seattle", "Atlanta", "Houston", "Phoenix", "Portland", "Dallas",
+          "Miami", "Detroit", "Nashville", "London", "Paris", "Berlin", "Madrid", "Rome", "Tokyo", "Sydney",
+          "Toronto", "Dublin", "Vienna", "Prague", "Lisbon", "Oslo", "Cairo", "Mumbai", "Seoul", "Mexico City"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+UNITS = ["miles", "kilometers", "pounds", "kilograms", "minutes", "hours", "days", "weeks", "meters", "feet",
+         "inches", "liters", "degrees", "percent", "people", "pages", "votes", "points"]
+SHORT_TEXTS = ["Yes.", "No.", "Thank you!", "Wait.", "Hello?", "Okay.", "Of course.", "Not yet.", "Good night.",
+               "See you soon.", "Really?", "I agree.", "Why not?", "Watch out!", "Come in.", "Almost there.",
+               "Well done!", "Excuse me.", "Not at all.", "Let me think.", "Right away.", "That's fine.",
+               "Never mind.", "Go ahead.", "Sounds good.", "I'm sorry.", "Maybe later.", "Absolutely!",
+               "Hold on.", "Got it.", "Please stop.", "How strange.", "Try again.", "Welcome back!"]
+CONNECTIVES = ["because", "although", "while", "even though", "so", "and then", "but", "unless", "after", "since"]
+V4_TEMPLATES = [
+    # dates and years
+    "{name}'s birthday is on {month} {daynum}.",
+    "The meeting moved to {day}, {month} {daynum}, {year}.",
+    "We first met in {year}, in {city}.",
+    "The report is due on {slashdate}.",
+    "Between {year} and {year2}, the {noun} changed {adv}.",
+    "Is the concert on the {ordinal} of {month}?",
+    # numbers, money, measures, phone numbers
+    "The {noun} weighs {decimal} {unit}.",
+    "Call {name} at {phone}.",
+    "Our team scored {bignum} points this season.",
+    "Prices rose by {percent} last {month}.",
+    "The {adj} {noun} is {decimal} {unit} long, not {num} {unit}.",
+    "Flight {digits} to {city} leaves at {clock}.",
+    "I paid {price} for {num} {nouns}, which is too much.",
+    "The population of {city} is about {bignum}.",
+    "Chapter {digits} starts on page {bignum2}.",
+    # names and places
+    "Doctor {surname} will see {name} {surname2} {place}.",
+    "{name} {surname} moved from {city} to {city2}.",
+    "Mister {surname} and Missus {surname2} {vpast} a {noun} in {city}.",
+    "Have you ever been to {city}, {name}?",
+    # questions of every kind
+    "When will {name} {vbase} the {noun}?",
+    "Who {vpast} the {adj} {noun} {place}?",
+    "Which {noun} do you want, the {color} one or the {adj} one?",
+    "Can you tell me where the {noun2} is?",
+    "Why would anyone {vbase} a {noun} {place}?",
+    "You {vpast} the {noun}, didn't you?",
+    "How long does it take to {vbase} a {adj} {noun}?",
+    "Are the {nouns} {adj} or {adj2}?",
+    # long sentences with clauses
+    "{name} {vpast} the {adj} {noun} {place}, {conj} {name2} was {ving} {place2} with a {noun2}.",
+    "When the {noun} finally arrived, {name} {vpast} it {adv} and walked to the {noun2} without a word.",
+    "If you {vbase} the {noun} before {clock}, we can still {vbase2} the {adj} {noun2} {place}.",
+    "After {ving} for {num} {unit}, {name} and {name2} {vpast} a {adj} {noun} and went home {adv}.",
+    "The {adj} {noun} that {name} {vpast} {place} was {adv} {adj2}, {conj} nobody {vpast2} it.",
+]
+#: Templates whose texts never reach the training split: the validation and test splits also
+#: measure sentence shapes the model never trained on.
+V4_HELD_TEMPLATES = HELD_OUT_TEMPLATES + [
+    "On {month} {daynum}, {name} {surname} {vpast} {num} {nouns} in {city}.",
+    "Do you know why the {noun} costs {price}?",
+    "{name} was {ving} {place} {conj} the {adj} {noun} {vpast2} the {noun2}.",
+]
+
+
+def _fill_v4(template: str, rng: random.Random) -> str:
+    name, name2, name3 = rng.sample(NAMES + MORE_NAMES, 3)
+    surname, surname2 = rng.sample(SURNAMES, 2)
+    city, city2 = rng.sample(CITIES, 2)
+    noun, noun2 = rng.sample(NOUNS, 2)
+    adj, adj2 = rng.sample(ADJECTIVES, 2)
+    year = rng.randint(1900, 2030)
+    hour, minute = rng.randint(1, 12), rng.choice(["00", "05", "15", "20", "30", "45", "50"])
+    text = template.format(
+        name=name, name2=name2, name3=name3, surname=surname, surname2=surname2, city=city, city2=city2,
+        noun=noun, noun2=noun2, nouns=plural(noun), adj=adj, adj2=adj2,
+        vpast=rng.choice(VERBS_PAST), vpast2=rng.choice(VERBS_PAST), vbase=rng.choice(VERBS_BASE),
+        vbase2=rng.choice(VERBS_BASE), ving=rng.choice(VERBS_ING), place=rng.choice(PLACES),
+        place2=rng.choice(PLACES), num=rng.choice(NUMBERS), color=rng.choice(COLORS), adv=rng.choice(ADVERBS),
+        day=rng.choice(DAYS), ordinal=rng.choice(ORDINALS), month=rng.choice(MONTHS), daynum=rng.randint(1, 28),
+        year=year, year2=year + rng.randint(2, 40), slashdate=f"{rng.randint(1, 12)}/{rng.randint(1, 28)}/{year}",
+        decimal=f"{rng.randint(0, 99)}.{rng.randint(1, 9)}", unit=rng.choice(UNITS),
+        phone=f"{rng.randint(200, 989)}-{rng.randint(200, 989)}-{rng.randint(1000, 9999)}",
+        bignum=f"{rng.randint(1, 999)},{rng.randint(0, 999):03d}", bignum2=rng.randint(100, 999),
+        percent=f"{rng.randint(1, 60)}%", digits=rng.randint(2, 999),
+        clock=f"{hour}:{minute} {rng.choice(['am', 'pm'])}", conj=rng.choice(CONNECTIVES),
+        price=rng.choice([f"${rng.randint(1, 999)}.{rng.randint(10, 99)}", f"{rng.randint(2, 90)} dollars"]))
+    return text[0].upper() + text[1:]
+
+
+#: The fixed split: a text's split follows from its own characters (SHA-256 of the text), never from
+#: how many texts were drawn or in what order, so a larger corpus keeps every earlier text's split.
+#: Texts of the held templates go to validation or test only (half each); the rest: 92 % train,
+#: 4 % validation, 4 % test.
+SPLITS = ("train", "validation", "test")
+
+
+def split_of(text: str, *, held: bool = False) -> str:
+    bucket = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") % 100
+    if held:
+        return "validation" if bucket < 50 else "test"
+    return "train" if bucket < 92 else "validation" if bucket < 96 else "test"
+
+
+def v4_corpus(count: int = 24000, seed: int = 4) -> list[tuple[str, str]]:
+    """``count`` distinct (text, split) pairs: 35 % the first corpus's templates, 25 % the new
+    templates (dates, years, numbers, money, phone numbers, names and places, questions, long
+    sentences), 6 % held templates, 4 % short texts, 10 % word salad, 20 % two or three sentences."""
+    rng = random.Random(seed)
+    words = dictionary_words()
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(out) < count and attempts < count * 50:
+        attempts += 1
+        kind, held = rng.random(), False
+        if kind < 0.35:
+            text = _fill(rng.choice(TRAIN_TEMPLATES), rng)
+        elif kind < 0.60:
+            text = _fill_v4(rng.choice(V4_TEMPLATES), rng)
+        elif kind < 0.66:
+            text, held = _fill_v4(rng.choice(V4_HELD_TEMPLATES), rng), True
+        elif kind < 0.70:
+            text = rng.choice(SHORT_TEXTS)
+            if rng.random() < 0.5:
+                text = f"{text} {rng.choice(SHORT_TEXTS)}"
+        elif kind < 0.80 and words:
+            text = _word_salad(rng, words)
+        else:
+            pick = [_fill(rng.choice(TRAIN_TEMPLATES), rng) if rng.random() < 0.5
+                    else _fill_v4(rng.choice(V4_TEMPLATES), rng) for _ in range(rng.randint(2, 3))]
+            text = " ".join(pick)
+        if text not in seen:
+            seen.add(text)
+            out.append((text, split_of(text, held=held)))
+    return out
+
+
+def evaluation_texts(split: str, count: int, corpus_count: int = 24000) -> list[str]:
+    """The first ``count`` texts of a v4 split as the normalizer speaks them (what the recogniser
+    should hear), keeping only those whose every word is in pocketsphinx's dictionary (so a JSGF
+    grammar of them loads). ``split`` "held-out": the first generations' 40 held-out sentences."""
+    if split == "held-out":
+        return held_out(count)
+    from audio_pipeline.text.normalize import normalize
+
+    known = set(dictionary_words()) | {"a", "i", "an", "am", "at", "be", "by", "do", "go", "he", "in", "is", "it",
+                                       "me", "my", "no", "of", "oh", "on", "or", "so", "to", "up", "us", "we"}
+    out = []
+    for text, where in v4_corpus(corpus_count):
+        if where != split:
+            continue
+        spoken = normalize(text).spoken
+        words = re.sub(r"[^a-z' ]", " ", spoken.lower()).split()
+        if all(w in known or w.replace("'", "") in known for w in words):
+            out.append(spoken)
+            if len(out) == count:
+                break
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

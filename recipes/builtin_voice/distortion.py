@@ -88,7 +88,7 @@ def _distortion(args, texts, utterances, model) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recipes.builtin_voice.corpus import held_out
+    from recipes.builtin_voice.corpus import evaluation_texts
     from recipes.builtin_voice.teacher import synthesize as teacher_speak
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,12 +99,17 @@ def main(argv: list[str] | None = None) -> int:
                            "models in one run")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
     parser.add_argument("--count", type=int, default=40)
-    parser.add_argument("--work", default="/tmp/bv2/held-out", help="where the teacher's speech goes")
+    parser.add_argument("--split", default="held-out", choices=["held-out", "validation", "test"],
+                        help="held-out: the 40 sentences the first generations were measured on; validation or "
+                             "test: the fourth generation's fixed splits (corpus.py split_of; validation chooses "
+                             "checkpoints, test is reported once)")
+    parser.add_argument("--work", help="where the teacher's speech goes (default /tmp/bv2/SPLIT)")
     args = parser.parse_args(argv)
-    texts = held_out(args.count)
+    texts = evaluation_texts(args.split, args.count)
     from audio_pipeline.text.normalize import normalize
 
-    utterances = teacher_speak([(i, normalize(t).spoken) for i, t in enumerate(texts)], Path(args.work))
+    utterances = teacher_speak([(i, normalize(t).spoken) for i, t in enumerate(texts)],
+                             Path(args.work or f"/tmp/bv2/{args.split}"))
     lines = []
     for model in args.model or [None]:
         lines.append(_distortion(args, texts, utterances, model))

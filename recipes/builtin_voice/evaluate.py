@@ -98,7 +98,7 @@ def engine_synthesizer(model_dir: str, *, temperature: float | None = None, flag
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    from recipes.builtin_voice.corpus import held_out
+    from recipes.builtin_voice.corpus import evaluation_texts
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--espeak", action="store_true", help="evaluate eSpeak NG itself")
@@ -107,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                              "compare models in one run")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
     parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--split", default="held-out", choices=["held-out", "validation", "test"],
+                        help="held-out: the 40 sentences the first generations were measured on; validation or "
+                             "test: the fourth generation's fixed splits (corpus.py split_of; validation chooses "
+                             "checkpoints, test is reported once)")
     parser.add_argument("--write", help="write the first sentence's audio here (WAV; the first model's)")
     args = parser.parse_args(argv)
     if not args.espeak and not args.model:
         parser.error("choose what to evaluate (--espeak or --model)")
-    test = held_out(args.count)
+    test = evaluation_texts(args.split, args.count)
     lines = []
     for model in ([None] if args.espeak else []) + args.model:
         engine = None

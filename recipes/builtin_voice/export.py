@@ -27,8 +27,9 @@ DESCRIPTION = ("Built-in US English voice: a 4-layer Llama over eSpeak NG phonem
                "trained on eSpeak NG speech, LPC vocoder (recipes/builtin_voice)")
 
 
-def from_checkpoint(run: Path, data: Path) -> Path:
-    """Writes ``run``'s latest checkpoint.pt (a run still training) as a finished run directory."""
+def from_checkpoint(run: Path, data: Path, name: str = "checkpoint.pt") -> Path:
+    """Writes ``run``'s checkpoint ``name`` (checkpoint.pt: the latest, of a run still training;
+    best.pt: the step with the lowest validation loss) as a finished run directory."""
     import torch
     from safetensors.torch import save_file
 
@@ -44,7 +45,7 @@ def from_checkpoint(run: Path, data: Path) -> Path:
         extra = config_extra(hidden)
     config = model_config(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=3 * hidden,
                           num_attention_heads=heads, num_key_value_heads=heads, **extra)
-    state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state = torch.load(run / name, map_location="cpu", weights_only=False)
     snapshot = run / f"step-{state['step']}"
     snapshot.mkdir(exist_ok=True)
     (snapshot / "config.json").write_text(json.dumps(config, indent=2))
@@ -129,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=Path, required=True, help="train.py's output directory")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkpoint-data", type=Path,
-                        help="export the run's latest checkpoint.pt (training still going) with this dataset")
+                        help="export one of the run's checkpoints (training still going, or its best) with this dataset")
+    parser.add_argument("--checkpoint", default="checkpoint.pt",
+                        help="with --checkpoint-data: checkpoint.pt (the latest) or best.pt (the lowest validation loss)")
     parser.add_argument("--decoder", choices=["lpc", "mcep"], default="lpc")
     parser.add_argument("--decoder-dir", type=Path, help="with --decoder mcep: the fitted codec directory")
     parser.add_argument("--front-end", type=Path, help="a folder with lexicon.txt.gz and prosody.json")
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.decoder == "mcep" and args.decoder_dir is None:
         parser.error("--decoder mcep needs --decoder-dir")
-    run = from_checkpoint(args.run, args.checkpoint_data) if args.checkpoint_data else args.run
+    run = from_checkpoint(args.run, args.checkpoint_data, args.checkpoint) if args.checkpoint_data else args.run
     out = export(run, args.out, decoder=args.decoder, decoder_dir=args.decoder_dir, front_end=args.front_end,
                  voice=args.voice)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

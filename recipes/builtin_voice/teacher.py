@@ -107,15 +107,16 @@ def synthesize(texts: list[tuple[int, str]], out_dir: Path, voice: str = VOICE) 
     return utterances
 
 
-def _batch(args: tuple[list[tuple[int, str]], str, str]) -> list[dict]:
-    texts, out_dir, voice = args
+def _batch(args: tuple[list[tuple[int, str]], str, str, dict[int, str]]) -> list[dict]:
+    texts, out_dir, voice, splits = args
     return [{"id": u.index, "text": u.text, "segments": u.segments, "words": u.words}
+            | ({"split": splits[u.index]} if u.index in splits else {})
             for u in synthesize(texts, Path(out_dir), voice)]
 
 
 def main(argv: list[str] | None = None) -> int:
     from audio_pipeline.text.normalize import normalize
-    from recipes.builtin_voice.corpus import training_texts
+    from recipes.builtin_voice.corpus import training_texts, v4_corpus
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200, help="texts of the training corpus to speak")
@@ -123,11 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="Festival processes at once")
     parser.add_argument("--batch", type=int, default=100, help="texts per Festival process")
     parser.add_argument("--voice", default=VOICE, help="Festival voice")
+    parser.add_argument("--corpus", default="v3", choices=["v3", "v4"],
+                        help="v3: the training texts of the second and third generations; v4: the fourth's, "
+                             "each record with its fixed split (train, validation, test)")
     args = parser.parse_args(argv)
     # The teacher reads the text as the server's normalizer writes it out, so that its words are
     # the words the run-time front end sees.
-    texts = [(i, normalize(text).spoken) for i, text in enumerate(training_texts(args.count))]
-    batches = [(texts[i:i + args.batch], args.out, args.voice) for i in range(0, len(texts), args.batch)]
+    if args.corpus == "v4":
+        drawn = v4_corpus(args.count)
+        splits = {i: split for i, (_, split) in enumerate(drawn)}
+        texts = [(i, normalize(text).spoken) for i, (text, _) in enumerate(drawn)]
+    else:
+        splits = {}
+        texts = [(i, normalize(text).spoken) for i, text in enumerate(training_texts(args.count))]
+    batches = [(texts[i:i + args.batch], args.out, args.voice, splits) for i in range(0, len(texts), args.batch)]
     started = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

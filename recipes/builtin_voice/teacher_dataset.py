@@ -2,7 +2,7 @@
 mcep codec, with the teacher's own units and durations as the explicit alignment.
 
     python -m recipes.builtin_voice.teacher_dataset --teacher /tmp/bv3/teacher --out /tmp/bv3/train.npz \
-        --decoder-out /tmp/bv3/mcep [--count 8000] [--workers 2]
+        --decoder-out /tmp/bv3/mcep [--count 8000] [--workers 2] [--split train]
 
 A larger run that continues an earlier model keeps that model's codes and unit ids:
 ``--codec /tmp/bv3/mcep`` reuses the fitted codec instead of fitting one, and ``--inventory
@@ -45,9 +45,15 @@ def _analyze(args: tuple[dict, str]) -> tuple[dict, tuple]:
 
 
 def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path | None,
-          codec: Path | None = None, inventory: list[str] | None = None) -> dict:
+          codec: Path | None = None, inventory: list[str] | None = None, split: str | None = None) -> dict:
     started = time.time()
-    records = [json.loads(line) for line in open(folder / "index.jsonl")][:count]
+    records = [json.loads(line) for line in open(folder / "index.jsonl")]
+    if split is not None:
+        records = [r for r in records if r.get("split") == split]
+        if not records:
+            raise SystemExit(f"{folder / 'index.jsonl'} has no records of split {split!r} (teacher --corpus v4 "
+                             "writes the splits)")
+    records = records[:count]
     analysed = []
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         for i, item in enumerate(pool.imap(_analyze, [(r, str(folder)) for r in records], chunksize=8)):
@@ -100,13 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=8000)
     parser.add_argument("--fit", type=int, default=1500, help="utterances the codebook is fitted on")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--split", choices=["train", "validation", "test"],
+                        help="only the records of this split (a teacher run with --corpus v4)")
     args = parser.parse_args(argv)
     if args.codec is None and args.decoder_out is None:
         parser.error("give --decoder-out (fit a codec) or --codec (reuse one)")
     started = time.time()
     inventory = json.loads(args.inventory.read_text()) if args.inventory else None
     data = build(args.teacher, args.count, workers=args.workers, fit=args.fit, decoder_out=args.decoder_out,
-                 codec=args.codec, inventory=inventory)
+                 codec=args.codec, inventory=inventory, split=args.split)
     save(data, args.out)
     frames = sum(len(c) for c in data["codes"])
     print(f"wrote {args.out}: {len(data['codes'])} utterances, {frames} frames ({frames / 50 / 3600:.2f} h), "

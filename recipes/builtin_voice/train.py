@@ -152,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                              "(recipes/builtin_voice/frame_training.py)")
     parser.add_argument("--save-dtype", default="float16", choices=["float16", "float32"],
                         help="dtype of the saved model.safetensors")
+    parser.add_argument("--validation", type=Path,
+                        help="a validation dataset (teacher_dataset.py --split validation): its loss (no corrupted "
+                             "inputs) is logged every --validate-every steps and the best step's weights kept in "
+                             "OUT/best.pt (export.py --checkpoint best.pt)")
+    parser.add_argument("--validate-every", type=int, default=100)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -173,6 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         examples, lengths = [examples[i] for i in kept], [lengths[i] for i in kept]
     batches = make_batches(lengths, args.batch_tokens)
     tokens = sum(lengths)
+    validation = None
+    if args.validation:
+        held = load(args.validation)
+        if frame_task:
+            v_examples = frame_task.examples(held)
+            v_lengths = [len(e) for e in v_examples]
+        else:
+            v_examples = [sequence(p, d, c) for p, d, c in zip(held["phonemes"], held["durations"], held["codes"])]
+            v_lengths = [len(t) for t, _ in v_examples]
+        validation = (v_examples, make_batches(v_lengths, args.batch_tokens))
 
     config = LlamaConfig(**model_config(num_hidden_layers=args.layers, hidden_size=args.hidden,
                                         intermediate_size=3 * args.hidden, num_attention_heads=args.heads,
@@ -226,6 +241,30 @@ def main(argv: list[str] | None = None) -> int:
             np.save(args.out / "envelope_codebook.npy", data["centroids"])
             (args.out / "phonemes.json").write_text(json.dumps(data["inventory"]))
 
+    best_path = args.out / "best.pt"
+    best = torch.load(best_path, map_location="cpu", weights_only=False)["validation_loss"] \
+        if args.resume and best_path.is_file() else math.inf
+
+    def validate() -> float:
+        """Token-weighted mean loss over the validation set, teacher-forced with clean inputs."""
+        v_examples, v_batches = validation
+        model.eval()
+        total = weight = 0.0
+        with torch.no_grad():
+            for members in v_batches:
+                if frame_task:
+                    tensors = [t.to(device) for t in frame_task.batch(v_examples, members, 0.0, None)]
+                    loss, _ = frame_task.loss(model, tensors)
+                    n = float((tensors[3] >= 0).sum())
+                else:
+                    ids, labels, mask = collate(v_examples, members)
+                    loss, _ = slot_loss(model, ids.to(device), labels.to(device), mask.to(device),
+                                        [v_examples[i][1] for i in members])
+                    n = float(mask.sum())
+                total, weight = total + float(loss) * n, weight + n
+        model.train()
+        return total / max(weight, 1.0)
+
     started = time.time()
     model.train()
     losses: list[float] = []
@@ -267,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"lr {lr:.2e}  acc " + " ".join(f"{k} {v:.3f}" for k, v in accuracy.items()), flush=True)
         if args.save_every and step % args.save_every == 0:
             save(final=False)
+        if validation and step % args.validate_every == 0:
+            value = validate()
+            print(f"step {step}  validation loss {value:.4f}" + ("  (best)" if value < best else ""), flush=True)
+            if value < best:
+                best = value
+                torch.save({"model": model.state_dict(), "step": step, "validation_loss": value}, best_path)
     save(final=True)
     print(f"saved {args.out} at step {step}, loss {np.mean(losses[-50:]) if losses else float('nan'):.3f}, "
           f"{(time.time() - started) / 60:.1f} min", flush=True)
