@@ -163,6 +163,8 @@ class TTSEngine:
         runner = make_runner() if device.type == "cuda" else make_runner
         self.scheduler = AudioGenerationScheduler(SchedulerConfig.from_config(config), kv_manager.block_manager)
         self.voice_store = self._open_voice_store()
+        #: Pronunciation lexicons by voice name ("*": every voice), from the configuration's file.
+        self.voice_lexicons = self._voice_lexicons()
         #: Preset voices spoken as a clone of a reference the model directory ships.
         self.preset_prompts = self._preset_prompts()
         #: Request preparation for in-process use (the speech service keeps its own over this engine).
@@ -200,6 +202,20 @@ class TTSEngine:
                     "loads or builds the attention kernels); the KV cache leaves twice that free",
                     peak / 2**20, time.perf_counter() - started)
         return 2 * peak
+
+    def _voice_lexicons(self) -> dict:
+        from audio_pipeline.errors import InvalidArgument
+        from audio_pipeline.text.pronunciations import load_voice_lexicons
+
+        if not self.config.pronunciations:
+            return {}
+        try:
+            lexicons = load_voice_lexicons(self.config.pronunciations)
+        except (OSError, InvalidArgument) as error:
+            raise ValueError(f"pronunciations: {error}") from None
+        logger.info("pronunciations from %s: %s", self.config.pronunciations,
+                    ", ".join(f"{voice} ({len(lexicon.entries)} words)" for voice, lexicon in lexicons.items()))
+        return lexicons
 
     def _open_voice_store(self) -> VoiceStore | None:
         """The registered voices (None when the decoder cannot encode audio, so no cloning)."""

@@ -455,6 +455,11 @@ class AudioGenerationConfig(PipelineConfig):
     normalize_text: bool = Field(
         True, description="Read written forms as words before speaking (numbers, money, dates, times, units, "
                           "abbreviations, URLs, symbols); a request's normalize_text overrides it.")
+    pronunciations: str | None = Field(
+        None, description="A pronunciation lexicon for the voices (read at start-up): a W3C PLS file (every "
+                          "voice), or JSON: a list of {word, phonemes (IPA) | respelling} (every voice) or an object "
+                          "of voice name (\"*\": every voice) -> such a list. A request's own pronunciations win for "
+                          "the words they share. See README, Pronunciations.")
     max_reference_seconds: float = Field(
         30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
     openai_voices: dict[str, str] = Field(

@@ -13,6 +13,7 @@ from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgum
                                    ResourceExhausted, Unavailable, echo)
 from audio_pipeline.service.output import default_rate
 from audio_pipeline.service.request import SpeechRequest
+from audio_pipeline.text.pronunciations import from_entries
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +122,13 @@ class OpenAISpeech:
         language = body.get("language")  # extension: for a model that is told the language
         if language is not None and not isinstance(language, str):
             raise InvalidArgument("must be a string", field="language")
+        ssml = body.get("ssml")  # extension: the input is SSML (default: when it starts with <speak)
+        if ssml is not None and not isinstance(ssml, bool):
+            raise InvalidArgument("must be true or false", field="ssml")
+        pronunciations = from_entries(body.get("pronunciations"))  # extension
         self.request = SpeechRequest(
-            text=text, voice=voice or None, normalize_text=normalize, speed=speed,
+            text=text, voice=voice or None, normalize_text=normalize, speed=speed, ssml=ssml,
+            pronunciations=pronunciations,
             instructions=instructions if takes_instructions else None, language=language or None,
             sampling={} if seed is None else {"seed": seed}, format=response_format,
             sample_rate=rate or default_rate(response_format, OPENAI_RATE),

@@ -4,8 +4,10 @@ LLM's tokens), audio out as binary frames, several utterances on one connection.
 Client -> server, JSON text frames (``context_id`` names an utterance within the connection):
 
 - ``{"type": "start", "context_id": "a", "voice": ..., "response_format": "pcm", "sample_rate": ...,
-  "normalize_text": ..., "seed": ...}``: a new utterance (every field but the id optional;
-  ``response_format`` as POST /v1/audio/speech, default ``pcm``);
+  "normalize_text": ..., "seed": ..., "pronunciations": [...]}``: a new utterance (every field but
+  the id optional; ``response_format`` as POST /v1/audio/speech, default ``pcm``). With ``input``
+  (a whole text, or an SSML document; ``ssml`` as POST /v1/audio/speech) the utterance is complete:
+  no text, flush or end follows. Live text is plain text;
 - ``{"type": "text", "context_id": "a", "text": "..."}``: more of its text (a sentence is spoken
   once complete);
 - ``{"type": "flush", "context_id": "a"}``: speak what has come so far;
@@ -33,7 +35,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from audio_pipeline.errors import InvalidArgument, RequestError, echo
 from audio_pipeline.http.openai_speech import OpenAISpeech, error_fields
 from audio_pipeline.service.request import SpeechAudio
-from audio_pipeline.service.speech import LiveSpeechStream
+from audio_pipeline.service.speech import LiveSpeechStream, SpeechStream
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +47,13 @@ MAX_CONTEXT_ID_CHARS = 128
 @dataclass
 class Utterance:
     context_id: str
-    stream: LiveSpeechStream
+    stream: LiveSpeechStream | SpeechStream
     interrupted: bool = False
     ended: bool = False
+    #: Its whole text came in the start message (``input``): already started, no text to follow.
+    whole: bool = False
+    #: Some text has come.
+    had_text: bool = False
 
 
 def word_json(timing, rate: int) -> dict:
@@ -115,14 +121,18 @@ class StreamSocket:
             if len(self.utterances) >= MAX_OPEN_CONTEXTS:
                 raise InvalidArgument(f"over {MAX_OPEN_CONTEXTS} open utterances on one connection",
                                       field="context_id")
-            settings = {key: value for key, value in message.items() if key not in ("type", "context_id", "input")}
+            whole = message.get("input") is not None
+            settings = {key: value for key, value in message.items() if key not in ("type", "context_id")}
             try:
                 wanted = OpenAISpeech(settings, [v.name for v in self.engine.voices], self.engine.manifest.default_voice,
                                       {}, default_format="pcm", takes_instructions=self.engine.takes_instructions)
             except RequestError:
                 self.service.count("invalid")
                 raise
-            utterance = Utterance(context_id, self.service.open_live(wanted.request))
+            if whole:  # a whole text (or SSML document) in one message: opened (and refused) here
+                utterance = Utterance(context_id, await self.service.open(wanted.request), ended=True, whole=True)
+            else:
+                utterance = Utterance(context_id, self.service.open_live(wanted.request))
             self.utterances[context_id] = utterance
             self.queue.put_nowait(utterance)
             return
@@ -135,7 +145,13 @@ class StreamSocket:
                 raise InvalidArgument("must be a string", field="text")
             if utterance.ended:
                 raise InvalidArgument("came after the utterance's end", field="text")
+            if not utterance.had_text and text.lstrip().startswith("<speak"):
+                raise InvalidArgument("SSML comes whole, as the start message's input (live text is plain text)",
+                                      field="text")
+            utterance.had_text = utterance.had_text or bool(text.strip())
             await utterance.stream.text.add(text)
+        elif utterance.whole and kind != "interrupt":
+            raise InvalidArgument(f"{kind}: this utterance's whole text came with its start", field="type")
         elif kind == "flush":
             await utterance.stream.text.flush()
         elif kind == "end":
@@ -168,7 +184,7 @@ class StreamSocket:
 
     async def _speak_one(self, utterance: Utterance) -> None:
         context_id, stream = utterance.context_id, utterance.stream
-        if not utterance.interrupted:
+        if not utterance.interrupted and not utterance.whole:
             await stream.start()  # waits for its first sentence; returns at once if interrupted
         if utterance.interrupted:
             await self.send({"type": "interrupted", "context_id": context_id})

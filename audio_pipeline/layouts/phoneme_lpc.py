@@ -183,9 +183,14 @@ class PhonemeLPCLayout(Layout):
     #: eSpeak NG (audio_pipeline/text/espeak.py).
     front_end: Any = field(default=None, compare=False)
 
-    def _align(self, text: str):
+    @property
+    def takes_pronunciations(self) -> bool:
+        """Requests may give words' phonemes: the front end is the lexicon's."""
+        return self.front_end is not None and self.front_end.takes_pronunciations
+
+    def _align(self, text: str, overrides=None):
         if self.front_end is not None:
-            return self.front_end.align(text, FRAME_RATE)
+            return self.front_end.align(text, FRAME_RATE, overrides) if overrides else self.front_end.align(text, FRAME_RATE)
         from audio_pipeline.text.espeak import text_alignment
 
         return text_alignment(text, FRAME_RATE)
@@ -200,14 +205,15 @@ class PhonemeLPCLayout(Layout):
         """A phoneme's frames at ``speed`` (at least 1, at most MAX_DURATION)."""
         return min(MAX_DURATION, max(1, int(round(frames / speed))))
 
-    def phonemes(self, tokenizer, text: str, speed: float = 1.0) -> list[tuple[int, int]]:
+    def phonemes(self, tokenizer, text: str, speed: float = 1.0, overrides=None) -> list[tuple[int, int]]:
         """(phoneme id, frames) of ``text`` from the front-end, in the model's phoneme inventory,
-        at ``speed`` (2.0: each phoneme in half its frames)."""
+        at ``speed`` (2.0: each phoneme in half its frames); ``overrides``: words' phonemes
+        (audio_pipeline/text/lexicon.py's Overrides, where takes_pronunciations)."""
         from audio_pipeline.text.espeak import PAUSE
 
         vocab = tokenizer.get_vocab()
         out = []
-        for name, frames in self._align(text).phonemes:
+        for name, frames in self._align(text, overrides).phonemes:
             token = vocab.get(phoneme_token_name(name))
             if token is None:  # unknown to this model: the same phoneme unstressed, else a pause
                 token = vocab.get(phoneme_token_name(name.lstrip("',")),
@@ -216,14 +222,14 @@ class PhonemeLPCLayout(Layout):
             out.append((token, self._frames(frames, speed)))
         return out
 
-    def word_frames(self, text: str, speed: float = 1.0) -> list:
+    def word_frames(self, text: str, speed: float = 1.0, overrides=None) -> list:
         """The spoken words of ``text`` with the frames each sounds in, on the alignment the
         engine forces (:class:`audio_pipeline.text.espeak.WordFrames`): the front end's frames at
         ``speed``, phonemes cut to MAX_DURATION frames, the words moved as the speech moves."""
         import bisect
         import dataclasses
 
-        aligned = self._align(text)
+        aligned = self._align(text, overrides)
         starts, cut_starts = [0], [0]
         for _, frames in aligned.phonemes:
             starts.append(starts[-1] + frames)
@@ -240,13 +246,14 @@ class PhonemeLPCLayout(Layout):
         return [dataclasses.replace(w, first_frame=cut(w.first_frame), end_frame=cut(w.end_frame))
                 for w in aligned.words]
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0,
+                     overrides=None) -> list[int]:
         """The LM prompt for ``text`` at ``speed`` (one voice: ``voice`` is not part of the prompt)."""
         from audio_pipeline.errors import InvalidArgument
 
         if reference is not None:
             raise InvalidArgument("the built-in phoneme-lpc voice cannot be cloned", field="reference")
-        phonemes = self.phonemes(tokenizer, text, speed)
+        phonemes = self.phonemes(tokenizer, text, speed, overrides)
         if not phonemes:
             raise InvalidArgument("has nothing to speak", field="text")
         if len(phonemes) > MAX_PROMPT_PHONEMES:

@@ -14,6 +14,7 @@ from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgum
 from audio_pipeline.server.handlers import MalformedRequest
 from audio_pipeline.service.request import SpeechAudio, SpeechRequest
 from audio_pipeline.service.speech import LiveSpeechStream, SpeechService, SpeechStream, outcome_of
+from audio_pipeline.text.pronunciations import Lexicon, from_entries
 from audio_pipeline.text.timings import SEGMENT, WORD, WordTiming
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 
@@ -57,6 +58,12 @@ def speech_request(message, field_prefix: str = "", reference: tts_pb2.Reference
         sampling=sampling, speed=message.speed if message.HasField("speed") else None,
         format=FORMATS[message.encoding], sample_rate=message.sample_rate,
         instructions=message.instructions or None, language=message.language or None,
+        ssml=message.ssml if "ssml" in message.DESCRIPTOR.fields_by_name and message.HasField("ssml") else None,
+        # (StreamSettings has no ssml: a live stream's text is plain text)
+        pronunciations=from_entries([{k: v for k, v in (("word", p.word), ("phonemes", p.phonemes or None),
+                                                         ("respelling", p.respelling or None)) if v is not None}
+                                     for p in message.pronunciations], f"{field_prefix}pronunciations")
+        if message.pronunciations else Lexicon(),
         label=message.request_id, label_field=f"{field_prefix}request_id")
 
 

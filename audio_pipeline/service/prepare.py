@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.sampler import SamplingParams
 from audio_pipeline.errors import InvalidArgument, NotFound, echo
+from audio_pipeline.text.lexicon import Overrides
 from audio_pipeline.text.normalize import NormalizedText, normalize
+from audio_pipeline.text.pronunciations import Lexicon, respell
 from audio_pipeline.text.timings import word_timings
 from audio_pipeline.service.voices import VoicePrompt, check_reference_size, check_transcript, read_reference_audio
 
@@ -42,6 +44,8 @@ class RequestSettings:
     instructions: str | None = None
     #: The language to speak, for a layout that takes_language (None: the model's setting).
     language: str | None = None
+    #: Pronunciations: the voice's lexicon with the request's entries over it.
+    lexicon: Lexicon = Lexicon()
 
 
 class RequestPreparer:
@@ -54,7 +58,7 @@ class RequestPreparer:
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
                        reference: VoicePrompt | None = None, normalize_text: bool | None = None,
                        speed: float | None = None, instructions: str | None = None, language: str | None = None,
-                       **sampling_overrides: Any) -> TTSContext:
+                       pronunciations: Lexicon | None = None, **sampling_overrides: Any) -> TTSContext:
         """A validated context of a whole text (in-process use: the speech service validates a
         request once and builds its segments with :meth:`segment_context`); InvalidArgument or
         NotFound naming the field otherwise."""
@@ -65,7 +69,7 @@ class RequestPreparer:
             self.check_speed(speed)
         settings = self.resolve_settings(voice=voice, reference=reference, normalize_text=normalize_text,
                                          speed=speed, instructions=instructions, language=language,
-                                         **sampling_overrides)
+                                         pronunciations=pronunciations, **sampling_overrides)
         return self.segment_context(text, settings, request_id or uuid.uuid4().hex)
 
     def check_request_id(self, value: str, field: str = "request_id") -> None:
@@ -93,7 +97,7 @@ class RequestPreparer:
     def resolve_settings(self, *, voice: str | None = None, reference: VoicePrompt | None = None,
                          normalize_text: bool | None = None, speed: float | None = None,
                          instructions: str | None = None, language: str | None = None,
-                         **sampling_overrides: Any) -> RequestSettings:
+                         pronunciations: Lexicon | None = None, **sampling_overrides: Any) -> RequestSettings:
         """A request's settings checked against this model (the voice exists, the sampling values
         and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
         The speed's range is the caller's to check (:meth:`check_speed`). ``instructions`` describe
@@ -149,8 +153,11 @@ class RequestPreparer:
         if speed != 1.0 and not self.engine.speaks_at_any_speed:
             raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) speaks at one speed: only 1.0 is "
                                   "supported", field="speed")
+        lexicons = self.engine.voice_lexicons
+        lexicon = lexicons.get("*", Lexicon()).merged(lexicons.get(voice or "", Lexicon())).merged(
+            pronunciations or Lexicon())
         return RequestSettings(
-            voice=voice, reference=reference, speed=speed, sampling=sampling,
+            voice=voice, reference=reference, speed=speed, sampling=sampling, lexicon=lexicon,
             normalize_text=self.engine.config.normalize_text if normalize_text is None else normalize_text,
             explicit_max_tokens=sampling_overrides.get("max_tokens") is not None,
             instructions=instructions.strip() or None if instructions else None, language=language or None)
@@ -171,19 +178,40 @@ class RequestPreparer:
         return presets.get(chosen, chosen)
 
     def segment_context(self, text: str, settings: RequestSettings, request_id: str,
-                        stream_id: str | None = None) -> TTSContext:
+                        stream_id: str | None = None, *, normalized: NormalizedText | None = None,
+                        rate: float = 1.0, phonemes: tuple[tuple[int, int, str], ...] = ()) -> TTSContext:
         """The context of one piece of a request's text (already checked) with its settings; what
         depends on the text (its prompt's length, the speech it needs) is checked here.
-        ``stream_id``: the client request the piece belongs to (default: the piece is the request)."""
+        ``stream_id``: the client request the piece belongs to (default: the piece is the request).
+        An SSML segment brings its words already read out (``normalized``), its ``rate`` (times the
+        request's speed) and its ``<phoneme>`` spans."""
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
-        normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
+        if normalized is None:
+            normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
         layout = self.engine.layout
+        normalized, phonemes = respell(normalized, settings.lexicon.respellings(), phonemes)
+        speed = settings.speed * rate
+        if rate != 1.0:
+            if not self.engine.speaks_at_any_speed:
+                raise InvalidArgument(f"SSML <prosody rate>: this model ({self.engine.manifest.family} layout) "
+                                      "speaks at one speed", field="text")
+            if not MIN_SPEED <= speed <= MAX_SPEED:
+                raise InvalidArgument(f"SSML <prosody rate> times the request's speed is {speed:g}, out of range: "
+                                      f"{MIN_SPEED} to {MAX_SPEED}", field="text")
         extra = {"instructions": settings.instructions} if layout.takes_instructions else {}
         if layout.takes_language:
             extra["language"] = settings.language
+        aligned = {}
+        if layout.takes_pronunciations and (phonemes or settings.lexicon):
+            from audio_pipeline.text.ipa import ipa_units
+
+            overrides = Overrides(settings.lexicon.phoneme_units(),
+                                  tuple((a, b, ipa_units(ipa, field="text")) for a, b, ipa in phonemes))
+            if overrides.words or overrides.spans:
+                aligned["overrides"] = overrides
         prompt = layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
-                                     speed=settings.speed, **extra)
-        aligned_words = layout.word_frames(normalized.spoken, speed=settings.speed)
+                                     speed=speed, **extra, **aligned)
+        aligned_words = layout.word_frames(normalized.spoken, speed=speed, **aligned)
         words = (word_timings(normalized, aligned_words, self.engine.decoder.samples_per_frame)
                  if aligned_words is not None else None)
         alignment = layout.alignment(prompt)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.core.engine_core import Usage
+from audio_pipeline.text.pronunciations import Lexicon
 from audio_pipeline.text.timings import WordTiming
 
 
@@ -31,6 +32,11 @@ class SpeechRequest:
     instructions: str | None = None
     #: The language to speak, for a layout that is told it (None: the model's setting).
     language: str | None = None
+    #: The text is an SSML document (True), plain text (False), or SSML if it starts with
+    #: ``<speak`` (None).
+    ssml: bool | None = None
+    #: Pronunciations for this request (over the voice's).
+    pronunciations: Lexicon = Lexicon()
     #: Output format (audio/encoders.py's names) and rate (0: the format's default).
     format: str = "pcm"
     sample_rate: int = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -45,10 +46,10 @@ _CANCELLED = object()
 
 
 class SegmentedSynthesis:
-    """One request's segments as one stream of AudioEvents. ``prepare(segment text, index)`` makes
-    a segment's engine context (it may raise InvalidArgument or another RequestError)."""
+    """One request's segments as one stream of AudioEvents. ``prepare(segment, index)`` makes a
+    segment's engine context (it may raise InvalidArgument or another RequestError)."""
 
-    def __init__(self, engine: Any, prepare: Callable[[str, int], TTSContext], *, executor: Executor,
+    def __init__(self, engine: Any, prepare: Callable[[Segment, int], TTSContext], *, executor: Executor,
                  request_id: str, max_segment_chars: int, stretch: float | None = None):
         self.engine = engine
         self.prepare = prepare
@@ -93,6 +94,19 @@ class SegmentedSynthesis:
             offset += keep[-1].end if keep else len(piece)
             head *= 8  # the rest in a few large pieces
 
+    async def add_ssml(self, document: str, *, normalize_text: bool = True) -> None:
+        """Adds the segments of an SSML document (audio_pipeline/text/ssml.py; read off the event
+        loop). Raises the InvalidArgument that names what is wrong with it, before any is added."""
+        from audio_pipeline.text.ssml import parse
+
+        found = await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(parse, document, normalize_text=normalize_text,
+                                             max_segment_chars=self.max_segment_chars))
+        for piece in found:
+            normalized = piece.normalized
+            self.add_segment(Segment(normalized.spoken, piece.start, piece.start + len(normalized.original),
+                                     piece.pause, normalized, piece.rate, piece.phonemes))
+
     def add_segment(self, segment: Segment) -> None:
         self.segments.append(segment)
         self._incoming.put_nowait(segment)
@@ -107,19 +121,24 @@ class SegmentedSynthesis:
 
     # --- running ---------------------------------------------------------------------------------
 
-    async def _prepare(self, text: str, index: int, offset: int = 0) -> list[tuple[TTSContext, int, str]]:
+    async def _prepare(self, segment: Segment, index: int, offset: int = 0) -> list[tuple[TTSContext, int, str]]:
         """(context, offset of its text in the segment's, its text) of one segment: itself, or its
         halves when it needs more speech tokens than one request may have (cut at the space
-        nearest the middle, again if need be)."""
+        nearest the middle, again if need be; an SSML segment, whose words are already read out,
+        is not cut)."""
         loop = asyncio.get_running_loop()
+        text = segment.text
         try:
-            return [(await loop.run_in_executor(self.executor, self.prepare, text, index), offset, text)]
+            return [(await loop.run_in_executor(self.executor, self.prepare, segment, index), offset, text)]
         except InvalidArgument as error:
             middle = text.rfind(" ", 0, len(text) // 2 + 1)
-            if error.field != "text" or "split the text" not in str(error) or middle <= 0:
+            if (error.field != "text" or "split the text" not in str(error) or middle <= 0
+                    or segment.normalized is not None):
                 raise
-            return (await self._prepare(text[:middle], index, offset)
-                    + await self._prepare(text[middle + 1:], index, offset + middle + 1))
+            first = dataclasses.replace(segment, text=text[:middle])
+            second = dataclasses.replace(segment, text=text[middle + 1:])
+            return (await self._prepare(first, index, offset)
+                    + await self._prepare(second, index, offset + middle + 1))
 
     async def _submit(self, context: TTSContext, queue: asyncio.Queue, first: bool) -> None:
         loop = asyncio.get_running_loop()
@@ -148,7 +167,7 @@ class SegmentedSynthesis:
                     self._progress.clear()
                     await self._progress.wait()
                 parts = []
-                for part, (context, offset, text) in enumerate(await self._prepare(segment.text, index)):
+                for part, (context, offset, text) in enumerate(await self._prepare(segment, index)):
                     queue: asyncio.Queue = asyncio.Queue()
                     await self._submit(context, queue, first=index == 0 and part == 0)
                     parts.append((context, queue, segment.start + offset, text))

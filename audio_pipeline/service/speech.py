@@ -21,13 +21,14 @@ from contextlib import aclosing
 
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.errors import (AlreadyExists, GenerationFailed, RequestError, ResourceExhausted,
-                                   ServerCancelled, Unavailable, echo)
+from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgument, RequestError,
+                                   ResourceExhausted, ServerCancelled, Unavailable, echo)
 from audio_pipeline.service.live_text import LiveText
 from audio_pipeline.service.output import AudioOutput
 from audio_pipeline.service.prepare import RequestPreparer, RequestSettings
 from audio_pipeline.service.request import SpeechAudio, SpeechDone, SpeechRequest
 from audio_pipeline.service.segmented import SegmentedSynthesis
+from audio_pipeline.text.ssml import is_ssml
 from audio_pipeline.text.timings import WordTiming
 
 logger = logging.getLogger(__name__)
@@ -165,15 +166,17 @@ class SpeechService:
         settings = self.requests.resolve_settings(voice=request.voice or None, reference=reference,
                                                 normalize_text=request.normalize_text, speed=speed,
                                                 instructions=request.instructions, language=request.language,
-                                                **request.sampling)
+                                                pronunciations=request.pronunciations, **request.sampling)
         return settings, stretch
 
     def _synthesis(self, stream: SpeechStream, settings: RequestSettings, stretch: float | None) -> SegmentedSynthesis:
         engine, requests = self.engine, self.requests
 
-        def prepare(text: str, index: int):  # runs on the front-end pool
-            return requests.segment_context(text, segment_settings(settings, index), f"{stream.request_id}-{index}",
-                                            stream_id=stream.request_id)
+        def prepare(segment, index: int):  # runs on the front-end pool
+            return requests.segment_context(segment.text, segment_settings(settings, index),
+                                            f"{stream.request_id}-{index}", stream_id=stream.request_id,
+                                            normalized=segment.normalized, rate=segment.rate,
+                                            phonemes=segment.phonemes)
 
         return SegmentedSynthesis(engine, prepare, executor=self.frontend, request_id=stream.request_id,
                                   max_segment_chars=engine.config.max_segment_chars, stretch=stretch)
@@ -192,11 +195,23 @@ class SpeechService:
                     reference = await asyncio.get_running_loop().run_in_executor(
                         self.frontend, self.requests.reference_prompt, request.reference_audio,
                         request.reference_transcript)
-                stream.synthesis = self._synthesis(stream, *self._settings(request, reference))
-                await stream.synthesis.add_text(request.text)
+                settings, stretch = self._settings(request, reference)
+                stream.synthesis = self._synthesis(stream, settings, stretch)
+                if request.ssml or (request.ssml is None and is_ssml(request.text)):
+                    await stream.synthesis.add_ssml(request.text, normalize_text=settings.normalize_text)
+                    self._check_rates(stream.synthesis)
+                else:
+                    await stream.synthesis.add_text(request.text)
                 stream.synthesis.close()
                 await stream.synthesis.start()
         return stream
+
+    def _check_rates(self, synthesis: SegmentedSynthesis) -> None:
+        """An SSML <prosody rate> is refused up front for a model that speaks at one speed (its
+        stream can only be time-stretched as a whole)."""
+        if not self.engine.speaks_at_any_speed and any(s.rate != 1.0 for s in synthesis.segments):
+            raise InvalidArgument(f"SSML <prosody rate>: this model ({self.engine.manifest.family} layout) speaks at "
+                                  "one speed; a request's speed time-stretches the whole stream instead", field="text")
 
     def open_live(self, request: SpeechRequest) -> LiveSpeechStream:
         """A stream whose text comes later (:attr:`LiveSpeechStream.text`): checked and admitted;

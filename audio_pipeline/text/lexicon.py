@@ -57,6 +57,22 @@ class Word:
     units: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """Pronunciations a request gives (hashable: the front end caches by it): ``words``, (word
+    lower-cased, units) from a lexicon; ``spans``, (start, end, units) of a ``<phoneme>``'s words in
+    the text: the first word there says the units, the others nothing."""
+
+    words: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    spans: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+
+    def units(self, word: str, start: int) -> tuple[str, ...] | None:
+        for begin, end, units in self.spans:
+            if begin <= start < end:
+                return units if start == begin else ()
+        return dict(self.words).get(word.lower())
+
+
 def punctuation_after(items: list) -> dict[int, str]:
     """For :meth:`Phonemizer.words`'s items: the first punctuation mark after each word that has
     one, by the word's index among the words."""
@@ -145,8 +161,9 @@ class Phonemizer:
                 return found
         return _espeak_phones(word)
 
-    def words(self, text: str) -> list[Word | str]:
-        """The text's words (with their units) and the punctuation marks between them, in order."""
+    def words(self, text: str, overrides: Overrides | None = None) -> list[Word | str]:
+        """The text's words (with their units) and the punctuation marks between them, in order;
+        ``overrides`` say some words' units."""
         out: list[Word | str] = []
         for match in _TOKEN.finditer(text):
             token = match.group()
@@ -154,7 +171,16 @@ class Phonemizer:
                 out.append(token)
                 continue
             start = match.start()
+            given = overrides.units(token, start) if overrides else None
+            if given is not None:
+                out.append(Word(start, match.end(), given))
+                continue
             for part in token.split("-") if "-" in token else [token]:
+                given = overrides.units(part, start) if overrides else None
+                if given is not None:
+                    out.append(Word(start, start + len(part), given))
+                    start += len(part) + 1
+                    continue
                 phones = self._word(part)
                 out.append(Word(start, start + len(part), tuple(unit(p, s) for p, s in phones)))
                 start += len(part) + 1
@@ -209,12 +235,15 @@ class LexiconFrontEnd:
         directory = Path(directory)
         return cls(Lexicon.load(directory / "lexicon.txt.gz"), ProsodyModel.load(directory / "prosody.json"))
 
-    def units(self, text: str):
+    #: Requests may give words' phonemes (Overrides): the layout passes them to align().
+    takes_pronunciations = True
+
+    def units(self, text: str, overrides: Overrides | None = None):
         """The text's units (audio_pipeline.text.prosody.Unit: pauses with what caused them) and
         its words."""
         from audio_pipeline.text.prosody import Unit
 
-        items = self.phonemizer.words(text)
+        items = self.phonemizer.words(text, overrides)
         words = [item for item in items if isinstance(item, Word)]
         marks = punctuation_after(items)
         units = [Unit(PAUSE, -1, "start")]
@@ -235,12 +264,12 @@ class LexiconFrontEnd:
         units.append(Unit(PAUSE, -1, "end"))
         return units, words
 
-    def _align(self, text: str, frame_rate: int = 50):
+    def _align(self, text: str, frame_rate: int = 50, overrides: Overrides | None = None):
         from audio_pipeline.text.espeak import TextAlignment, WordFrames
 
         if frame_rate != 50:
             raise ValueError("the lexicon front end's durations are in 50 Hz frames")
-        units, words = self.units(text)
+        units, words = self.units(text, overrides)
         frames = self.prosody.frames(units)
         starts = np.concatenate([[0], np.cumsum(frames)]).astype(int)
         timed = []

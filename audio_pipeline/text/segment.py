@@ -12,6 +12,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from audio_pipeline.text.normalize import NormalizedText
+
 #: Seconds of silence after a segment, by how it ends.
 PAUSES = {"sentence": 0.35, "ellipsis": 0.5, "clause": 0.2, "comma": 0.12, "cut": 0.0}
 
@@ -27,6 +29,13 @@ class Segment:
     end: int
     #: Seconds of silence after it (see PAUSES).
     pause: float
+    #: The words already read out, with spans into ``text``'s source (an SSML segment's: its
+    #: markup read); None: the segment's text is normalized when it is prepared.
+    normalized: NormalizedText | None = None
+    #: Speaking rate, a multiple of the request's speed (SSML <prosody rate>).
+    rate: float = 1.0
+    #: (start, end, IPA) of SSML <phoneme>s in ``normalized.spoken``.
+    phonemes: tuple[tuple[int, int, str], ...] = ()
 
 
 def _split(text: str) -> list[tuple[int, int]]:
@@ -52,6 +61,11 @@ def _pause(text: str, last: bool) -> float:
     if stripped.endswith(","):
         return PAUSES["comma"]
     return PAUSES["cut"]
+
+
+def ending_pause(text: str) -> float:
+    """The pause after ``text`` where more of its sentence follows: its punctuation's (0 if none)."""
+    return _pause(text, last=False)
 
 
 def _pieces(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:

@@ -68,7 +68,8 @@ class AsyncTTSClient:
                    min_p: float | None = None, frequency_penalty: float | None = None,
                    presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None,
                    normalize_text: bool | None = None, speed: float | None = None,
-                   language: str | None = None, instructions: str | None = None) -> SynthesisResult:
+                   language: str | None = None, instructions: str | None = None,
+                   ssml: bool | None = None, pronunciations: Sequence[dict] | None = None) -> SynthesisResult:
         """Speaks ``text`` and returns the whole audio. Options left None take the server's defaults."""
         request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k,
@@ -77,7 +78,8 @@ class AsyncTTSClient:
                                 reference_audio=reference_audio, reference_transcript=reference_transcript,
                                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 stop_token_ids=stop_token_ids, normalize_text=normalize_text, speed=speed,
-                                language=language, instructions=instructions)
+                                language=language, instructions=instructions,
+                                ssml=ssml, pronunciations=pronunciations)
         return result_from_chunks([chunk async for chunk in self._stream_request(request)], request.encoding)
 
     def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
@@ -89,7 +91,8 @@ class AsyncTTSClient:
                    min_p: float | None = None, frequency_penalty: float | None = None,
                    presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None,
                    normalize_text: bool | None = None, speed: float | None = None,
-                   language: str | None = None, instructions: str | None = None) -> AsyncIterator[AudioStreamChunk]:
+                   language: str | None = None, instructions: str | None = None,
+                   ssml: bool | None = None, pronunciations: Sequence[dict] | None = None) -> AsyncIterator[AudioStreamChunk]:
         """Speaks ``text``: ``async for`` yields audio chunks as they arrive, then one final chunk with the usage.
 
         Closing the iterator (``await it.aclose()``, or ``contextlib.aclosing``) cancels the call; a loop
@@ -102,7 +105,8 @@ class AsyncTTSClient:
                                 reference_audio=reference_audio, reference_transcript=reference_transcript,
                                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 stop_token_ids=stop_token_ids, normalize_text=normalize_text, speed=speed,
-                                language=language, instructions=instructions)
+                                language=language, instructions=instructions,
+                                ssml=ssml, pronunciations=pronunciations)
         return self._stream_request(request)
 
     async def list_voices(self) -> list[Voice]:

@@ -80,7 +80,8 @@ class TTSClient:
                    min_p: float | None = None, frequency_penalty: float | None = None,
                    presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None,
                    normalize_text: bool | None = None, speed: float | None = None,
-                   language: str | None = None, instructions: str | None = None) -> SynthesisResult:
+                   language: str | None = None, instructions: str | None = None,
+                   ssml: bool | None = None, pronunciations: Sequence[dict] | None = None) -> SynthesisResult:
         """Speaks ``text`` and returns the whole audio. Options left None take the server's defaults."""
         request = build_request(text, voice=voice, seed=seed, max_tokens=max_tokens, min_tokens=min_tokens,
                                 temperature=temperature, top_p=top_p, top_k=top_k,
@@ -89,7 +90,8 @@ class TTSClient:
                                 reference_audio=reference_audio, reference_transcript=reference_transcript,
                                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 stop_token_ids=stop_token_ids, normalize_text=normalize_text, speed=speed,
-                                language=language, instructions=instructions)
+                                language=language, instructions=instructions,
+                                ssml=ssml, pronunciations=pronunciations)
         return result_from_chunks(list(self._stream_request(request)), request.encoding)
 
     def stream(self, text: str, *, voice: str | None = None, seed: int | None = None,
@@ -101,7 +103,8 @@ class TTSClient:
                    min_p: float | None = None, frequency_penalty: float | None = None,
                    presence_penalty: float | None = None, stop_token_ids: Sequence[int] | None = None,
                    normalize_text: bool | None = None, speed: float | None = None,
-                   language: str | None = None, instructions: str | None = None) -> Iterator[AudioStreamChunk]:
+                   language: str | None = None, instructions: str | None = None,
+                   ssml: bool | None = None, pronunciations: Sequence[dict] | None = None) -> Iterator[AudioStreamChunk]:
         """Speaks ``text``, yielding audio chunks as they arrive and then one final chunk with the usage.
 
         Leaving the loop early (``break``) or calling ``.close()`` on the iterator cancels the call.
@@ -113,7 +116,8 @@ class TTSClient:
                                 reference_audio=reference_audio, reference_transcript=reference_transcript,
                                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 stop_token_ids=stop_token_ids, normalize_text=normalize_text, speed=speed,
-                                language=language, instructions=instructions)
+                                language=language, instructions=instructions,
+                                ssml=ssml, pronunciations=pronunciations)
         return self._stream_request(request)
 
     def list_voices(self) -> list[Voice]:

@@ -60,8 +60,11 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
                   frequency_penalty: float | None = None, presence_penalty: float | None = None,
                   stop_token_ids: Sequence[int] | None = None,
                   normalize_text: bool | None = None, speed: float | None = None, language: str | None = None,
-                  instructions: str | None = None) -> tts_pb2.SynthesizeRequest:
-    """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default)."""
+                  instructions: str | None = None, ssml: bool | None = None,
+                  pronunciations: Sequence[dict] | None = None) -> tts_pb2.SynthesizeRequest:
+    """A SynthesizeRequest carrying only the options given; None leaves a field unset (the server's default).
+    ``ssml``: the text is SSML (None: when it starts with <speak); ``pronunciations``: dicts of
+    ``word`` and ``phonemes`` (IPA) or ``respelling``."""
     request = tts_pb2.SynthesizeRequest(text=text)
     if reference_audio is not None or reference_transcript is not None:
         request.reference.CopyFrom(voice_reference(reference_audio, reference_transcript))
@@ -91,6 +94,11 @@ def build_request(text: str, *, voice: str | None = None, seed: int | None = Non
         request.language = language
     if instructions is not None:
         request.instructions = instructions
+    if ssml is not None:
+        request.ssml = ssml
+    for entry in pronunciations or ():
+        request.pronunciations.add(word=entry["word"], phonemes=entry.get("phonemes") or "",
+                                   respelling=entry.get("respelling") or "")
     return request
 
 
@@ -101,7 +109,8 @@ def build_stream_settings(**options) -> tts_pb2.StreamSettings:
         voice=request.voice, sampling=request.sampling, encoding=request.encoding,
         sample_rate=request.sample_rate, request_id=request.request_id,
         **({"normalize_text": request.normalize_text} if request.HasField("normalize_text") else {}),
-        **({"speed": request.speed} if request.HasField("speed") else {}))
+        **({"speed": request.speed} if request.HasField("speed") else {}),
+        language=request.language, instructions=request.instructions, pronunciations=request.pronunciations)
 
 
 #: What a live-text iterable may yield: a piece of text, or FLUSH (speak what has come so far now).

@@ -83,7 +83,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
-    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text", "speed", "language", "instructions")
+    __slots__ = ("text", "voice", "sampling", "encoding", "sample_rate", "request_id", "reference", "normalize_text", "speed", "language", "instructions", "ssml", "pronunciations")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,8 @@ class SynthesizeRequest(_message.Message):
     SPEED_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    SSML_FIELD_NUMBER: _ClassVar[int]
+    PRONUNCIATIONS_FIELD_NUMBER: _ClassVar[int]
     text: str
     voice: str
     sampling: SamplingParams
@@ -106,10 +108,22 @@ class SynthesizeRequest(_message.Message):
     speed: float
     language: str
     instructions: str
-    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
+    ssml: bool
+    pronunciations: _containers.RepeatedCompositeFieldContainer[Pronunciation]
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., ssml: _Optional[bool] = ..., pronunciations: _Optional[_Iterable[_Union[Pronunciation, _Mapping]]] = ...) -> None: ...
+
+class Pronunciation(_message.Message):
+    __slots__ = ("word", "phonemes", "respelling")
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    PHONEMES_FIELD_NUMBER: _ClassVar[int]
+    RESPELLING_FIELD_NUMBER: _ClassVar[int]
+    word: str
+    phonemes: str
+    respelling: str
+    def __init__(self, word: _Optional[str] = ..., phonemes: _Optional[str] = ..., respelling: _Optional[str] = ...) -> None: ...
 
 class StreamSettings(_message.Message):
-    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text", "speed", "language", "instructions")
+    __slots__ = ("voice", "sampling", "encoding", "sample_rate", "request_id", "normalize_text", "speed", "language", "instructions", "pronunciations")
     VOICE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +133,7 @@ class StreamSettings(_message.Message):
     SPEED_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    PRONUNCIATIONS_FIELD_NUMBER: _ClassVar[int]
     voice: str
     sampling: SamplingParams
     encoding: AudioEncoding
@@ -128,7 +143,8 @@ class StreamSettings(_message.Message):
     speed: float
     language: str
     instructions: str
-    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
+    pronunciations: _containers.RepeatedCompositeFieldContainer[Pronunciation]
+    def __init__(self, voice: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate: _Optional[int] = ..., request_id: _Optional[str] = ..., normalize_text: _Optional[bool] = ..., speed: _Optional[float] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., pronunciations: _Optional[_Iterable[_Union[Pronunciation, _Mapping]]] = ...) -> None: ...
 
 class Flush(_message.Message):
     __slots__ = ()
