@@ -332,6 +332,12 @@ class TTSEngine:
             raise InvalidArgument(f"{echo(name)} is a preset voice of the model and cannot be deleted", field="name")
         self.cloning_store().delete(name)
 
+    @property
+    def can_clone(self) -> bool:
+        """Whether a reference recording can give a voice here: the decoder encodes audio and the
+        layout speaks as a reference (the built-in voices do not)."""
+        return self.voice_store is not None and self.layout.clonable
+
     def cloning_store(self) -> VoiceStore:
         """The voice store; InvalidArgument naming ``reference`` when the decoder cannot encode audio."""
         if self.voice_store is None:

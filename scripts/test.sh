@@ -3,6 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test,ray
+# The playground's browser tests drive Debian's chromium (tests/browser.py): installed where it is
+# missing and this machine allows it (root with apt-get).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test: installing chromium for the playground's browser tests" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+fi
 set +e
 .venv/bin/python -m pytest "$@"
 status=$?

@@ -8,7 +8,9 @@ Routes:
   with base64 audio, then ``speech.audio.done`` with the usage). FLAC comes as one complete file
   once the speech is done (its header holds the length, which FLAC readers such as libsndfile need);
   so does WAV unless the client streams (see :func:`client_streams`).
-- ``/v1/audio/stream``: a WebSocket for live text (http/stream_socket.py).
+- ``/v1/audio/stream``: a WebSocket for live text (http/stream_socket.py); the bearer token in its
+  Authorization header, or (browsers) as its subprotocol ``bearer.<token>``.
+- ``GET /``: the playground, a page to try the server in a browser (http/playground.py).
 - ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health`` (200 when serving, 503 otherwise:
   the gRPC health state), ``GET /metrics`` (Prometheus).
 - ``POST /v1/audio/voices`` (a multipart form: ``name``, ``file``, ``transcript``, ``description``)
@@ -32,6 +34,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
+
+from audio_pipeline.http.playground import routes as playground_routes
 from starlette.websockets import WebSocket
 
 from audio_pipeline.errors import RequestError
@@ -92,7 +96,9 @@ def create_app(running) -> Starlette:
         registered = {v.name for v in engine.registered_voices()}
         return JSONResponse({"voices": [{"name": v.name, "language": v.language, "description": v.description,
                                          "default": v.name == default, "registered": v.name in registered}
-                                        for v in engine.voices]})
+                                        for v in engine.voices],
+                             # extension: whether POST /v1/audio/voices can clone a voice here
+                             "cloning": engine.can_clone})
 
     async def health(request: Request) -> Response:
         serving = service.serving
@@ -133,13 +139,21 @@ def create_app(running) -> Starlette:
         return checked
 
     async def stream_socket(websocket: WebSocket) -> None:
-
+        # A browser cannot set a WebSocket's headers: it may offer the token as the subprotocol
+        # "bearer.<token>" instead (the playground does), which the accept then echoes.
+        offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+        chosen = next((p for p in offered if p.startswith("bearer.")), None)
         if auth is not None and auth.enabled:
             token = bearer_token([("authorization", websocket.headers.get("authorization", ""))])
+            if token is None and chosen is not None:
+                token = chosen[len("bearer."):]
             if token is None or auth.role_of(token) is None:
+                # Accepted, then closed with the reason: a browser sees a refused handshake only as
+                # "closed (1006)", but it reads a close frame's code and reason.
+                await websocket.accept(subprotocol=chosen)
                 await websocket.close(code=1008, reason="missing or invalid bearer token")
                 return
-        await websocket.accept()
+        await websocket.accept(subprotocol=chosen)
         await StreamSocket(websocket, running).run()
 
     speech, models, voices = authorized(speech), authorized(models), authorized(voices)
@@ -148,7 +162,7 @@ def create_app(running) -> Starlette:
               Route("/v1/audio/voices", voices, methods=["GET"]),
               Route("/v1/audio/voices", register_voice, methods=["POST"]),
               Route("/v1/audio/voices/{name}", delete_voice, methods=["DELETE"]), Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
+              Route("/metrics", metrics, methods=["GET"]), *playground_routes]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
 
 

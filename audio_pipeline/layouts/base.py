@@ -27,7 +27,8 @@ Optional capabilities (the defaults here say "not this family")
     (a voice is a description in words), ``takes_instructions`` (``build_prompt`` takes a request's
     ``instructions``, a style, beside its voice), ``takes_language`` (``build_prompt`` takes a
     request's ``language``; ``check_language`` refuses one it does not know), ``supports_speed``
-    (a request may set a speed), ``takes_pronunciations`` (``build_prompt`` and ``word_frames``
+    (a request may set a speed), ``clonable`` (False: a reference recording gives no voice),
+    ``takes_pronunciations`` (``build_prompt`` and ``word_frames``
     take ``overrides``: words' phonemes, audio_pipeline/text/lexicon.py's Overrides),
     ``has_text_track`` with ``text_track(prompt)`` (a text token beside every position, and raw
     input vectors: core/tracks.py), ``alignment(prompt)`` (tokens fixed by the prompt alone),
@@ -61,6 +62,8 @@ class Layout:
     takes_instructions: ClassVar[bool] = False
     takes_language: ClassVar[bool] = False
     takes_pronunciations: ClassVar[bool] = False
+    #: A reference recording can give a voice (the prompt takes a cloned voice's frames).
+    clonable: ClassVar[bool] = True
 
     @property
     def codes_per_frame(self) -> int:

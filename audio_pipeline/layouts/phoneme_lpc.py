@@ -199,6 +199,8 @@ class PhonemeLPCLayout(Layout):
 
     #: Requests may set a speed: the voice says each phoneme in its frames divided by the speed.
     supports_speed: ClassVar[bool] = True
+    #: One voice, learned: a reference recording gives no other.
+    clonable: ClassVar[bool] = False
 
     @staticmethod
     def _frames(frames: int, speed: float) -> int:
