@@ -139,4 +139,8 @@ def test_a_long_text_counts_as_one_running_request_not_one_per_piece(idle_server
         watcher.join()
     assert chunks[-1].HasField("complete")
     assert max(contexts for _, _, contexts in seen) >= 2  # a piece was prepared while another ran
-    assert max(running for running, _, _ in seen) == 1 and max(queued for _, queued, _ in seen) == 0
+    # Its first piece may wait a moment for admission (queued, rightly); once it runs, nothing of it
+    # is counted as queued, not even a later piece that waits after the one before it ended.
+    assert max(running for running, _, _ in seen) == 1
+    started = next(i for i, (running, _, _) in enumerate(seen) if running)
+    assert max(queued for _, queued, _ in seen[started:]) == 0

@@ -586,8 +586,10 @@ class EngineCore:
     def _update_load(self) -> None:
         metrics, scheduler = self.metrics, self.scheduler
         # Client requests, not contexts: a long text's next piece is prepared and queued while its
-        # current one runs, and counts once (as running).
+        # current one runs (and may still wait a moment after that one ends): the request counts
+        # once, as running.
         running = {request.stream_id for request in scheduler.running}
+        running |= {request.stream_id for request in scheduler.waiting if request.continuation}
         queued = {request.stream_id for request in scheduler.waiting} - running
         metrics.requests_queued.set(len(queued))
         metrics.requests_running.set(len(running))

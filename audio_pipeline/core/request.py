@@ -30,6 +30,9 @@ class TTSContext:
     #: The client request this context speaks a piece of (a long text is several contexts, one
     #: after the other); None: the context is the request.
     stream_id: str | None = None
+    #: A later piece of its client request (one before it has run): while it waits, the request
+    #: counts as running, not queued.
+    continuation: bool = False
     #: Speech codes of the voice prompt (a cloned voice's reference), for the decoder's prepend modes.
     prompt_speech_codes: torch.Tensor | None = None
     #: The forced tokens of layouts with an explicit alignment (phoneme-lpc: fixed by the prompt

@@ -179,10 +179,12 @@ class RequestPreparer:
 
     def segment_context(self, text: str, settings: RequestSettings, request_id: str,
                         stream_id: str | None = None, *, normalized: NormalizedText | None = None,
-                        rate: float = 1.0, phonemes: tuple[tuple[int, int, str], ...] = ()) -> TTSContext:
+                        rate: float = 1.0, phonemes: tuple[tuple[int, int, str], ...] = (),
+                        continuation: bool = False) -> TTSContext:
         """The context of one piece of a request's text (already checked) with its settings; what
         depends on the text (its prompt's length, the speech it needs) is checked here.
-        ``stream_id``: the client request the piece belongs to (default: the piece is the request).
+        ``stream_id``: the client request the piece belongs to (default: the piece is the request);
+        ``continuation``: a later piece of it.
         An SSML segment brings its words already read out (``normalized``), its ``rate`` (times the
         request's speed) and its ``<phoneme>`` spans."""
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
@@ -224,7 +226,8 @@ class RequestPreparer:
             raise InvalidArgument(f"the prompt ({len(prompt)} tokens) plus max_tokens ({budget}) exceeds the "
                                   f"maximum sequence length {self.engine.max_seq_len}", field="text")
         reference = settings.reference
-        return TTSContext(request_id=request_id, stream_id=stream_id or request_id, prompt_ids=prompt, sampling=sampling,
+        return TTSContext(request_id=request_id, stream_id=stream_id or request_id, continuation=continuation,
+                          prompt_ids=prompt, sampling=sampling,
                           layout=self.engine.layout, voice=settings.voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None,
                           prompt_frames=self.engine.layout.prompt_frames(prompt, reference),

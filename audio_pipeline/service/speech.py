@@ -176,7 +176,7 @@ class SpeechService:
             return requests.segment_context(segment.text, segment_settings(settings, index),
                                             f"{stream.request_id}-{index}", stream_id=stream.request_id,
                                             normalized=segment.normalized, rate=segment.rate,
-                                            phonemes=segment.phonemes)
+                                            phonemes=segment.phonemes, continuation=index > 0)
 
         return SegmentedSynthesis(engine, prepare, executor=self.frontend, request_id=stream.request_id,
                                   max_segment_chars=engine.config.max_segment_chars, stretch=stretch)
