@@ -148,6 +148,7 @@ class TTSEngine:
             raise ValueError(f"audio_decoder: {self.decoder_name!r} takes {self.decoder.tokens_per_frame}-code "
                              f"frames; the {self.manifest.family} layout makes {self.layout.codes_per_frame}-code frames")
         self.layout.check_decoder(self.decoder)
+        self.layout.check_model(self.model)
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
         self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
         timer = StepTimer()

@@ -14,7 +14,7 @@ import torch
 SHIPPED = Path(__file__).resolve().parent.parent / "audio_pipeline" / "builtin" / "slt-en"
 
 
-def write_tiny_frame_voice(path: Path, seed: int = 0) -> Path:
+def write_tiny_frame_voice(path: Path, seed: int = 0, folded: bool = False) -> Path:
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -28,7 +28,7 @@ def write_tiny_frame_voice(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(**model_config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                         num_attention_heads=4, num_key_value_heads=2,
-                                        **frame_training.config_extra(64)))
+                                        **frame_training.config_extra(64, folded=folded)))
     model = LlamaForCausalLM(config)
     frame_training.extend(model, config)
     with torch.no_grad():  # sharper than the default init, so greedy choices are far apart
@@ -38,6 +38,8 @@ def write_tiny_frame_voice(path: Path, seed: int = 0) -> Path:
               path / "model.safetensors")
     manifest = json.loads((SHIPPED / "audio_pipeline.json").read_text())
     manifest.update(family="phoneme-lpc-frame", description="tiny random phoneme-lpc-frame voice (tests)")
+    if folded:
+        manifest["layout_options"] = {"prompt": "folded"}
     (path / "audio_pipeline.json").write_text(json.dumps(manifest, indent=2))
     return path
 
@@ -63,7 +65,7 @@ def load_reference(path: Path):
 def reference_frames(model, layout, prompt: list[int]) -> list[list[int]]:
     """Greedy frames of ``prompt`` (every frame of its alignment), recomputing the whole sequence
     for each one."""
-    from audio_pipeline.models.frame_head import frame_embeddings
+    from audio_pipeline.models.frame_head import frame_embeddings, token_embeddings
 
     head = model.depth.head
     embedding = model.model.embed_tokens
@@ -74,7 +76,7 @@ def reference_frames(model, layout, prompt: list[int]) -> list[list[int]]:
     start = head.code_offsets[head.token_column]
     for position in range(alignment.tokens):
         tokens, frames = torch.tensor([ids]), torch.tensor([rows])
-        inputs = embedding(tokens) + frame_embeddings(embedding, frames, head)
+        inputs = token_embeddings(embedding, tokens, head) + frame_embeddings(embedding, frames, head)
         hidden = model.model(inputs_embeds=inputs).last_hidden_state[0, -1]
         envelope = int((hidden @ embedding.weight[start:start + head.codebook_size].T).argmax())
         prosody = int(model.depth(hidden[None], torch.tensor([envelope]), embedding)[0].argmax())

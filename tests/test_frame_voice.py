@@ -132,6 +132,45 @@ def test_greedy_frames_equal_the_dense_reference_alone_and_batched(engine, refer
     assert len({tuple(map(tuple, c.frames)) for c in alone}) == len(TEXTS)
 
 
+def test_a_folded_prompt_is_half_as_long_and_gives_the_dense_references_greedy_frames(tmp_path, engine):
+    """layout_options.prompt folded: one prompt position per phoneme (its id stands for the phoneme
+    and its duration, embedded as the sum of both), the same alignment, and greedy frames equal
+    to the dense reference's, alone and batched."""
+    folded_dir = write_tiny_frame_voice(tmp_path / "folded", folded=True)
+    folded = start_engine(folded_dir)
+    try:
+        assert folded.layout.folded_prompt and not engine.layout.folded_prompt
+        alone = [greedy(folded, [text])[0] for text in TEXTS]
+        batched = greedy(folded, TEXTS)
+        paired = [engine.create_context(text, temperature=0.0) for text in TEXTS]
+        reference = load_reference(folded_dir)
+        for one, together, pairs in zip(alone, batched, paired):
+            phonemes = (len(pairs.prompt_ids) - 3) // 2
+            assert len(one.prompt_ids) == phonemes + 3  # begin, a position per phoneme, end, start of speech
+            assert one.alignment.frames == pairs.alignment.frames  # the same speech to make
+            expected = reference_frames(reference, folded.layout, one.prompt_ids)
+            assert one.frames == expected and together.frames == expected
+    finally:
+        folded.stop(0.0)
+
+
+def test_a_prompt_form_the_model_was_not_trained_on_is_refused_at_start(tmp_path, model_dir):
+    import json
+    import shutil
+
+    from audio_pipeline.engine import TTSEngine
+
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(model_dir, mismatched)
+    manifest = json.loads((mismatched / "audio_pipeline.json").read_text())
+    (mismatched / "audio_pipeline.json").write_text(json.dumps({**manifest, "layout_options": {"prompt": "folded"}}))
+    with pytest.raises(ValueError, match="layout_options.prompt is folded, but config.json's frame_head has no fold"):
+        TTSEngine(make_config(mismatched, *FLAGS))
+    (mismatched / "audio_pipeline.json").write_text(json.dumps({**manifest, "layout_options": {"prompt": "triples"}}))
+    with pytest.raises(ValueError, match="layout_options.prompt 'triples' is not pairs or folded"):
+        TTSEngine(make_config(mismatched, *FLAGS))
+
+
 def test_one_backbone_pass_per_frame(engine):
     passes = []
     forward = engine.model.forward
@@ -216,8 +255,9 @@ def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
 
 def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path):
     """The recipe's own commands on a small synthetic dataset: a few training steps with
-    --layout phoneme-lpc-frame (initialised from the shipped voice's weights), the export, and the
-    engine loading the exported directory as a phoneme-lpc-frame voice that speaks."""
+    --layout phoneme-lpc-frame --fold-prompt (initialised from the shipped voice's weights), the
+    export, and the engine loading the exported directory as a folded-prompt phoneme-lpc-frame
+    voice that speaks."""
     import json
 
     from audio_pipeline.engine import TTSEngine
@@ -235,10 +275,11 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
                   "phonemes": phonemes, "durations": durations, "codes": codes}, data)
     run_dir = tmp_path / "run"
     assert train.main(["--data", str(data), "--out", str(run_dir), "--layout", "phoneme-lpc-frame", "--steps", "3",
-                       "--batch-tokens", "400", "--init-from", str(SHIPPED), "--threads", "1"]) == 0
+                       "--batch-tokens", "400", "--init-from", str(SHIPPED), "--threads", "1", "--fold-prompt"]) == 0
     out = export.export(run_dir, tmp_path / "voice", decoder="mcep", decoder_dir=SHIPPED / "decoder", front_end=SHIPPED,
                         voice="tiny-frame")
-    assert json.loads((out / "audio_pipeline.json").read_text())["family"] == "phoneme-lpc-frame"
+    manifest = json.loads((out / "audio_pipeline.json").read_text())
+    assert manifest["family"] == "phoneme-lpc-frame" and manifest["layout_options"] == {"prompt": "folded"}
     engine = TTSEngine(make_config(out, *FLAGS))
     engine.start()
     try:

@@ -34,7 +34,8 @@ Optional capabilities (the defaults here say "not this family")
     input vectors: core/tracks.py), ``alignment(prompt)`` (tokens fixed by the prompt alone),
     ``word_frames(text, speed)`` (the
     frames each spoken word sounds in), ``check_decoder(decoder)`` (ValueError for a decoder that
-    does not speak its codes).
+    does not speak its codes), ``check_model(model)`` (ValueError for a model that does not take
+    its prompts).
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ class Layout:
     def check_decoder(self, decoder) -> None:
         """ValueError unless ``decoder`` speaks this layout's codes (beyond its frame size, which
         the engine checks)."""
+
+    def check_model(self, model) -> None:
+        """ValueError unless ``model`` (the pipeline model) takes the prompts this layout builds."""
 
     # --- frames and tokens -----------------------------------------------------------------------
 

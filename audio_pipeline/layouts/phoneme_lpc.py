@@ -50,6 +50,12 @@ VOCAB_SIZE = DURATION_BASE + MAX_DURATION
 FRAME_RATE = 50
 #: Phonemes one prompt may hold.
 MAX_PROMPT_PHONEMES = 1000
+#: A folded prompt (phoneme-lpc-frame's ``layout_options.prompt: folded``) gives each phoneme one
+#: position whose id stands for the pair: FOLD_BASE + (phoneme - PHONEME_BASE) * MAX_DURATION +
+#: frames - 1. Such ids are inputs only (never sampled): the model embeds one as the sum of its
+#: phoneme's and its duration's embeddings (models/frame_head.py ``fold``), so a prompt is half as
+#: long and its prefill half the work.
+FOLD_BASE = VOCAB_SIZE
 
 SPECIAL_TOKENS = {PAD: "<pad>", BEGIN: "<begin>", END_OF_SPEECH: "<end_of_speech>",
                   START_OF_SPEECH: "<start_of_speech>", END_OF_PHONEMES: "<end_of_phonemes>"}
@@ -96,17 +102,27 @@ def write_tokenizer(path, inventory: Sequence[str]) -> None:
         "model_max_length": 8192}, indent=2))
 
 
-def prompt_ids(phonemes: Sequence[tuple[int, int]]) -> list[int]:
+def prompt_ids(phonemes: Sequence[tuple[int, int]], folded: bool = False) -> list[int]:
     """The prompt for (phoneme id, frames) pairs (ids already offset by PHONEME_BASE; frames >= 1,
-    cut to MAX_DURATION)."""
+    cut to MAX_DURATION): two positions per phoneme, or one where ``folded``."""
     if len(phonemes) > MAX_PROMPT_PHONEMES:
         raise ValueError(f"{len(phonemes)} phonemes, more than the {MAX_PROMPT_PHONEMES} one request may hold")
     ids = [BEGIN]
     for phoneme, frames in phonemes:
         if not PHONEME_BASE <= phoneme < SLOT_BASE or frames < 1:
             raise ValueError(f"bad phoneme entry ({phoneme}, {frames})")
-        ids += [phoneme, DURATION_BASE + min(frames, MAX_DURATION) - 1]
+        duration = min(frames, MAX_DURATION) - 1
+        if folded:
+            ids.append(FOLD_BASE + (phoneme - PHONEME_BASE) * MAX_DURATION + duration)
+        else:
+            ids += [phoneme, DURATION_BASE + duration]
     return ids + [END_OF_PHONEMES, START_OF_SPEECH]
+
+
+def fold_config() -> dict:
+    """The ``fold`` of a folded-prompt model's ``frame_head`` (models/frame_head.py): a pair id's
+    two parts, (phoneme, duration), and where each part's ids start."""
+    return {"base": FOLD_BASE, "offsets": [PHONEME_BASE, DURATION_BASE], "sizes": [MAX_PHONEMES, MAX_DURATION]}
 
 
 def prompt_schedule(prompt: Sequence[int]) -> list[tuple[int, int]]:
@@ -116,13 +132,23 @@ def prompt_schedule(prompt: Sequence[int]) -> list[tuple[int, int]]:
     if len(prompt) < 3 or prompt[0] != BEGIN or prompt[-2:] != [END_OF_PHONEMES, START_OF_SPEECH]:
         raise ValueError("not a phoneme-lpc prompt")
     body = prompt[1:-2]
-    if len(body) % 2:
-        raise ValueError("not a phoneme-lpc prompt")
     pairs = []
-    for phoneme, duration in zip(body[0::2], body[1::2]):
+    i = 0
+    while i < len(body):
+        if body[i] >= FOLD_BASE:  # a folded pair
+            index, duration = divmod(body[i] - FOLD_BASE, MAX_DURATION)
+            if index >= MAX_PHONEMES:
+                raise ValueError("not a phoneme-lpc prompt")
+            pairs.append((PHONEME_BASE + index, duration + 1))
+            i += 1
+            continue
+        if i + 1 >= len(body):
+            raise ValueError("not a phoneme-lpc prompt")
+        phoneme, duration = body[i], body[i + 1]
         if not (PHONEME_BASE <= phoneme < SLOT_BASE and DURATION_BASE <= duration < VOCAB_SIZE):
             raise ValueError("not a phoneme-lpc prompt")
         pairs.append((phoneme, duration - DURATION_BASE + 1))
+        i += 2
     return pairs
 
 
@@ -182,6 +208,9 @@ class PhonemeLPCLayout(Layout):
     #: model's manifest picks it: audio_pipeline/text/lexicon.py's LexiconFrontEnd); None is
     #: eSpeak NG (audio_pipeline/text/espeak.py).
     front_end: Any = field(default=None, compare=False)
+    #: One prompt position per phoneme (FOLD_BASE ids; phoneme-lpc-frame's layout_options.prompt
+    #: "folded"), else two.
+    folded_prompt: bool = False
 
     @property
     def takes_pronunciations(self) -> bool:
@@ -261,7 +290,7 @@ class PhonemeLPCLayout(Layout):
         if len(phonemes) > MAX_PROMPT_PHONEMES:
             raise InvalidArgument(f"{len(phonemes)} phonemes, over the {MAX_PROMPT_PHONEMES} one request may hold: "
                                   "split the text", field="text")
-        return prompt_ids(phonemes)
+        return prompt_ids(phonemes, folded=self.folded_prompt)
 
     # --- alignment -------------------------------------------------------------------------------
 
@@ -306,14 +335,21 @@ FRONT_ENDS = ("espeak", "lexicon")
 
 
 def layout_factory(layout_class: type[PhonemeLPCLayout]):
-    """The family's layout factory: ``layout_class`` with the front end the manifest names."""
+    """The family's layout factory: ``layout_class`` with the front end the manifest names (and
+    the prompt form its layout_options name, where the family takes one)."""
 
     def make_layout(model_dir, tokenizer, manifest) -> PhonemeLPCLayout:
+        options = {}
+        prompt = manifest.layout_options.get("prompt", "pairs")
+        if prompt not in ("pairs", "folded"):
+            raise ValueError(f"{model_dir}: layout_options.prompt {prompt!r} is not pairs or folded")
+        if prompt == "folded":
+            options["folded_prompt"] = True
         if manifest.front_end == "lexicon":
             from audio_pipeline.text.lexicon import LexiconFrontEnd
 
-            return layout_class(front_end=LexiconFrontEnd.load(model_dir))
-        return layout_class()
+            return layout_class(front_end=LexiconFrontEnd.load(model_dir), **options)
+        return layout_class(**options)
 
     return make_layout
 

@@ -2,7 +2,8 @@
 pass, per 20 ms frame (phoneme-lpc has four positions and two passes).
 
 Ids, prompt and decoder frames are phoneme-lpc's (audio_pipeline/layouts/phoneme_lpc.py): the same
-vocabulary, the same ``[phoneme, duration]`` prompt, and 4-code frames ``[phoneme, context,
+vocabulary, the same ``[phoneme, duration]`` prompt (or, with ``layout_options.prompt: folded``,
+one position per phoneme whose id stands for both), and 4-code frames ``[phoneme, context,
 envelope, prosody]`` for the same vocoders. What changes is what a position holds:
 
 * generated position k samples frame k's envelope (its token id, from the backbone) and prosody
@@ -84,6 +85,19 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
         frames[-1] = torch.tensor(first)
         return frames
 
+    def check_model(self, model) -> None:
+        """A folded prompt needs a model whose frame head folds (its pair ids, FOLD_BASE on); a
+        model that folds needs the folded prompt it was trained on."""
+        from audio_pipeline.layouts.phoneme_lpc import FOLD_BASE
+
+        base = getattr(model.model, "fold_base", None)  # a frame Llama's; None for other modules
+        if self.folded_prompt and base != FOLD_BASE:
+            raise ValueError("audio_pipeline.json: layout_options.prompt is folded, but config.json's frame_head has no "
+                             f"fold at {FOLD_BASE} (a model trained on folded prompts has)")
+        if not self.folded_prompt and base is not None:
+            raise ValueError("config.json: frame_head has a fold (the model was trained on folded prompts), but "
+                             "audio_pipeline.json's layout_options.prompt is not folded")
+
     def token_range(self, position: int) -> tuple[int, int]:
         """Every position samples an envelope id."""
         start = slot_token(ENVELOPE, 0)
@@ -91,4 +105,6 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
 
 
 
-register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS))
+register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS,
+                       layout_options={"prompt": "pairs (two positions per phoneme, the default) or folded (one: "
+                                                 "the model's frame_head has a fold)"}))

@@ -38,6 +38,10 @@ class FrameHeadConfig:
     depth_column: int
     num_layers: int = 2
     intermediate_size: int = 384
+    #: Input-only ids that stand for a pair of vocabulary ids (a folded prompt's (phoneme,
+    #: duration)): {"base", "offsets": [a, b], "sizes": [n, m]}; id base + i * m + j is embedded as
+    #: embedding[a + i] + embedding[b + j]. None: no such ids.
+    fold: dict | None = None
 
     @classmethod
     def of(cls, huggingface_config: Any) -> "FrameHeadConfig | None":
@@ -58,11 +62,35 @@ class FrameHeadConfig:
         vocab = int(getattr(huggingface_config, "vocab_size", 0))
         if any(o < 0 or o + head.codebook_size > vocab for o in head.code_offsets):
             raise ValueError(f"config.json: {CONFIG_KEY}'s codebooks do not fit the {vocab}-id vocabulary")
+        if head.fold is not None:
+            fold = head.fold
+            try:
+                base, (a, b), (n, m) = int(fold["base"]), fold["offsets"], fold["sizes"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"config.json: {CONFIG_KEY}.fold needs base, offsets [a, b] and sizes [n, m]") from exc
+            if base < vocab or not (0 <= a and a + n <= vocab and 0 <= b and b + m <= vocab and n > 0 and m > 0):
+                raise ValueError(f"config.json: {CONFIG_KEY}.fold's ids must start at or after the vocabulary "
+                                 f"({vocab}) and its parts lie inside it")
         return head
 
     @property
     def codes(self) -> int:
         return len(self.code_offsets)
+
+
+def token_embeddings(embedding: nn.Embedding, ids: torch.Tensor, head: FrameHeadConfig) -> torch.Tensor:
+    """The embeddings of ``ids``, a fold's pair ids ([FrameHeadConfig.fold]) as the sum of their
+    two parts' (computed for every id, with no look at the values on the host: no device sync)."""
+    if head.fold is None:
+        return embedding(ids)
+    fold = head.fold
+    base, (first, second), (_, size) = int(fold["base"]), fold["offsets"], fold["sizes"]
+    folded = ids >= base
+    pair = (ids - base).clamp(min=0)
+    one = torch.where(folded, first + pair // size, ids)
+    vectors = embedding(one)
+    other = embedding(second + pair % size)
+    return vectors + other * folded[..., None].to(vectors.dtype)
 
 
 def frame_embeddings(embedding: nn.Embedding, frames: torch.Tensor, head: FrameHeadConfig) -> torch.Tensor:

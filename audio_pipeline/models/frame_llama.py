@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings
+from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings, token_embeddings
 from audio_pipeline.models.llama import LlamaForCausalLM
 from audio_pipeline.models.llama_model import DepthPipelineModel
 
@@ -26,11 +26,13 @@ class FrameLlamaForCausalLM(LlamaForCausalLM):
         self.depth = DepthHead(config.hidden_size, self.frame_head, config.rms_norm_eps)
         #: Codes each position carries (its frame's columns).
         self.codes_per_token = self.frame_head.codes
+        #: Input ids at or past this stand for a pair of ids (a folded prompt); None: none do.
+        self.fold_base = int(self.frame_head.fold["base"]) if self.frame_head.fold else None
 
     def embed(self, input_ids: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
-        """Input embeddings of ``input_ids`` ([T]) with their ``frames`` ([T, C], -1 where a column
-        holds nothing)."""
-        x = self.model.embed_tokens(input_ids)
+        """Input embeddings of ``input_ids`` ([T]; a fold's pair ids included) with their ``frames``
+        ([T, C], -1 where a column holds nothing)."""
+        x = token_embeddings(self.model.embed_tokens, input_ids, self.frame_head)
         if frames is not None:
             x = x + frame_embeddings(self.model.embed_tokens, frames, self.frame_head)
         return x

@@ -42,7 +42,7 @@ def from_checkpoint(run: Path, data: Path, name: str = "checkpoint.pt") -> Path:
     if args.get("layout") == "phoneme-lpc-frame":
         from recipes.builtin_voice.frame_training import config_extra
 
-        extra = config_extra(hidden)
+        extra = config_extra(hidden, folded=args.get("fold_prompt") == "True")
     config = model_config(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=3 * hidden,
                           num_attention_heads=heads, num_key_value_heads=heads, **extra)
     state = torch.load(run / name, map_location="cpu", weights_only=False)
@@ -121,6 +121,8 @@ def export(run: Path, out: Path, *, decoder: str = "lpc", decoder_dir: Path | No
     if "frame_head" in config:  # trained with --layout phoneme-lpc-frame
         manifest.update(family="phoneme-lpc-frame", description=manifest["description"].replace(
             "a 4-layer Llama", "a 4-layer Llama run once per 20 ms frame, with a depth head,"))
+        if config["frame_head"].get("fold"):  # trained with --fold-prompt
+            manifest["layout_options"] = {"prompt": "folded"}
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 

@@ -18,7 +18,8 @@ import torch
 from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, ENVELOPE, PAD, PHONEME, PHONEME_BASE,
                                               PROSODY, alignment_tokens, prompt_ids, slot_token)
 from audio_pipeline.layouts.phoneme_lpc_frame import COLUMNS, frame_head_config
-from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings
+from audio_pipeline.layouts.phoneme_lpc import fold_config
+from audio_pipeline.models.frame_head import DepthHead, FrameHeadConfig, frame_embeddings, token_embeddings
 
 
 @dataclass
@@ -33,10 +34,11 @@ class FrameExample:
         return len(self.ids)
 
 
-def example(phonemes: np.ndarray, durations: np.ndarray, codes: np.ndarray) -> FrameExample:
-    """One utterance (codes: [frames, 2] envelope and prosody codes)."""
+def example(phonemes: np.ndarray, durations: np.ndarray, codes: np.ndarray, folded: bool = False) -> FrameExample:
+    """One utterance (codes: [frames, 2] envelope and prosody codes); ``folded``: the prompt has one
+    position per phoneme (layout_options.prompt folded)."""
     pairs = [(PHONEME_BASE + int(p), int(d)) for p, d in zip(phonemes, durations)]
-    prompt = prompt_ids(pairs)
+    prompt = prompt_ids(pairs, folded=folded)
     alignment = alignment_tokens(pairs)
     count, length = len(alignment), len(prompt)
     if len(codes) != count:
@@ -55,12 +57,15 @@ def example(phonemes: np.ndarray, durations: np.ndarray, codes: np.ndarray) -> F
     return FrameExample(ids, frames, envelope, prosody, length)
 
 
-def examples(data: dict) -> list[FrameExample]:
-    return [example(p, d, c) for p, d, c in zip(data["phonemes"], data["durations"], data["codes"])]
+def examples(data: dict, folded: bool = False) -> list[FrameExample]:
+    return [example(p, d, c, folded) for p, d, c in zip(data["phonemes"], data["durations"], data["codes"])]
 
 
-def config_extra(hidden: int) -> dict:
-    return {"frame_head": {**frame_head_config(), "num_layers": 2, "intermediate_size": 2 * hidden}}
+def config_extra(hidden: int, folded: bool = False) -> dict:
+    head = {**frame_head_config(), "num_layers": 2, "intermediate_size": 2 * hidden}
+    if folded:
+        head["fold"] = fold_config()
+    return {"frame_head": head}
 
 
 def extend(model, config) -> None:
@@ -103,7 +108,7 @@ def loss(model, tensors) -> tuple[torch.Tensor, dict[str, float]]:
     ids, frames, mask, envelope, prosody = tensors
     embedding = model.model.embed_tokens
     head = model.depth.head
-    inputs = embedding(ids) + frame_embeddings(embedding, frames, head)
+    inputs = token_embeddings(embedding, ids, head) + frame_embeddings(embedding, frames, head)
     hidden = model.model(inputs_embeds=inputs, attention_mask=mask).last_hidden_state
     keep = envelope >= 0
     states, env, pros = hidden[keep], envelope[keep], prosody[keep]

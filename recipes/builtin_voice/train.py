@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(recipes/builtin_voice/frame_training.py)")
     parser.add_argument("--save-dtype", default="float16", choices=["float16", "float32"],
                         help="dtype of the saved model.safetensors")
+    parser.add_argument("--fold-prompt", action="store_true",
+                        help="with --layout phoneme-lpc-frame: one prompt position per phoneme (its id stands for the "
+                             "phoneme and its duration; layout_options.prompt folded), half the prompt")
     parser.add_argument("--validation", type=Path,
                         help="a validation dataset (teacher_dataset.py --split validation): its loss (no corrupted "
                              "inputs) is logged every --validate-every steps and the best step's weights kept in "
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.layout == "phoneme-lpc-frame":
         from recipes.builtin_voice import frame_training as frame_task
 
-        examples = frame_task.examples(data)
+        examples = frame_task.examples(data, folded=args.fold_prompt)
         lengths = [len(e) for e in examples]
     else:
         examples = [sequence(p, d, c) for p, d, c in zip(data["phonemes"], data["durations"], data["codes"])]
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.validation:
         held = load(args.validation)
         if frame_task:
-            v_examples = frame_task.examples(held)
+            v_examples = frame_task.examples(held, folded=args.fold_prompt)
             v_lengths = [len(e) for e in v_examples]
         else:
             v_examples = [sequence(p, d, c) for p, d, c in zip(held["phonemes"], held["durations"], held["codes"])]
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     config = LlamaConfig(**model_config(num_hidden_layers=args.layers, hidden_size=args.hidden,
                                         intermediate_size=3 * args.hidden, num_attention_heads=args.heads,
                                         num_key_value_heads=args.heads,
-                                        **(frame_task.config_extra(args.hidden) if frame_task else {})))
+                                        **(frame_task.config_extra(args.hidden, folded=args.fold_prompt)
+                                           if frame_task else {})))
     model = LlamaForCausalLM(config)
     if frame_task:
         frame_task.extend(model, config)
