@@ -236,3 +236,13 @@ def test_a_spread_round_starts_its_streams_evenly_and_times_each_from_its_own_st
     # The last stream starts 0.9 s in: the round lasts at least that; no TTFA includes the wait.
     assert wall >= 0.9
     assert max(r.ttfa for r in results) < wall - 0.5
+
+
+def test_with_several_rounds_every_stream_of_every_round_counts_toward_holding():
+    """Two rounds of 2 streams: 4 results; one stalled stream means 3/4 hold and N=2 does not pass."""
+    held, stalled = StreamResult(0.1, 0.5, 0.0, 1.0), StreamResult(0.1, 0.5, 1.0, 1.0)
+    split = fake_round().split
+    summary = RoundSummary(2, [held, held, held, stalled], wall=2.0, steps=400, split=split, decode_ms=3.0)
+    assert summary.holding == 3 and not summary.passes
+    assert "   3/4" in summary.row()
+    assert RoundSummary(2, [held] * 4, wall=2.0, steps=400, split=split, decode_ms=3.0).passes

@@ -345,7 +345,7 @@ class RoundSummary:
 
     @property
     def passes(self) -> bool:
-        return self.holding == self.count and self.ttfa_p99 < TTFA_P99_LIMIT_S
+        return self.holding == len(self.results) and self.ttfa_p99 < TTFA_P99_LIMIT_S
 
     def row(self) -> str:
         ttfa = [r.ttfa for r in self.results]
@@ -353,7 +353,7 @@ class RoundSummary:
         split = " ".join(f"{self.split[p]:>6.2f}" for p in PHASES)
         return (f"{self.count:>4} {1000 * percentile(ttfa, 50):>8.0f} {1000 * percentile(ttfa, 99):>8.0f} "
                 f"{statistics.median(r.rtf for r in self.results):>7.3f} "
-                f"{self.holding:>4}/{self.count:<4} {max(r.stall for r in self.results):>7.2f} "
+                f"{self.holding:>4}/{len(self.results):<4} {max(r.stall for r in self.results):>7.2f} "
                 f"{1000 * self.ttft:>6.0f} "
                 f"{audio / self.wall:>7.1f}x {self.steps / self.wall:>7.0f} {split}")
 
