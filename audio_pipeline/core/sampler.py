@@ -227,6 +227,7 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
     """
     codebook = rows.codebook_size
     scores = scores.float()
+    host = not sync_free and scores.device.type == "cpu"  # reading the scores back is free
     if rows.penalized:  # the penalties act on the codebook's columns; stop ids are never counted
         codes = scores[:, :codebook]
         seen = counts > 0
@@ -255,9 +256,9 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
         sampled = None
         if width > NUCLEUS_PREFIX and (rows.prefix_suffices or (not sync_free and rows.prefix_may_suffice)):
             sampled = _sample_nucleus(scores=scaled, top_k=top_k, min_p=min_p, top_p=top_p, uniform=uniform,
-                                      prefix=NUCLEUS_PREFIX, check=not rows.prefix_suffices)
+                                      prefix=NUCLEUS_PREFIX, check=not rows.prefix_suffices, host=host)
         if sampled is None:
-            sampled = _sample_nucleus(scaled, top_k, min_p, top_p, uniform, width)
+            sampled = _sample_nucleus(scaled, top_k, min_p, top_p, uniform, width, host=host)
         chosen = torch.where(temperature[:, 0] == 0, chosen, sampled)
     stop = device_rows.extra_ids.gather(1, (chosen - codebook).clamp_min(0)[:, None])[:, 0]
     return torch.where(chosen < codebook, device_rows.starts + chosen, stop)
@@ -302,8 +303,24 @@ def _finite_or_excluded(scores: torch.Tensor) -> torch.Tensor:
 NUCLEUS_PREFIX = 64
 
 
+def _ranked_on_host(scores: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``prefix`` best scores, best first, and their columns (the whole row ranked when
+    ``prefix`` covers it), for scores on the CPU. numpy's partition and sort do it in a fraction of
+    torch's CPU topk and sort (64 rows of 1,024: 0.17 ms against 0.56 for the best 64, 0.49 ms
+    against 2.9 for a whole sort). Equal scores may come in another order than torch's, the same
+    for the same row whatever the batch (a row's order depends on its own values only)."""
+    values = scores.numpy()
+    negated = -values
+    if prefix >= values.shape[1]:
+        order = np.argsort(negated, axis=1)
+    else:
+        best = np.argpartition(negated, prefix - 1, axis=1)[:, :prefix]
+        order = np.take_along_axis(best, np.argsort(np.take_along_axis(negated, best, 1), axis=1), 1)
+    return torch.from_numpy(np.take_along_axis(values, order, 1)), torch.from_numpy(order)
+
+
 def _sample_nucleus(scores: torch.Tensor, top_k, min_p: torch.Tensor, top_p: torch.Tensor,
-                    uniform: torch.Tensor, prefix: int, check: bool = True) -> torch.Tensor | None:
+                    uniform: torch.Tensor, prefix: int, check: bool = True, host: bool = False) -> torch.Tensor | None:
     """Top-k, min-p and top-p filtering, then one draw per row, over each row's ``prefix`` best
     candidates; with ``check``, None when a row's kept set might reach past them (then call again
     with the whole row: ``prefix = scores.shape[1]``). ``check`` reads the scores on the host;
@@ -315,7 +332,9 @@ def _sample_nucleus(scores: torch.Tensor, top_k, min_p: torch.Tensor, top_p: tor
     by top_p anyway.
     """
     width = scores.shape[1]
-    if prefix >= width:
+    if host:  # the scores may be read on the host (a CPU engine): ranked by numpy
+        ordered, order = _ranked_on_host(scores, prefix)
+    elif prefix >= width:
         ordered, order = scores.sort(dim=1, descending=True)
     else:
         ordered, order = scores.topk(prefix, dim=1)
