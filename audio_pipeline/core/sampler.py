@@ -309,14 +309,13 @@ def _ranked_on_host(scores: torch.Tensor, prefix: int) -> tuple[torch.Tensor, to
     torch's CPU topk and sort (64 rows of 1,024: 0.17 ms against 0.56 for the best 64, 0.49 ms
     against 2.9 for a whole sort). Equal scores may come in another order than torch's, the same
     for the same row whatever the batch (a row's order depends on its own values only)."""
-    values = scores.numpy()
-    negated = -values
-    if prefix >= values.shape[1]:
-        order = np.argsort(negated, axis=1)
-    else:
-        best = np.argpartition(negated, prefix - 1, axis=1)[:, :prefix]
-        order = np.take_along_axis(best, np.argsort(np.take_along_axis(negated, best, 1), axis=1), 1)
-    return torch.from_numpy(np.take_along_axis(values, order, 1)), torch.from_numpy(order)
+    negated = -scores.numpy()
+    if prefix >= negated.shape[1]:
+        order = torch.from_numpy(np.argsort(negated, axis=1))
+        return scores.gather(1, order), order
+    best = torch.from_numpy(np.argpartition(negated, prefix - 1, axis=1)[:, :prefix])
+    ordered, within = scores.gather(1, best).sort(dim=1, descending=True)  # a small sort: 64 a row
+    return ordered, best.gather(1, within)
 
 
 def _sample_nucleus(scores: torch.Tensor, top_k, min_p: torch.Tensor, top_p: torch.Tensor,
