@@ -318,3 +318,25 @@ def test_the_client_library_sends_ssml_and_pronunciations(server):
                                   pronunciations=[{"word": "tomato", "phonemes": "təˈmɑːtoʊ"}])
         assert [w.text for w in given.words] == ["Say", "tomato"]
         assert not np.array_equal(plain.samples, given.samples)
+
+
+@pytest.mark.slow
+def test_the_cli_client_speaks_ssml_with_pronunciations(server, tmp_path, capsys):
+    from audio_pipeline_client.cli import main
+
+    lexicon = tmp_path / "lexicon.json"
+    lexicon.write_text(json.dumps([{"word": "tomato", "phonemes": "təˈmɑːtoʊ"}]))
+    document = "<speak>Say <sub alias='tomato'>TMT</sub>.</speak>"
+    out, timings = tmp_path / "out.wav", tmp_path / "words.json"
+    assert main(["--server", server.target, "--text", document, "--pronunciations", str(lexicon), "--output", str(out),
+                 "--timings", str(timings), "--quiet"]) == 0
+    words = json.loads(timings.read_text())["words"]
+    assert [(w["text"], document[w["text_start"]:w["text_end"]]) for w in words] == [("Say", "Say"), ("TMT", "TMT")]
+    assert sf.info(str(out)).duration > 0.3
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["--server", server.target, "--text", "Hi", "--pronunciations", str(tmp_path / "bad.json"),
+                 "--output", str(out), "--quiet"]) != 0
+    assert "must be a JSON list" in capsys.readouterr().err
+    assert main(["--server", server.target, "--ssml", "--text", "<speak>Hi <b/></speak>", "--output", str(out),
+                 "--quiet"]) != 0
+    assert "<b> is not supported" in capsys.readouterr().err

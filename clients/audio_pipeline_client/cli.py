@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -129,6 +130,11 @@ def synthesize_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-normalize", dest="normalize_text", action="store_const", const=False,
                         help="speak the text as written (by default numbers, money, dates, units and the "
                              "like are read as words first, e.g. '$5' as 'five dollars')")
+    parser.add_argument("--ssml", action="store_true", default=None,
+                        help="the text is SSML (a text that starts with <speak is taken as SSML anyway)")
+    parser.add_argument("--pronunciations", metavar="FILE",
+                        help="how to say some words: a JSON list of {\"word\", \"phonemes\" (IPA)} or "
+                             "{\"word\", \"respelling\"} objects")
     parser.add_argument("--timings", metavar="FILE",
                         help="write each word's start and end in the audio (and where it is in the text): "
                              "WebVTT captions when FILE ends in .vtt, JSON otherwise")
@@ -278,6 +284,19 @@ def live_lines(args: argparse.Namespace):
             stream.close()
 
 
+def read_pronunciations(path: str | None) -> list[dict] | None:
+    """The entries of a --pronunciations file (the server checks them; here only their form)."""
+    if path is None:
+        return None
+    try:
+        entries = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CommandError(f"--pronunciations {path}: {error}") from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("word"), str) for e in entries):
+        raise CommandError(f"--pronunciations {path}: must be a JSON list of objects with a word")
+    return entries
+
+
 def synthesize(args: argparse.Namespace) -> int:
     if args.live and args.reference_audio is not None:
         raise CommandError("--reference-audio cannot be used with --live")
@@ -312,7 +331,12 @@ def synthesize(args: argparse.Namespace) -> int:
                        repetition_penalty=args.repetition_penalty, sample_rate=args.sample_rate, encoding=encoding,
                        request_id=args.request_id, min_p=args.min_p, frequency_penalty=args.frequency_penalty,
                        presence_penalty=args.presence_penalty, stop_token_ids=args.stop_token_id,
-                       normalize_text=args.normalize_text, speed=args.speed)
+                       normalize_text=args.normalize_text, speed=args.speed,
+                       pronunciations=read_pronunciations(args.pronunciations))
+        if args.ssml and args.live:
+            raise CommandError("--ssml takes a whole text (live text is plain text)")
+        if not args.live:
+            options["ssml"] = args.ssml
         with connect(args) as client:
             chunks = (client.stream_text(live_lines(args), **options) if args.live else
                       client.stream(text, reference_audio=reference_audio,
