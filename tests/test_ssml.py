@@ -80,6 +80,7 @@ def test_say_as_readings(kind, text, spoken):
     ("<speak>Hi\n  <prosody pitch='high'>x</prosody></speak>", "<prosody> attribute 'pitch' is not supported (supported: rate) (at line 2, column 3)"),
     ("<speak>Hi <break time='5 minutes'/></speak>", "<break> time='5 minutes' is not a duration like 500ms or 1.5s"),
     ("<speak>Hi <break time='11s'/></speak>", "over the longest break, 10 s"),
+    ("<speak>Hi" + "<break time='10s'/>" * 13 + "</speak>", "the document's breaks add up to over 120 s of silence"),
     ("<speak><prosody rate='10'>x</prosody></speak>", "makes the rate 10, out of range: 0.25 to 4"),
     ("<speak><say-as interpret-as='date'>13/45/2020</say-as></speak>", "'13/45/2020' is not a date in format mdy (at line 1, column 8)"),
     ("<speak><say-as interpret-as='fraction'>1/2</say-as></speak>", "interpret-as='fraction' is not supported"),

@@ -32,8 +32,10 @@ from audio_pipeline.text.segment import PAUSES, ending_pause, segments
 #: Silence a ``<break>`` strength stands for (seconds); "medium" is a sentence's pause.
 BREAK_STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.2, "medium": PAUSES["sentence"], "strong": 0.6,
                    "x-strong": 1.0}
-#: The longest ``<break>`` (the platforms' usual limit).
+#: The longest ``<break>`` (the platforms' usual limit), and the most silence one document's breaks
+#: may add up to (so a document cannot ask for hours of silence, one 10 s break at a time).
 MAX_BREAK_SECONDS = 10.0
+MAX_TOTAL_BREAK_SECONDS = 120.0
 #: The pause after a ``<p>`` (a ``<s>`` ends with a sentence's).
 PARAGRAPH_PAUSE = 0.6
 #: ``<prosody rate>`` keywords, as multiples of the request's speed.
@@ -121,6 +123,7 @@ class _Reader:
         self.items: list[_Text | _Stop] = []
         self.stack: list[_Open] = []
         self.pending: tuple[str, int] | None = None  # character data waiting for where it ends
+        self.silence = 0.0  # seconds of <break> so far
         self.parser = xml.parsers.expat.ParserCreate()
         p = self.parser
         p.StartElementHandler, p.EndElementHandler = self.start, self.end
@@ -256,11 +259,17 @@ class _Reader:
             if seconds > self.max_break:
                 raise self.fail(f"<break> time={attrs['time']!r} is over the longest break, {self.max_break:g} s",
                                 offset)
-            return seconds
+            return self._counted(seconds, offset)
         strength = attrs.get("strength", "medium")
         if strength not in BREAK_STRENGTHS:
             raise self.fail(f"<break> strength={strength!r} is not one of {', '.join(BREAK_STRENGTHS)}", offset)
-        return BREAK_STRENGTHS[strength]
+        return self._counted(BREAK_STRENGTHS[strength], offset)
+
+    def _counted(self, seconds: float, offset: int) -> float:
+        self.silence += seconds
+        if self.silence > MAX_TOTAL_BREAK_SECONDS:
+            raise self.fail(f"the document's breaks add up to over {MAX_TOTAL_BREAK_SECONDS:g} s of silence", offset)
+        return seconds
 
     def _replacement(self, element: _Open) -> None:
         """A <say-as>, <sub> or <phoneme>: its words, standing for its whole content."""
