@@ -341,3 +341,36 @@ def test_the_cli_client_speaks_ssml_with_pronunciations(server, tmp_path, capsys
     assert main(["--server", server.target, "--ssml", "--text", "<speak>Hi <b/></speak>", "--output", str(out),
                  "--quiet"]) != 0
     assert "<b> is not supported" in capsys.readouterr().err
+
+
+def test_mangled_documents_are_read_or_refused_never_a_crash():
+    """Random edits of a full document (markup characters, element names, cut tags): every one is
+    either read (and then no markup is spoken) or refused with InvalidArgument naming the text."""
+    import random
+
+    rng = random.Random(5)
+    pieces = ["<", ">", "/", "&", "&amp;", "&#x41;", "&#0;", '"', "'", "=", " ", "speak", "break", "prosody",
+              "say-as", "sub", "phoneme", "rate", "time", "ph", "<s>", "</s>", "<p>", "]]>", "<!--", "-->", "\x00",
+              "<![CDATA[", "é", "\n"]
+    read = refused = 0
+    for _ in range(1500):
+        text = DOCUMENT
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(text))
+            if rng.random() < 0.5:
+                text = text[:at] + rng.choice(pieces) + text[at:]
+            else:
+                text = text[:at] + text[at + rng.randint(1, 8):]
+        try:
+            found = ssml.parse(text)
+        except InvalidArgument as error:
+            assert error.field == "text" and str(error).startswith("text: SSML: ")
+            refused += 1
+            continue
+        read += 1
+        for segment in found:
+            spoken = segment.normalized.spoken
+            assert "<" not in spoken and ">" not in spoken
+            for span in segment.normalized.spans:  # every word maps inside the document
+                assert 0 <= span.source_start <= span.source_end <= len(segment.normalized.original)
+    assert read > 100 and refused > 100

@@ -131,6 +131,7 @@ class _Reader:
         p.StartDoctypeDeclHandler = self.doctype
         p.EntityDeclHandler = self.doctype
         p.ProcessingInstructionHandler = self.instruction
+        p.StartCdataSectionHandler = self.cdata
         p.buffer_text = False
 
     # --- positions ---------------------------------------------------------------------------------
@@ -157,6 +158,8 @@ class _Reader:
         self.pending = None
         finish = self.offset()
         if finish - begin == len(data):
+            if ">" in data:  # XML allows it in text, but here it is a tag's broken remains
+                raise self.fail("a '>' outside a tag (write &gt; for the character)", begin + data.index(">"))
             starts = list(range(begin, finish))
             ends = [s + 1 for s in starts]
         else:  # an entity or character reference: every character is the whole of it
@@ -176,6 +179,9 @@ class _Reader:
 
     def doctype(self, *_args) -> None:
         raise self.fail("a document type declaration is not allowed")
+
+    def cdata(self) -> None:
+        raise self.fail("a CDATA section is not allowed (escape the text: &lt; &amp;)")
 
     def instruction(self, target, _data) -> None:
         raise self.fail(f"processing instruction <?{target}?> is not allowed")
