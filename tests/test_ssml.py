@@ -251,7 +251,7 @@ def test_the_websocket_speaks_a_whole_ssml_document_and_refuses_markup_in_live_t
         socket.send(json.dumps({"type": "start", "context_id": "b"}))
         socket.send(json.dumps({"type": "text", "context_id": "b", "text": "<speak>Hi</speak>"}))
         event = json.loads(socket.recv(timeout=60))
-        assert event["type"] == "error" and "SSML comes whole" in event["message"]
+        assert event["type"] == "error" and event["param"] == "text" and "SSML comes whole" in event["message"]
 
 
 @pytest.mark.slow

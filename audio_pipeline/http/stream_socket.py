@@ -81,8 +81,12 @@ class StreamSocket:
             else:
                 await self.websocket.send_json(message)
 
-    async def error(self, context_id: str | None, error: RequestError | str, param: str | None = None) -> None:
-        message, param = error_fields(error) if isinstance(error, RequestError) else (error, param)
+    async def error(self, context_id: str | None, error: RequestError | str, param: str | None = None,
+                    kind: str | None = None) -> None:
+        if isinstance(error, RequestError) and kind == "text" and error.field == "text":
+            message, param = f"text: {error.detail}", "text"  # the text message's own field, not a start's input
+        else:
+            message, param = error_fields(error) if isinstance(error, RequestError) else (error, param)
         await self.send({"type": "error", "context_id": context_id, "message": message, "param": param})
 
     async def run(self) -> None:
@@ -99,7 +103,9 @@ class StreamSocket:
                 try:
                     await self._handle(message)
                 except RequestError as error:
-                    await self.error(message.get("context_id") if isinstance(message, dict) else None, error)
+                    is_object = isinstance(message, dict)
+                    await self.error(message.get("context_id") if is_object else None, error,
+                                     kind=message.get("type") if is_object else None)
         finally:
             speaker.cancel()
             for utterance in self.utterances.values():
