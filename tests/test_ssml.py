@@ -275,6 +275,8 @@ def test_pronunciations_change_what_the_built_in_voice_says(server):
     respelled = units("Say WWW.", pronunciations=from_entries([{"word": "www", "respelling": "world wide web"}]))
     assert respelled == units("Say world wide web.")
     assert layout.takes_pronunciations
+    with pytest.raises(InvalidArgument, match="SSML is read by the speech service"):
+        requests.create_context("<speak>Hi</speak>")  # one context would read its markup out
     # Over HTTP, with word timings on the word as written.
     samples, _ = wav(server, "Say tomato.", pronunciations=[{"word": "tomato", "phonemes": "təˈmɑːtoʊ"}])
     assert len(samples) > 8000

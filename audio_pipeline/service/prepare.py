@@ -16,6 +16,7 @@ from audio_pipeline.errors import InvalidArgument, NotFound, echo
 from audio_pipeline.text.lexicon import Overrides
 from audio_pipeline.text.normalize import NormalizedText, normalize
 from audio_pipeline.text.pronunciations import Lexicon, respell
+from audio_pipeline.text.ssml import is_ssml
 from audio_pipeline.text.timings import word_timings
 from audio_pipeline.service.voices import VoicePrompt, check_reference_size, check_transcript, read_reference_audio
 
@@ -63,6 +64,9 @@ class RequestPreparer:
         request once and builds its segments with :meth:`segment_context`); InvalidArgument or
         NotFound naming the field otherwise."""
         self.check_text(text)
+        if is_ssml(text):  # its markup would be read out as words here
+            raise InvalidArgument("SSML is read by the speech service (the servers, `audio-pipeline synthesize`, "
+                                  "SpeechService.open); one context takes plain text", field="text")
         if request_id is not None:
             self.check_request_id(request_id)
         if speed is not None:
