@@ -246,3 +246,24 @@ def test_with_several_rounds_every_stream_of_every_round_counts_toward_holding()
     assert summary.holding == 3 and not summary.passes
     assert "   3/4" in summary.row()
     assert RoundSummary(2, [held] * 4, wall=2.0, steps=400, split=split, decode_ms=3.0).passes
+
+
+def test_the_server_runs_the_tree_the_benchmark_imported(tmp_path):
+    """Whatever the working directory, the spawned server imports this checkout's audio_pipeline:
+    its command puts this tree first on sys.path (python -m would put the working directory there)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import audio_pipeline
+    from audio_pipeline.bench import serve
+
+    decoy = tmp_path / "audio_pipeline"  # another checkout's package in the working directory
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")
+    probe = serve.SERVE_THIS_TREE.split("from audio_pipeline.cli")[0] + "import audio_pipeline; print(audio_pipeline.__file__)"
+    printed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    plain = subprocess.run([sys.executable, "-c", "import audio_pipeline; print(audio_pipeline.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, check=True)
+    assert Path(plain.stdout.strip()) == decoy / "__init__.py"  # what the old `python -m` command ran into
+    assert Path(printed.stdout.strip()) == Path(audio_pipeline.__file__)

@@ -136,6 +136,15 @@ class ServerStartError(RuntimeError):
     """The server exited, or did not get ready within the start-up limit; the message names its log."""
 
 
+#: The server runs the very code this benchmark imported (the tree holding this audio_pipeline, its
+#: kernels and client), whatever the working directory: ``python -m`` would put the working directory
+#: first, so a benchmark of another checkout (a git worktree on PYTHONPATH) run from this one would
+#: time this checkout's server.
+_TREE = Path(__file__).resolve().parents[2]
+SERVE_THIS_TREE = (f"import sys; sys.path[:0] = {[str(_TREE), str(_TREE / 'kernels'), str(_TREE / 'clients')]!r}; "
+                   "from audio_pipeline.cli import main; sys.argv[0] = 'audio-pipeline'; sys.exit(main())")
+
+
 class Server:
     """`audio-pipeline serve` in a subprocess, on free ports, with /metrics. Its stderr goes to
     ``log_path`` (else a temporary file). ``start_timeout``: seconds it may take to listen."""
@@ -146,7 +155,7 @@ class Server:
         self.start_timeout = start_timeout
         self.log = (open(log_path, "w") if log_path else
                     tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False, mode="w"))
-        command = [sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+        command = [sys.executable, "-c", SERVE_THIS_TREE, "serve", "--host", "127.0.0.1", "--port", "0",
                    "--metrics-port", str(self.metrics_port), "--log-level", log_level]
         if model:
             command += ["--model", model]
