@@ -376,3 +376,10 @@ def test_mangled_documents_are_read_or_refused_never_a_crash():
             for span in segment.normalized.spans:  # every word maps inside the document
                 assert 0 <= span.source_start <= span.source_end <= len(segment.normalized.original)
     assert read > 100 and refused > 100
+
+
+def test_a_replaced_contents_place_is_found_whatever_its_attributes_and_entities_hold():
+    document = "<speak>Read <sub alias='a&gt;b'> WWW </sub> and <say-as interpret-as='digits'>&#x31;23</say-as>.</speak>"
+    words = spoken_and_sources(document)[0][1]
+    assert [w for w in words if w[1] != w[0]] == [("a", "WWW"), (">", "WWW"), ("b", "WWW"), ("one", "&#x31;23"),
+                                                ("two", "&#x31;23"), ("three", "&#x31;23")]

@@ -112,6 +112,9 @@ class _Open:
     offset: int
     rate: float
     text: list[str] = field(default_factory=list)
+    #: Where each character of ``text`` is in the document (its start, its end).
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
 
 
 class _Reader:
@@ -165,7 +168,10 @@ class _Reader:
         else:  # an entity or character reference: every character is the whole of it
             starts, ends = [begin] * len(data), [finish] * len(data)
         if self.stack and self.stack[-1].name in TEXT_ONLY:
-            self.stack[-1].text.append(data)
+            element = self.stack[-1]
+            element.text.append(data)
+            element.starts += starts
+            element.ends += ends
             return
         if not self.stack:
             if data.strip():
@@ -283,11 +289,9 @@ class _Reader:
         inner = content.strip()
         if not inner:
             raise self.fail(f"<{element.name}> is empty", element.offset)
-        # The content's place in the document: after the start tag, up to the end tag.
-        tag_end = self.source.index(">", element.offset) + 1
+        # The content's place in the document, blanks around it left out.
         lead = len(content) - len(content.lstrip())
-        begin = tag_end + lead if self.source[tag_end:tag_end + len(content)] == content else tag_end
-        finish = begin + len(inner) if self.source[begin:begin + len(inner)] == inner else self.offset()
+        begin, finish = element.starts[lead], element.ends[lead + len(inner) - 1]
         if element.name == "phoneme":
             spoken, fixed, ipa = inner, False, element.attrs["ph"].strip()
         elif element.name == "sub":
