@@ -102,10 +102,8 @@ class SegmentedSynthesis:
         found = await asyncio.get_running_loop().run_in_executor(
             self.executor, functools.partial(parse, document, normalize_text=normalize_text,
                                              max_segment_chars=self.max_segment_chars))
-        for piece in found:
-            normalized = piece.normalized
-            self.add_segment(Segment(normalized.spoken, piece.start, piece.start + len(normalized.original),
-                                     piece.pause, normalized, piece.rate, piece.phonemes))
+        for segment in found:
+            self.add_segment(segment)
 
     def add_segment(self, segment: Segment) -> None:
         self.segments.append(segment)

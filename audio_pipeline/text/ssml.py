@@ -22,12 +22,12 @@ import bisect
 import itertools
 import re
 import xml.parsers.expat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.text import normalize as spoken_forms
 from audio_pipeline.text.normalize import NormalizedText, Span, normalize
-from audio_pipeline.text.segment import PAUSES, ending_pause, segments
+from audio_pipeline.text.segment import PAUSES, Segment, ending_pause, segments
 
 #: Silence a ``<break>`` strength stands for (seconds); "medium" is a sentence's pause.
 BREAK_STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.2, "medium": PAUSES["sentence"], "strong": 0.6,
@@ -62,23 +62,6 @@ LETTERS = {"a": "ay", "b": "bee", "c": "see", "d": "dee", "e": "ee", "f": "eff",
 def is_ssml(text: str) -> bool:
     """Whether a request's text is an SSML document (it starts with ``<speak``)."""
     return text.lstrip().startswith("<speak")
-
-
-@dataclass(frozen=True)
-class SsmlSegment:
-    """One piece of the document spoken as one generation."""
-
-    #: ``original``: the document from the segment's first source character to its last; spans
-    #: map every spoken word into it.
-    normalized: NormalizedText
-    #: Where ``normalized.original`` starts in the document.
-    start: int
-    #: Seconds of silence after it.
-    pause: float
-    #: The rate it is spoken at, as a multiple of the request's speed.
-    rate: float = 1.0
-    #: (start, end) in ``normalized.spoken`` of each ``<phoneme>``'s words, and its IPA.
-    phonemes: tuple[tuple[int, int, str], ...] = ()
 
 
 @dataclass
@@ -406,11 +389,15 @@ def _block(items: list[_Text], normalize_text: bool):
 
 
 def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 400,
-          max_break: float = MAX_BREAK_SECONDS) -> list[SsmlSegment]:
-    """The segments an SSML document speaks, in order; InvalidArgument (field ``text``) naming the
-    element and its place for anything malformed or unsupported, or a document with nothing to say."""
+          max_break: float = MAX_BREAK_SECONDS) -> list[Segment]:
+    """The segments an SSML document speaks, in order (text/segment.py's, with their words already
+    read out in ``normalized``, whose ``original`` is the document from the segment's first source
+    character to its last, ``start`` where that is in the document, the ``rate`` as a multiple of
+    the request's speed, and each ``<phoneme>``'s (start, end, IPA) in ``phonemes``);
+    InvalidArgument (field ``text``) naming the element and its place for anything malformed or
+    unsupported, or a document with nothing to say."""
     items = _Reader(source, max_break).read()
-    out: list[SsmlSegment] = []
+    out: list[Segment] = []
     run: list[_Text] = []
     explicit = False  # the last segment's pause was set by a <break>
 
@@ -422,10 +409,10 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
             run.clear()
             if out and stop is not None and stop.pause is not None:
                 if stop.explicit:  # breaks in a row add up; a break replaces a boundary's pause
-                    out[-1] = _with_pause(out[-1], out[-1].pause + stop.pause if explicit else stop.pause)
+                    out[-1] = replace(out[-1], pause=out[-1].pause + stop.pause if explicit else stop.pause)
                     explicit = True
                 elif not explicit:
-                    out[-1] = _with_pause(out[-1], stop.pause)
+                    out[-1] = replace(out[-1], pause=stop.pause)
             return
         spoken, spans, phonemes = _block(run, normalize_text)
         rate = run[0].rate
@@ -444,9 +431,9 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
             pause = piece.pause
             if number == len(pieces) - 1 and stop is None:  # mid-sentence: the punctuation's pause only
                 pause = ending_pause(piece.text)
-            out.append(SsmlSegment(normalized, start, pause, rate, marks))
+            out.append(Segment(normalized.spoken, start, end, pause, normalized, rate, marks))
         if stop is not None and stop.pause is not None:
-            out[-1] = _with_pause(out[-1], stop.pause)
+            out[-1] = replace(out[-1], pause=stop.pause)
         explicit = stop is not None and stop.explicit
 
     for item in items:
@@ -468,9 +455,3 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
 
 def _plain(item: _Text) -> bool:
     return not item.fixed and item.ipa is None
-
-
-def _with_pause(segment: SsmlSegment, pause: float) -> SsmlSegment:
-    import dataclasses
-
-    return dataclasses.replace(segment, pause=pause)
