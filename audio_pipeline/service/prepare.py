@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.sampler import SamplingParams
 from audio_pipeline.errors import InvalidArgument, NotFound, echo
+from audio_pipeline.text.ipa import ipa_units
 from audio_pipeline.text.lexicon import Overrides
 from audio_pipeline.text.normalize import NormalizedText, normalize
 from audio_pipeline.text.pronunciations import Lexicon, respell
@@ -45,8 +46,11 @@ class RequestSettings:
     instructions: str | None = None
     #: The language to speak, for a layout that takes_language (None: the model's setting).
     language: str | None = None
-    #: Pronunciations: the voice's lexicon with the request's entries over it.
-    lexicon: Lexicon = Lexicon()
+    #: Pronunciations (the voice's lexicon with the request's entries over it), worked out once
+    #: for every segment: word -> respelling, and (word, the voice's units) where the layout
+    #: takes_pronunciations.
+    respellings: dict = dataclasses.field(default_factory=dict)
+    phoneme_units: tuple = ()
 
 
 class RequestPreparer:
@@ -161,10 +165,27 @@ class RequestPreparer:
         lexicon = lexicons.get("*", Lexicon()).merged(lexicons.get(voice or "", Lexicon())).merged(
             pronunciations or Lexicon())
         return RequestSettings(
-            voice=voice, reference=reference, speed=speed, sampling=sampling, lexicon=lexicon,
+            voice=voice, reference=reference, speed=speed, sampling=sampling, respellings=lexicon.respellings(),
+            phoneme_units=lexicon.phoneme_units() if self.engine.layout.takes_pronunciations else (),
             normalize_text=self.engine.config.normalize_text if normalize_text is None else normalize_text,
             explicit_max_tokens=sampling_overrides.get("max_tokens") is not None,
             instructions=instructions.strip() or None if instructions else None, language=language or None)
+
+    def check_rates(self, settings: RequestSettings, rates) -> None:
+        """InvalidArgument naming ``text`` unless every SSML <prosody> rate (a multiple of the
+        request's speed) can be spoken: the model speaks at any speed (else a request's speed
+        time-stretches the whole stream), and rate x speed stays within MIN_SPEED..MAX_SPEED.
+        Checked up front, before any audio."""
+        changed = [rate for rate in rates if rate != 1.0]
+        if not changed:
+            return
+        if not self.engine.speaks_at_any_speed:
+            raise InvalidArgument(f"SSML <prosody rate>: this model ({self.engine.manifest.family} layout) speaks at "
+                                  "one speed; a request's speed time-stretches the whole stream instead", field="text")
+        for rate in changed:
+            if not MIN_SPEED <= settings.speed * rate <= MAX_SPEED:
+                raise InvalidArgument(f"SSML <prosody rate> times the request's speed is {settings.speed * rate:g}, "
+                                      f"out of range: {MIN_SPEED} to {MAX_SPEED}", field="text")
 
     def _voice_description(self, voice: str | None, instructions: str | None) -> str:
         """The description a described-voice model speaks with: the instructions where given, else
@@ -195,26 +216,15 @@ class RequestPreparer:
         if normalized is None:
             normalized = normalize(text) if settings.normalize_text else NormalizedText(text, text)
         layout = self.engine.layout
-        normalized, phonemes = respell(normalized, settings.lexicon.respellings(), phonemes)
-        speed = settings.speed * rate
-        if rate != 1.0:
-            if not self.engine.speaks_at_any_speed:
-                raise InvalidArgument(f"SSML <prosody rate>: this model ({self.engine.manifest.family} layout) "
-                                      "speaks at one speed", field="text")
-            if not MIN_SPEED <= speed <= MAX_SPEED:
-                raise InvalidArgument(f"SSML <prosody rate> times the request's speed is {speed:g}, out of range: "
-                                      f"{MIN_SPEED} to {MAX_SPEED}", field="text")
+        normalized, phonemes = respell(normalized, settings.respellings, phonemes)
+        speed = settings.speed * rate  # checked with check_rates
         extra = {"instructions": settings.instructions} if layout.takes_instructions else {}
         if layout.takes_language:
             extra["language"] = settings.language
         aligned = {}
-        if layout.takes_pronunciations and (phonemes or settings.lexicon):
-            from audio_pipeline.text.ipa import ipa_units
-
-            overrides = Overrides(settings.lexicon.phoneme_units(),
-                                  tuple((a, b, ipa_units(ipa, field="text")) for a, b, ipa in phonemes))
-            if overrides.words or overrides.spans:
-                aligned["overrides"] = overrides
+        if layout.takes_pronunciations and (phonemes or settings.phoneme_units):
+            aligned["overrides"] = Overrides(settings.phoneme_units,
+                                             tuple((a, b, ipa_units(ipa, field="text")) for a, b, ipa in phonemes))
         prompt = layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
                                      speed=speed, **extra, **aligned)
         aligned_words = layout.word_frames(normalized.spoken, speed=speed, **aligned)

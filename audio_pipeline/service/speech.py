@@ -21,8 +21,8 @@ from contextlib import aclosing
 
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.errors import (AlreadyExists, GenerationFailed, InvalidArgument, RequestError,
-                                   ResourceExhausted, ServerCancelled, Unavailable, echo)
+from audio_pipeline.errors import (AlreadyExists, GenerationFailed, RequestError, ResourceExhausted,
+                                   ServerCancelled, Unavailable, echo)
 from audio_pipeline.service.live_text import LiveText
 from audio_pipeline.service.output import AudioOutput
 from audio_pipeline.service.prepare import RequestPreparer, RequestSettings
@@ -199,19 +199,12 @@ class SpeechService:
                 stream.synthesis = self._synthesis(stream, settings, stretch)
                 if request.ssml or (request.ssml is None and is_ssml(request.text)):
                     await stream.synthesis.add_ssml(request.text, normalize_text=settings.normalize_text)
-                    self._check_rates(stream.synthesis)
+                    self.requests.check_rates(settings, [s.rate for s in stream.synthesis.segments])
                 else:
                     await stream.synthesis.add_text(request.text)
                 stream.synthesis.close()
                 await stream.synthesis.start()
         return stream
-
-    def _check_rates(self, synthesis: SegmentedSynthesis) -> None:
-        """An SSML <prosody rate> is refused up front for a model that speaks at one speed (its
-        stream can only be time-stretched as a whole)."""
-        if not self.engine.speaks_at_any_speed and any(s.rate != 1.0 for s in synthesis.segments):
-            raise InvalidArgument(f"SSML <prosody rate>: this model ({self.engine.manifest.family} layout) speaks at "
-                                  "one speed; a request's speed time-stretches the whole stream instead", field="text")
 
     def open_live(self, request: SpeechRequest) -> LiveSpeechStream:
         """A stream whose text comes later (:attr:`LiveSpeechStream.text`): checked and admitted;

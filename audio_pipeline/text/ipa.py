@@ -9,6 +9,7 @@ diacritics are ignored; diphthongs and affricates are read longest first ("tʃ" 
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 from audio_pipeline.errors import InvalidArgument
@@ -33,6 +34,7 @@ IGNORED = set("ːˑ.‿͜͡/[] ")
 _LONGEST = max(len(s) for s in SYMBOLS)
 
 
+@functools.lru_cache(maxsize=8192)  # a voice's lexicon is read again for every request
 def ipa_units(ipa: str, field: str = "phonemes") -> tuple[str, ...]:
     """The voice's units for an IPA transcription; InvalidArgument naming ``field`` and the first
     symbol it cannot read."""

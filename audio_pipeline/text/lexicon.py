@@ -14,6 +14,7 @@ eSpeak NG's phonemes, mapped to the CMU set.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 from dataclasses import dataclass
@@ -66,11 +67,15 @@ class Overrides:
     words: tuple[tuple[str, tuple[str, ...]], ...] = ()
     spans: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
+    @functools.cached_property
+    def _by_word(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.words)
+
     def units(self, word: str, start: int) -> tuple[str, ...] | None:
         for begin, end, units in self.spans:
             if begin <= start < end:
                 return units if start == begin else ()
-        return dict(self.words).get(word.lower())
+        return self._by_word.get(word.lower())
 
 
 def punctuation_after(items: list) -> dict[int, str]:
