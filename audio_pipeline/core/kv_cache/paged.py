@@ -25,15 +25,18 @@ class PagedKVCache:
     def __init__(self, params: KVCacheParams, num_blocks: int, device: torch.device):
         self.params, self.device = params, device
         self.scratch_block = num_blocks
-        self.keys, self.values = allocate_paged_cache(params.num_layers, num_blocks + 1, params.page_size,
-                                                      params.n_kv_heads, params.head_dim, params.dtype, device)
+        self.keys, self.values = self._allocate(num_blocks)
+
+    def _allocate(self, num_blocks: int):
+        """Keys and values per layer for ``num_blocks`` blocks and the scratch block."""
+        params = self.params
+        return allocate_paged_cache(params.num_layers, num_blocks + 1, params.page_size, params.n_kv_heads,
+                                    params.head_dim, params.dtype, self.device)
 
     def grow(self, num_blocks: int) -> None:
         """Room for ``num_blocks`` blocks (more than now), every block keeping its contents; the
         scratch block moves to the new end. Steps must not be running (their views would go stale)."""
-        keys, values = allocate_paged_cache(self.params.num_layers, num_blocks + 1, self.params.page_size,
-                                            self.params.n_kv_heads, self.params.head_dim, self.params.dtype,
-                                            self.device)
+        keys, values = self._allocate(num_blocks)
         kept = self.scratch_block
         for new, old in zip([*keys, *values], [*self.keys, *self.values]):
             new[:kept].copy_(old[:kept])
