@@ -212,8 +212,10 @@ class TTSEngine:
             return {}
         try:
             lexicons = load_voice_lexicons(self.config.pronunciations)
-        except (OSError, InvalidArgument) as error:
+        except OSError as error:
             raise ValueError(f"pronunciations: {error}") from None
+        except InvalidArgument as error:  # it names the file and the entry already
+            raise ValueError(str(error)) from None
         logger.info("pronunciations from %s: %s", self.config.pronunciations,
                     ", ".join(f"{voice} ({len(lexicon.entries)} words)" for voice, lexicon in lexicons.items()))
         return lexicons
