@@ -336,3 +336,90 @@ def test_qwen3_tts_gives_the_references_greedy_frames_on_cuda(tmp_path):
             engine.stop()
         for name, context in zip(names, contexts):
             assert context.frames == case_array(name, "codes.npy").tolist(), name
+
+
+@pytest.mark.skipif(DRY_RUN, reason="CUDA graphs need a GPU")
+def test_a_frame_models_captured_step_and_depth_frame_compute_the_eager_ones(tmp_path):
+    """Qwen3-TTS at its real head size (128: FlashInfer) in bfloat16, two small layers: the talker's
+    captured decode step reads each position's frame and text id as the eager step does; the code
+    predictor's captured frame is the eager frame at the same bucket, for greedy and sampled rows
+    under both sampling rules; and served requests replay both."""
+    import numpy as np
+
+    from audio_pipeline.core.kv_cache.paged import PagedBatch
+    from audio_pipeline.core.sampler import FLOAT_FIELDS, SamplingRows
+    from audio_pipeline.testing.random_models import write_random_model
+    from audio_pipeline_kernels import StepMetadata
+
+    path = write_random_model(tmp_path / "qwen3", "qwen3-tts-small", seed=1)
+    engine = TTSEngine(make_config(path, "normalize_text=false", "chunk_size=16,32", "max_batch_size=8",
+                                   model={"device": DEVICE, "dtype": "bfloat16", "decode_buckets": [1, 2, 4, 8],
+                                          "kv_cache": {"kv_cache_memory_bytes": 1 << 28}}))
+    engine.start()
+    try:
+        runner = engine.core.runner
+        model, kv, sampling = runner.model, runner.kv, runner.frame_sampling
+        assert kv.backend.name == "flashinfer" and runner.graphs is not None and sampling.graphs is not None
+        cuda = runner.device
+        torch.manual_seed(0)
+
+        # The talker: four rows at position 0 of the scratch page (as at capture), random inputs.
+        size, scratch = 4, kv.cache.scratch_block
+        metadata = StepMetadata.build([[scratch]] * size, [0] * size, [1] * size, kv.page_size)
+        step = {"tokens": torch.randint(0, 64, (size,), device=cuda),
+                "positions": torch.zeros(size, dtype=torch.long, device=cuda),
+                "slots": torch.full((size,), scratch * kv.page_size, dtype=torch.long, device=cuda)}
+        inputs = {"frames": torch.randint(0, 64, (size, 16), device=cuda),
+                  "text_ids": torch.randint(0, 512, (size,), device=cuda)}
+        with torch.inference_mode():
+            replayed = runner.graphs.run(size, step, metadata, inputs).float().clone()
+            eager = model.forward(step["tokens"], step["positions"],
+                                  PagedBatch(kv.cache, metadata, step["slots"], kv.backend.plan(metadata)),
+                                  **inputs).float()
+            no_text = runner.graphs.run(size, step, metadata, {**inputs, "text_ids": torch.full_like(
+                inputs["text_ids"], -1)}).float().clone()
+        tolerance = 1e-2 * eager.abs().max().item()
+        print(f"talker: graph against eager max|diff| {(replayed - eager).abs().max().item():.5f} "
+              f"(tolerance {tolerance:.5f}); without the text track {(no_text - eager).abs().max().item():.3f}")
+        torch.testing.assert_close(replayed, eager, atol=tolerance, rtol=0)
+        assert (no_text - eager).abs().max().item() > 10 * tolerance  # the graph reads the text ids
+
+        # The code predictor: three rows (one greedy, two sampled) in the bucket of four.
+        rows_count, codebook, depth = 3, 64, 15
+        states = torch.randn(rows_count, model.model.config.hidden_size, device=cuda).to(model.dtype)
+        codes = torch.randint(0, codebook, (rows_count,), device=cuda)
+        floats = np.zeros((depth, len(FLOAT_FIELDS), rows_count), dtype=np.float32)
+        floats[:, FLOAT_FIELDS.index("temperature")] = [0.0, 0.9, 1.2]
+        floats[:, FLOAT_FIELDS.index("top_p")] = [1.0, 0.8, 0.95]
+        floats[:, FLOAT_FIELDS.index("repetition_penalty")] = 1.0
+        floats[:, FLOAT_FIELDS.index("uniform")] = np.random.default_rng(0).random((depth, rows_count))
+        blocked = torch.zeros(rows_count, codebook + 1, dtype=torch.bool, device=cuda)
+        blocked[:, codebook] = True
+        for prefix, top_k in ((True, [codebook + 1, 50, 20]), (False, [codebook + 1, codebook + 1, 30])):
+            staged = {"depth_starts": torch.zeros(rows_count, dtype=torch.long, device=cuda),
+                      "depth_extra": torch.zeros(rows_count, 1, dtype=torch.long, device=cuda),
+                      "depth_blocked": blocked, "depth_floats": torch.from_numpy(floats).to(cuda),
+                      "depth_top_k": torch.tensor(top_k, device=cuda)}
+            empty = np.zeros(0, dtype=np.int64)
+            rule = SamplingRows(codebook, empty, empty, empty, empty, empty, empty, any_sampling=True,
+                                prefix_suffices=prefix, prefix_may_suffice=prefix)
+            with torch.inference_mode():
+                replayed = sampling.graphs.run(states, codes, staged, rule).clone()
+                bucket = sampling.graphs.bucket_inputs(rows_count)
+                eager = sampling.frames(bucket["states"], bucket["codes"], bucket, rule)[:rows_count]
+            assert replayed.shape == (rows_count, 16) and replayed[:, 0].tolist() == codes.tolist()
+            assert ((replayed >= 0) & (replayed < codebook)).all()
+            assert torch.equal(replayed, eager), f"prefix rule {prefix}: {replayed.tolist()} != {eager.tolist()}"
+
+        # Served: a greedy and a seeded request, each 24 frames, through both kinds of graph.
+        before = (runner.graphs.replays, sampling.graphs.replays)
+        contexts = run(engine, ["Hello from the GPU.", "A second sentence."], voice="ryan", temperature=0.0,
+                       min_tokens=24, max_tokens=24)
+        contexts += run(engine, ["A third one, sampled."], voice="ryan", temperature=0.9, seed=5, min_tokens=24,
+                        max_tokens=24)
+        assert [len(c.frames) for c in contexts] == [24, 24, 24]
+        assert runner.graphs.replays > before[0] and sampling.graphs.replays > before[1]
+        print("served: decode graph replays", runner.graphs.replays - before[0], "depth graph replays",
+              sampling.graphs.replays - before[1])
+    finally:
+        engine.stop()

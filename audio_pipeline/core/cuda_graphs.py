@@ -2,9 +2,10 @@
 
 An eager decode step of a 3B model launches about 1,500 kernels from Python; replaying a captured
 graph launches them in one call. Each bucket owns fixed input buffers (token ids, positions, cache
-slots), a FlashInfer decode wrapper in CUDA-graph mode (fixed page-list buffers that its ``plan``
-refills outside the graph) and the graph's output. A step copies its staged inputs into the
-bucket's buffers (device to device), plans, and replays.
+slots, and the model's other per-position inputs: a frame model's frames, a text track's ids), a
+FlashInfer decode wrapper in CUDA-graph mode (fixed page-list buffers that its ``plan`` refills
+outside the graph) and the graph's output. A step copies its staged inputs into the bucket's
+buffers (device to device), plans, and replays.
 
 The graphs share one memory pool and are captured largest first, after a warm-up on a side stream
 (what torch asks before a capture); during capture the rows compute a dummy token in the cache's
@@ -49,14 +50,19 @@ class _Bucket:
     slots: torch.Tensor
     wrapper: Any
     hidden: torch.Tensor
+    #: The forward pass's other inputs by keyword (a frame model's frames, a text track's ids).
+    inputs: dict[str, torch.Tensor]
     #: Recorded after the last plan's copies: the wrapper's pinned buffers are free again once it passed.
     planned: Any = None
 
 
 class DecodeGraphs:
-    """Captured decode forwards of ``model`` for each size in ``buckets``."""
+    """Captured decode forwards of ``model`` for each size in ``buckets``; ``inputs`` names the
+    forward pass's other per-position inputs (keyword -> (shape after the position, dtype, the value
+    of a position without one))."""
 
-    def __init__(self, model: "LlamaPipelineModel", buckets: Sequence[int]):
+    def __init__(self, model: "LlamaPipelineModel", buckets: Sequence[int],
+                 inputs: dict[str, tuple[tuple[int, ...], torch.dtype, int]] | None = None):
         import flashinfer
 
         kv = model.kv_manager
@@ -71,10 +77,14 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         started = time.perf_counter()
         self._buckets: dict[int, _Bucket] = {}
+        #: Replays so far (the tests check the graphs are used).
+        self.replays = 0
         for size in sorted(buckets, reverse=True):
             tokens = torch.zeros(size, dtype=torch.long, device=device)
             positions = torch.zeros(size, dtype=torch.long, device=device)
             slots = torch.full((size,), scratch * kv.page_size, dtype=torch.long, device=device)
+            extra = {name: torch.full((size, *shape), fill, dtype=dtype, device=device)
+                     for name, (shape, dtype, fill) in (inputs or {}).items()}
             # Page lists of a full bucket: a page shared through the prefix cache counts once per row.
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 backend.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=backend.use_tensor_cores,
@@ -87,13 +97,13 @@ class DecodeGraphs:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), torch.inference_mode():
                 for _ in range(2):
-                    model.forward(tokens, positions, attention)
+                    model.forward(tokens, positions, attention, **extra)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: work another thread queues meanwhile (a voice being encoded) is no capture error.
             with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"), torch.inference_mode():
-                hidden = model.forward(tokens, positions, attention)
-            self._buckets[size] = _Bucket(graph, tokens, positions, slots, wrapper, hidden)
+                hidden = model.forward(tokens, positions, attention, **extra)
+            self._buckets[size] = _Bucket(graph, tokens, positions, slots, wrapper, hidden, extra)
         torch.cuda.synchronize(device)
         logger.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s", len(self._buckets),
                     ",".join(map(str, sorted(self._buckets))), time.perf_counter() - started)
@@ -113,18 +123,22 @@ class DecodeGraphs:
                      backend.head_dim, backend.page_size, q_data_type=backend.dtype, kv_data_type=backend.cache_dtype,
                      sm_scale=backend.scale)
 
-    def run(self, size: int, device: dict[str, torch.Tensor], metadata: StepMetadata) -> torch.Tensor:
-        """Replays bucket ``size`` on the staged inputs ``device`` (tokens, positions, slots) with the
-        step's ``metadata``; returns the graph's hidden states ([size, hidden], valid until the next
-        replay of this bucket)."""
+    def run(self, size: int, device: dict[str, torch.Tensor], metadata: StepMetadata,
+            inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Replays bucket ``size`` on the staged inputs ``device`` (tokens, positions, slots) and the
+        forward's other ``inputs`` (those named at capture) with the step's ``metadata``; returns the
+        graph's hidden states ([size, hidden], valid until the next replay of this bucket)."""
         bucket = self._buckets[size]
         bucket.tokens.copy_(device["tokens"])
         bucket.positions.copy_(device["positions"])
         bucket.slots.copy_(device["slots"])
+        for name, buffer in bucket.inputs.items():
+            buffer.copy_(inputs[name])
         if bucket.planned is not None:
             bucket.planned.synchronize()
         self._plan(bucket.wrapper, metadata)
         bucket.planned = torch.cuda.Event()
         bucket.planned.record()
         bucket.graph.replay()
+        self.replays += 1
         return bucket.hidden

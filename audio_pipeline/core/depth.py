@@ -28,8 +28,6 @@ class TokenSampling:
 
     #: Codes each position carries.
     codes = 1
-    #: Whether decode steps may replay captured CUDA graphs (they take token ids alone).
-    capturable = True
 
     def ids_shape(self, rows: int) -> tuple[int, ...]:
         """The shape of a step's samples."""
@@ -41,6 +39,14 @@ class TokenSampling:
 
     def fill_inputs(self, host: dict[str, np.ndarray], items: Sequence[Any], ends: Sequence[int]) -> None:
         """The step's per-position inputs beside the token ids, into ``host``."""
+
+    def graph_inputs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
+        """The forward's other inputs a captured decode step takes (keyword -> (shape after the
+        position, dtype, the value of a position without one))."""
+        return {}
+
+    def capture(self, buckets: Sequence[int], **model: Any) -> None:
+        """Captures what follows the backbone's sample as CUDA graphs (nothing does here)."""
 
     def stage(self, host: dict[str, np.ndarray], contexts: list[Any], positions: list[int],
               rows: SamplingRows) -> SamplingRows | None:
@@ -64,10 +70,10 @@ class TokenSampling:
 class DepthSampling(TokenSampling):
     """A frame per position: the model's ``depth_frame`` samples the codes after the backbone's."""
 
-    capturable = False
-
     def __init__(self, model: Any, codes: int, *, sync_free: bool):
         self.model, self.codes, self.sync_free = model, codes, sync_free
+        #: The frame's captured CUDA graphs (core/depth_graphs.py; :meth:`capture`), else None.
+        self.graphs = None
 
     def ids_shape(self, rows: int) -> tuple[int, ...]:
         return (rows, 1 + self.codes)
@@ -137,21 +143,42 @@ class DepthSampling(TokenSampling):
     def forward_inputs(self, device: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"frames": device["frames"]}
 
-    def complete(self, ids: torch.Tensor, states: torch.Tensor, codes: torch.Tensor,
-                 device: dict[str, torch.Tensor], rows: SamplingRows | None) -> torch.Tensor:
-        """[B, 1 + codes]: each row's id, then its frame: the depth decoder's codebooks after the
-        backbone's code, sampled with each row's settings and draws (:meth:`stage`'s ``rows``)."""
+    def graph_inputs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
+        return {"frames": ((self.codes,), torch.long, -1)}
+
+    def capture(self, buckets: Sequence[int], *, hidden_size: int, dtype: torch.dtype, device: torch.device,
+                codebook: int) -> None:
+        """Captures the depth decoder's frame as CUDA graphs for ``buckets`` (core/depth_graphs.py)."""
+        from audio_pipeline.core.depth_graphs import DepthGraphs
+
+        self.graphs = DepthGraphs(self, buckets, hidden_size=hidden_size, dtype=dtype, device=device,
+                                  codebook=codebook)
+
+    def frames(self, states: torch.Tensor, codes: torch.Tensor, inputs: dict[str, torch.Tensor],
+               rows: SamplingRows) -> torch.Tensor:
+        """[B, codes] frames from the model's depth decoder, each codebook sampled with the rows'
+        depth settings and draws (``inputs``: the depth_* arrays :meth:`stage` fills, on the device;
+        ``rows``: what decides the sampling rule)."""
         codebook = rows.codebook_size
-        top_k = device["depth_top_k"]
+        top_k = inputs["depth_top_k"]
         no_counts = torch.zeros(1, device=states.device)
 
         def choose(k: int, logits: torch.Tensor) -> torch.Tensor:
             scores = torch.cat([logits[:, :codebook].float(), logits.new_zeros(logits.shape[0], 1).float()], dim=1)
-            device_rows = DeviceSamplingRows(device["depth_starts"], device["depth_extra"], device["depth_blocked"],
-                                             device["depth_floats"][k - 1], top_k)
+            device_rows = DeviceSamplingRows(inputs["depth_starts"], inputs["depth_extra"], inputs["depth_blocked"],
+                                             inputs["depth_floats"][k - 1], top_k)
             return sample_rows(scores, rows, device_rows, no_counts, sync_free=self.sync_free)
 
-        frames = self.model.depth_frame(states, codes, choose)
+        return self.model.depth_frame(states, codes, choose)
+
+    def complete(self, ids: torch.Tensor, states: torch.Tensor, codes: torch.Tensor,
+                 device: dict[str, torch.Tensor], rows: SamplingRows | None) -> torch.Tensor:
+        """[B, 1 + codes]: each row's id, then its frame: the depth decoder's codebooks after the
+        backbone's code, sampled with each row's settings and draws (:meth:`stage`'s ``rows``),
+        replayed from a captured graph where one fits."""
+        frames = self.graphs.run(states, codes, device, rows) if self.graphs is not None else None
+        if frames is None:
+            frames = self.frames(states, codes, device, rows)
         fixed = device["depth_fixed"]
         frames = torch.where(fixed >= 0, fixed, frames)
         return torch.cat([ids[:, None], frames], dim=1)

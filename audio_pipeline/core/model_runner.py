@@ -174,10 +174,13 @@ class ModelRunner:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="model-runner") if worker else None
         self._last_launch: Future | None = None
         self.graphs = None
-        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets and self.frame_sampling.capturable:
+        if cuda_graphs and self.device.type == "cuda" and self.decode_buckets:
             from audio_pipeline.core.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, self.decode_buckets)
+            self.graphs = DecodeGraphs(model, self.decode_buckets,
+                                       {**self.frame_sampling.graph_inputs(), **self.tracks.graph_inputs()})
+            self.frame_sampling.capture(self.decode_buckets, hidden_size=int(model.model.config.hidden_size),
+                                        dtype=model.dtype, device=self.device, codebook=layout.codebook_size)
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -357,12 +360,13 @@ class ModelRunner:
         return follow
 
     def _forward(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int) -> torch.Tensor:
-        if self.graphs is not None and padded in self.graphs:
-            return self.graphs.run(padded, device, metadata)
+        inputs = {**self.frame_sampling.forward_inputs(device), **self.tracks.forward_inputs(device)}
+        # Raw vectors sit at prompt positions: a step with one is never a captured decode step.
+        if self.graphs is not None and padded in self.graphs and "vectors" not in inputs:
+            return self.graphs.run(padded, device, metadata, inputs)
         batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata))
         with torch.inference_mode():
-            return self.model.forward(device["tokens"], device["positions"], batch,
-                                      **self.frame_sampling.forward_inputs(device), **self.tracks.forward_inputs(device))
+            return self.model.forward(device["tokens"], device["positions"], batch, **inputs)
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: SamplingRows,

@@ -58,6 +58,12 @@ class NoTracks:
     def forward_inputs(self, device: dict[str, torch.Tensor]) -> dict[str, Any]:
         return {}
 
+    def graph_inputs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
+        """The per-position inputs a captured decode step takes (keyword -> (shape after the
+        position, dtype, the value of a position without one)); raw vectors never reach a decode
+        step (they sit at prompt positions)."""
+        return {}
+
 
 class TrackInputs(NoTracks):
     """Stages each position's text id (``text_ids``) and the raw vectors of the positions a step
@@ -97,6 +103,9 @@ class TrackInputs(NoTracks):
                 host["vector_rows"][row] = ends[index] + offset
                 host["vector_values"][row] = vector.float().numpy()
                 row += 1
+
+    def graph_inputs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype, int]]:
+        return {"text_ids": ((), torch.long, -1)}
 
     def forward_inputs(self, device: dict[str, torch.Tensor]) -> dict[str, Any]:
         inputs: dict[str, Any] = {"text_ids": device["text_ids"]}

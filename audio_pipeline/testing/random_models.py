@@ -62,6 +62,18 @@ QWEN3_TTS_SHAPES = {
                         intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
                         head_dim=8, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=32),
     },
+    # The real head size (128: FlashInfer's kernels, CUDA graphs) at two small layers: the GPU tests'.
+    "qwen3-tts-small": {
+        "talker": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=128, text_hidden_size=64, text_vocab_size=512,
+                       max_position_embeddings=4096),
+        "code_predictor": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=128),
+        "codebook_size": 64,
+        "decoder": dict(num_quantizers=16, codebook_size=64, codebook_dim=16, latent_dim=16, hidden_size=16,
+                        intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                        head_dim=8, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=32),
+    },
 }
 #: Qwen3-TTS-12Hz CustomVoice's codec control ids and a few preset speakers (talker vocabulary
 #: = the codebook, then 1024 control ids), relative to the codebook size.
