@@ -61,7 +61,8 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def state_tensors(state: Qwen3TTS12HzState) -> list[torch.Tensor]:
-    return [*state.convs, *state.keys, *state.values]
+    """The tensors a state holds (its convs, keys and values are views of them)."""
+    return [state.conv_data, state.cache]
 
 
 # --- traits and loading --------------------------------------------------------------------------

@@ -170,16 +170,38 @@ def _check_config(raw: dict[str, Any], source: Path) -> None:
 @dataclass(frozen=True)
 class Qwen3TTS12HzState:
     """One stream's state after the frames decoded so far (see the module docstring); its size is
-    bounded whatever the stream's length. Tensors are this stream's alone (no batch dimension) and
-    never modified: each block makes a new state."""
+    bounded whatever the stream's length. Two tensors, this stream's alone (no batch dimension: a
+    block's states cost two copies a stream, not one per layer), never modified: each block makes
+    a new state."""
 
-    #: Per stateful convolution, in DecoderNet.stateful order: a causal one's last inputs, or a
-    #: transposed one's outputs reaching into the next block. (channels, width).
-    convs: tuple[torch.Tensor, ...]
-    #: Per transformer layer, the unrotated keys / values of the last ``min(frames,
-    #: sliding_window - 1)`` frames, (kv_heads, frames kept, head_dim).
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
+    #: Every stateful convolution's tensor, in DecoderNet.stateful order, flattened and concatenated:
+    #: a causal one's last inputs, or a transposed one's outputs reaching into the next block.
+    conv_data: torch.Tensor
+    #: The transformer layers' unrotated keys and values of the last ``min(frames, sliding_window -
+    #: 1)`` frames: (layers, 2, kv_heads, frames kept, head_dim).
+    cache: torch.Tensor
+    #: (channels, width) of each convolution's part of ``conv_data``.
+    conv_shapes: tuple[tuple[int, int], ...]
+
+    @property
+    def kept(self) -> int:
+        """Frames whose keys and values are kept."""
+        return self.cache.shape[3]
+
+    @property
+    def convs(self) -> tuple[torch.Tensor, ...]:
+        """Each stateful convolution's part, (channels, width)."""
+        sizes = [channels * width for channels, width in self.conv_shapes]
+        return tuple(part.view(shape) for part, shape in zip(self.conv_data.split(sizes), self.conv_shapes))
+
+    @property
+    def keys(self) -> tuple[torch.Tensor, ...]:
+        """Per layer, (kv_heads, frames kept, head_dim)."""
+        return tuple(self.cache[:, 0].unbind(0))
+
+    @property
+    def values(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.cache[:, 1].unbind(0))
 
 
 @register_audio_decoder
@@ -206,6 +228,9 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         self.device, self.dtype = device, dtype
         self._encoder_parts: nn.Module | None = None
         self._encoder_lock = threading.Lock()
+        #: (channels, width) of each stateful convolution's state.
+        self._conv_shapes = tuple((layer.conv.in_channels, layer.history) if isinstance(layer, CausalConv)
+                                  else (layer.conv.out_channels, layer.overlap) for layer in net.stateful)
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -227,6 +252,7 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
                     f"{directory}: the Qwen3-TTS 12 Hz decoder")
         device = torch.device(device)
         net.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        net.freeze()
         return cls(raw, net, files=files, device=device, dtype=dtype)
 
     # ---- decoding ------------------------------------------------------------------------
@@ -254,14 +280,11 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
 
     def init_state(self) -> Qwen3TTS12HzState:
         """A new stream: zeros for every convolution's past (the one-shot's padding), no frames."""
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, device=self.device, dtype=self.dtype)
-
-        convs = tuple(zeros(layer.conv.in_channels, layer.history) if isinstance(layer, CausalConv)
-                      else zeros(layer.conv.out_channels, layer.overlap) for layer in self.net.stateful)
         cfg = self.config["decoder_config"]
-        empty = (zeros(cfg["num_key_value_heads"], 0, cfg["head_dim"]),) * cfg["num_hidden_layers"]
-        return Qwen3TTS12HzState(convs=convs, keys=empty, values=empty)
+        cache = torch.zeros(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 0, cfg["head_dim"],
+                            device=self.device, dtype=self.dtype)
+        conv_data = torch.zeros(sum(c * w for c, w in self._conv_shapes), device=self.device, dtype=self.dtype)
+        return Qwen3TTS12HzState(conv_data=conv_data, cache=cache, conv_shapes=self._conv_shapes)
 
     @torch.inference_mode()
     def decode_blocks(self, blocks: list[torch.Tensor],
@@ -284,31 +307,39 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
 
     def _forward(self, pieces: list[torch.Tensor],
                  states: list[Qwen3TTS12HzState]) -> list[tuple[torch.Tensor, Qwen3TTS12HzState]]:
-        """One batched forward: each (codebooks, frames) piece on its state, right-padded to the longest."""
-        lengths, kept = [piece.shape[1] for piece in pieces], [s.keys[0].shape[1] for s in states]
-        longest, cached = max(lengths), max(kept)
-        codes = torch.stack([F.pad(piece, (0, longest - piece.shape[1])) for piece in pieces])
-
-        def left_padded(tensors: list[torch.Tensor]) -> torch.Tensor:  # masked by the transformer
-            return torch.stack([F.pad(t, (0, 0, cached - t.shape[1], 0)) for t in tensors])
-
-        layers = len(states[0].keys)
-        run = StreamPass(convs=[torch.stack([s.convs[slot] for s in states]) for slot in range(len(self.net.stateful))],
-                    keys=[left_padded([s.keys[i] for s in states]) for i in range(layers)],
-                    values=[left_padded([s.values[i] for s in states]) for i in range(layers)],
-                    kept=torch.tensor(kept, device=self.device),
-                    frames=torch.tensor(lengths, device=self.device))
+        """One batched forward: each (codebooks, frames) piece on its state, right-padded to the longest.
+        The states go in and come out as whole-batch tensors (a few operations a call and two copies
+        a stream, where one per stream, layer and convolution made most of the decoder's time at 64
+        streams on a GPU)."""
+        lengths, kept = [piece.shape[1] for piece in pieces], [s.kept for s in states]
+        longest, cached, batch = max(lengths), max(kept), len(states)
+        codes = torch.stack([piece if piece.shape[1] == longest else F.pad(piece, (0, longest - piece.shape[1]))
+                             for piece in pieces])
+        conv_data = torch.stack([s.conv_data for s in states])
+        offsets = [0]
+        for channels, width in self._conv_shapes:
+            offsets.append(offsets[-1] + channels * width)
+        # each row's keys left-padded to the longest kept (masked by the transformer)
+        cache = torch.stack([s.cache if s.kept == cached else F.pad(s.cache, (0, 0, cached - s.kept, 0))
+                             for s in states])
+        layers = cache.shape[1]
+        run = StreamPass(convs=[conv_data[:, a:b].view(batch, *shape) for a, b, shape
+                                in zip(offsets, offsets[1:], self._conv_shapes)],
+                         keys=[cache[:, i, 0] for i in range(layers)], values=[cache[:, i, 1] for i in range(layers)],
+                         kept=torch.tensor(kept, device=self.device), frames=torch.tensor(lengths, device=self.device))
         audio = self.net(codes, run).float().cpu()
+        new_conv_data = torch.cat([t.reshape(batch, -1) for t in run.new_convs], dim=1)
+        pairs = [t for k, v in zip(run.new_keys, run.new_values) for t in (k, v)]
+        new_cache = torch.stack(pairs, dim=1)
+        new_cache = new_cache.view(batch, layers, 2, *new_cache.shape[2:])
         out = []
         for row, (frames, before) in enumerate(zip(lengths, kept)):
             # this row's frames end at cached + frames; keep the window's last ones
             end = cached + frames
             start = end - min(before + frames, self.window - 1)
-            # clone: a view would keep the whole batch's activations alive with the state
-            state = Qwen3TTS12HzState(
-                convs=tuple(t[row].clone() for t in run.new_convs),
-                keys=tuple(k[row, :, start:end].clone() for k in run.new_keys),
-                values=tuple(v[row, :, start:end].clone() for v in run.new_values))
+            # clones (two a stream): a view would keep the whole batch's states alive with an idle stream's
+            state = Qwen3TTS12HzState(conv_data=new_conv_data[row].clone(),
+                                      cache=new_cache[row, :, :, :, start:end].clone(), conv_shapes=self._conv_shapes)
             out.append((audio[row, :frames * self.samples_per_frame], state))
         return out
 

@@ -52,10 +52,21 @@ class _SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        #: (a, 1 / b) as the forward uses them, once the weights are final (:meth:`freeze`).
+        self._scales: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.alpha.exp()[None, :, None], 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+
+    def freeze(self) -> None:
+        """Computes the scales once: a decoder call runs some thirty of these layers, and their
+        kernel launches are what a small block's call costs on a GPU."""
+        with torch.no_grad():
+            self._scales = self.scales()
 
     def forward(self, x: torch.Tensor, run: StreamPass | None = None) -> torch.Tensor:
-        alpha, beta = self.alpha.exp()[None, :, None], self.beta.exp()[None, :, None]
-        return x + 1.0 / (beta + 1e-9) * torch.sin(x * alpha).pow(2)
+        alpha, inverse_beta = self._scales or self.scales()
+        return x + inverse_beta * torch.sin(x * alpha).pow(2)
 
 
 class CausalConv(nn.Module):
@@ -282,6 +293,12 @@ class DecoderNet(nn.Module):
         self.stateful = [m for m in self.modules() if getattr(m, "history", 0) or getattr(m, "overlap", 0)]
         for slot, layer in enumerate(self.stateful):
             layer.slot = slot
+
+    def freeze(self) -> None:
+        """Precomputes what depends on the weights alone; call once they are loaded and placed."""
+        for module in self.modules():
+            if isinstance(module, _SnakeBeta):
+                module.freeze()
 
     def forward(self, codes: torch.Tensor, run: StreamPass) -> torch.Tensor:
         """(B, codebooks, T) codes -> (B, T * samples_per_frame) audio in [-1, 1]."""
