@@ -146,7 +146,8 @@ class ModelConfig(BaseModel):
         "and then every 16 up to max_batch_size; otherwise none (exact shapes run faster without graphs).")
     cuda_graphs: bool = Field(
         True, description="On CUDA with the flashinfer attention kernel, replay each decode bucket's forward pass "
-        "from a captured CUDA graph instead of launching its kernels from Python.")
+        "from a captured CUDA graph instead of launching its kernels from Python; for a frame model (Qwen3-TTS, "
+        "CSM) also its depth decoder's whole frame, one graph per bucket and sampling rule (captured at start-up).")
     fuse_layers: bool = Field(
         True, description="On CUDA, run each Llama block with fewer, larger kernels: the query/key/value "
         "projections as one matrix product and the MLP's gate/up projections as another (their weights "
