@@ -299,21 +299,11 @@ def test_validation_chooses_the_checkpoint_and_export_writes_that_one(tmp_path, 
     import torch
     from safetensors.torch import load_file
 
-    from recipes.builtin_voice import dataset, export, train
+    from recipes.builtin_voice import export, train
     from tests.frame_voice import SHIPPED
 
     rng = np.random.default_rng(1)
-    inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
-                 if n.startswith("<ph:")]
-
-    def write(path, count):
-        durations = [rng.integers(1, 6, 6) for _ in range(count)]
-        dataset.save({"inventory": inventory, "centroids": np.zeros((1024, 2)), "texts": ["x"] * count,
-                      "phonemes": [rng.integers(0, len(inventory), 6) for _ in range(count)], "durations": durations,
-                      "codes": [np.stack([rng.integers(0, 1024, d.sum())] * 2, 1) for d in durations]}, path)
-        return path
-
-    data, held = write(tmp_path / "train.npz", 8), write(tmp_path / "validation.npz", 4)
+    data, held = write_frame_data(tmp_path / "train.npz", 8, rng), write_frame_data(tmp_path / "validation.npz", 4, rng)
     run_dir = tmp_path / "run"
     assert train.main(["--data", str(data), "--validation", str(held), "--validate-every", "2", "--out",
                        str(run_dir), "--layout", "phoneme-lpc-frame", "--steps", "6", "--batch-tokens", "400",
@@ -329,3 +319,43 @@ def test_validation_chooses_the_checkpoint_and_export_writes_that_one(tmp_path, 
     written = load_file(snapshot / "model.safetensors")
     assert torch.equal(written["model.layers.0.mlp.up_proj.weight"],
                        best["model"]["model.layers.0.mlp.up_proj.weight"].half())
+
+
+def write_frame_data(path, count, rng):
+    """A frame-voice training set of ``count`` random six-phoneme utterances (the shipped inventory)."""
+    import json
+
+    from recipes.builtin_voice import dataset
+    from tests.frame_voice import SHIPPED
+
+    inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
+                 if n.startswith("<ph:")]
+    durations = [rng.integers(1, 6, 6) for _ in range(count)]
+    dataset.save({"inventory": inventory, "centroids": np.zeros((1024, 2)), "texts": ["x"] * count,
+                  "phonemes": [rng.integers(0, len(inventory), 6) for _ in range(count)], "durations": durations,
+                  "codes": [np.stack([rng.integers(0, 1024, d.sum())] * 2, 1) for d in durations]}, path)
+    return path
+
+
+def test_a_resumed_run_counts_the_minutes_trained_before(tmp_path, capsys):
+    """--resume goes on from the checkpoint's step and the minutes already trained, so a run stopped
+    by the end of a session keeps its learning-rate schedule: a run whose checkpoint has spent its
+    whole time budget trains no further step."""
+    import torch
+
+    from recipes.builtin_voice import train
+    from tests.frame_voice import SHIPPED
+
+    data = write_frame_data(tmp_path / "train.npz", 8, np.random.default_rng(2))
+    run_dir = tmp_path / "run"
+    common = ["--data", str(data), "--out", str(run_dir), "--layout", "phoneme-lpc-frame", "--batch-tokens", "400",
+              "--warmup", "1", "--init-from", str(SHIPPED), "--threads", "1", "--save-every", "2"]
+    assert train.main([*common, "--steps", "4"]) == 0
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 4 and state["seconds"] > 0
+    state["seconds"] = 60.0  # as if a one-minute budget had been spent before the session ended
+    torch.save(state, run_dir / "checkpoint.pt")
+    capsys.readouterr()
+    assert train.main([*common, "--steps", "100", "--minutes", "1", "--resume"]) == 0
+    assert "resumed at step 4 (1.0 minutes trained)" in capsys.readouterr().out
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 4

@@ -223,13 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"initialised from {args.init_from}; new: {sorted({k.split('.')[0] for k in missing} - {'lm_head'})}",
               flush=True)
     noise = torch.Generator().manual_seed(args.seed + 1)
+    trained_seconds = 0.0
     if args.resume and checkpoint_path.is_file():
         state = torch.load(checkpoint_path, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, rng = state["step"], state["rng"]
         torch.set_rng_state(state["torch_rng"])
-        print(f"resumed at step {step}", flush=True)
+        trained_seconds = state.get("seconds", 0.0)
+        print(f"resumed at step {step} ({trained_seconds / 60:.1f} minutes trained)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train_args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=2))
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(examples)} utterances, "
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(final: bool) -> None:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "rng": rng,
-                    "torch_rng": torch.get_rng_state()}, checkpoint_path)
+                    "torch_rng": torch.get_rng_state(), "seconds": time.time() - started}, checkpoint_path)
         if final:
             dtype = getattr(torch, args.save_dtype)  # the head is tied to the embedding: stored once
             model.save_pretrained(args.out, safe_serialization=True, state_dict={
@@ -269,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         model.train()
         return total / max(weight, 1.0)
 
-    started = time.time()
+    # A resumed run's time budget counts the minutes trained before (the checkpoint's), so its
+    # learning-rate schedule goes on where it stopped.
+    started = time.time() - trained_seconds
     model.train()
     losses: list[float] = []
     queue: list[list[int]] = []
