@@ -15,12 +15,15 @@ branches:
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
+
+logger = logging.getLogger(__name__)
 
 
 class TokenSampling:
@@ -148,11 +151,18 @@ class DepthSampling(TokenSampling):
 
     def capture(self, buckets: Sequence[int], *, hidden_size: int, dtype: torch.dtype, device: torch.device,
                 codebook: int) -> None:
-        """Captures the depth decoder's frame as CUDA graphs for ``buckets`` (core/depth_graphs.py)."""
+        """Captures the depth decoder's frame as CUDA graphs for ``buckets`` (core/depth_graphs.py).
+        A model whose frame cannot be captured runs it eagerly, with a warning that says why:
+        slower, never wrong (measured on Qwen3-TTS; CSM's and the frame voice's frames have not been
+        captured on a GPU yet)."""
         from audio_pipeline.core.depth_graphs import DepthGraphs
 
-        self.graphs = DepthGraphs(self, buckets, hidden_size=hidden_size, dtype=dtype, device=device,
-                                  codebook=codebook)
+        try:
+            self.graphs = DepthGraphs(self, buckets, hidden_size=hidden_size, dtype=dtype, device=device,
+                                      codebook=codebook)
+        except RuntimeError as error:
+            torch.cuda.synchronize(device)
+            logger.warning("CUDA graphs: the depth decoder's frame runs eagerly (its capture failed: %s)", error)
 
     def frames(self, states: torch.Tensor, codes: torch.Tensor, inputs: dict[str, torch.Tensor],
                rows: SamplingRows) -> torch.Tensor:
