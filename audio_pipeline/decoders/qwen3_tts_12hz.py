@@ -231,6 +231,10 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         #: (channels, width) of each stateful convolution's state.
         self._conv_shapes = tuple((layer.conv.in_channels, layer.history) if isinstance(layer, CausalConv)
                                   else (layer.conv.out_channels, layer.overlap) for layer in net.stateful)
+        #: Where each one's part starts in a state's conv_data, and where the last ends.
+        self._conv_offsets = [0]
+        for channels, width in self._conv_shapes:
+            self._conv_offsets.append(self._conv_offsets[-1] + channels * width)
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -283,7 +287,7 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         cfg = self.config["decoder_config"]
         cache = torch.zeros(cfg["num_hidden_layers"], 2, cfg["num_key_value_heads"], 0, cfg["head_dim"],
                             device=self.device, dtype=self.dtype)
-        conv_data = torch.zeros(sum(c * w for c, w in self._conv_shapes), device=self.device, dtype=self.dtype)
+        conv_data = torch.zeros(self._conv_offsets[-1], device=self.device, dtype=self.dtype)
         return Qwen3TTS12HzState(conv_data=conv_data, cache=cache, conv_shapes=self._conv_shapes)
 
     @torch.inference_mode()
@@ -316,9 +320,7 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         codes = torch.stack([piece if piece.shape[1] == longest else F.pad(piece, (0, longest - piece.shape[1]))
                              for piece in pieces])
         conv_data = torch.stack([s.conv_data for s in states])
-        offsets = [0]
-        for channels, width in self._conv_shapes:
-            offsets.append(offsets[-1] + channels * width)
+        offsets = self._conv_offsets
         # each row's keys left-padded to the longest kept (masked by the transformer)
         cache = torch.stack([s.cache if s.kept == cached else F.pad(s.cache, (0, 0, cached - s.kept, 0))
                              for s in states])
