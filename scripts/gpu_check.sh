@@ -16,7 +16,7 @@
 #   serve     python -m audio_pipeline.bench.serve --random-model orpheus-3b (streams holding real time)
 # STAGES picks stages (default all); STEP_ARGS and SERVE_ARGS replace each benchmark's arguments; CUDA_K
 # selects tests of tests/test_cuda.py (pytest -k), CUDA_LIMIT their time limit (default 140 s); SERVE2_ARGS adds a second serving run; PROFILE=1 records the
-# first with py-spy (a static py-spy binary at .gpukit/py-spy).
+# first with py-spy (a static py-spy binary at .gpukit/py-spy); BASE_TREE/BASE_ARGS run another tree's (below).
 # Everything lands in $OUT (default /tmp/gpu-check): summary.txt first; at most 8 files.
 set -u
 cd "$(dirname "$0")/.."
@@ -102,6 +102,11 @@ SPY=(); [ -n "${PROFILE:-}" ] && [ -x "$KIT/py-spy" ] && \
   SPY=("$KIT/py-spy" record --subprocesses --nonblocking -r "${PROFILE_RATE:-100}" -f raw -o "$OUT/pyspy.txt" --)
 want serve && stage serve ${SERVE_LIMIT:-150} "$OUT/serve.log" "${SPY[@]}" "$PY" -m audio_pipeline.bench.serve --server-log "$OUT/server.log" \
   ${SERVE_ARGS:---device cuda --random-model orpheus-3b --streams 1,32,64,128,256 --utterance-tokens 490 --start-timeout 100 --task-arg max_batch_size=512}
+# BASE_TREE and BASE_ARGS: the serving benchmark of another tree (an earlier commit's `git archive` unpacked
+# there), its server started from that tree, on the same machine: before and after in one call.
+want serve && [ -n "${BASE_TREE:-}" ] && stage base ${BASE_LIMIT:-150} "$OUT/base.log" \
+  env PYTHONPATH="/tmp/site:$BASE_TREE:$BASE_TREE/kernels:$BASE_TREE/clients" \
+  bash -c "cd '$BASE_TREE' && exec '$PY' -m audio_pipeline.bench.serve ${BASE_ARGS:-}"
 # SERVE2_ARGS .. SERVE4_ARGS: more serving benchmarks (e.g. other settings, --spread), each with its own server.
 for n in 2 3 4; do
   a=SERVE${n}_ARGS l=SERVE${n}_LIMIT

@@ -183,6 +183,59 @@ def test_an_fp8_cache_speaks_within_ties_of_the_bfloat16_one(model_dir, referenc
         TIE = tie
 
 
+@pytest.mark.skipif(DRY_RUN, reason="captures CUDA graphs")
+def test_the_captured_token_sampling_draws_the_eager_ids_and_serves(model_dir, reference):
+    """The decode steps' token sampling replayed from its CUDA graph (core/sample_graphs.py) draws
+    the ids the same function computes eagerly on the bucket's inputs, for greedy, penalized,
+    top-k and nucleus rows under both rules; and served speech with it is the speech of the same
+    buckets' graphs with eager sampling (but for near-ties)."""
+    import numpy as np
+
+    from audio_pipeline.core.sample_graphs import _rule, draw_ids
+    from audio_pipeline.core.sampler import FLOAT_FIELDS
+
+    engine = engine_on_cuda(model_dir, *PLAIN, cuda_graphs=True, decode_buckets=[2, 4, 8])
+    try:
+        runner = engine.core.runner
+        graphs = runner.sample_graphs
+        assert graphs is not None and graphs.captured
+        cuda, codebook, (first, slots) = runner.device, graphs.codebook, graphs.span
+        torch.manual_seed(0)
+        count = 7  # in the bucket of 8
+        states = (torch.randn(count, engine.model.model.config.hidden_size, device=cuda) * 4).to(engine.model.dtype)
+        floats = np.zeros((len(FLOAT_FIELDS), count), dtype=np.float32)
+        floats[FLOAT_FIELDS.index("temperature")] = [0.0, 0.0, 0.9, 0.7, 1.0, 1.3, 0.6]
+        floats[FLOAT_FIELDS.index("top_p")] = [1.0, 1.0, 0.9, 1.0, 0.95, 0.8, 1.0]
+        floats[FLOAT_FIELDS.index("min_p")] = [0.0, 0.0, 0.0, 0.0, 0.05, 0.0, 0.0]
+        floats[FLOAT_FIELDS.index("repetition_penalty")] = [1.0, 1.5, 1.1, 1.0, 1.0, 1.2, 1.0]
+        floats[FLOAT_FIELDS.index("frequency_penalty")] = [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.3]
+        floats[FLOAT_FIELDS.index("uniform")] = np.random.default_rng(0).random(count)
+        starts = first + codebook * (torch.arange(count, device=cuda) % slots)
+        blocked = torch.zeros(count, codebook + 1, dtype=torch.bool, device=cuda)
+        blocked[::2, codebook] = True  # the stop id only where the speech may end
+        table = torch.poisson(torch.full((count, codebook), 0.05, device=cuda))
+        for prefix, top_k in ((True, [codebook + 1, codebook + 1, 20, 50, 64, 10, 30]),
+                              (False, [codebook + 1, 40, codebook + 1, 50, codebook + 1, 10, 200])):
+            staged = {"starts": starts, "extra_ids": torch.full((count, 1), engine.layout.end_of_speech, device=cuda),
+                      "blocked": blocked, "floats": torch.from_numpy(floats).to(cuda),
+                      "top_k": torch.tensor(top_k, device=cuda), "count_rows": torch.arange(count, device=cuda)}
+            rows = _rule(codebook, prefix)
+            with torch.inference_mode():
+                replayed = graphs.run(states, staged, table, rows).clone()
+                eager = draw_ids(engine.model, graphs.bucket_inputs(count), rows, graphs.span)[:count]
+            in_range = (replayed >= starts) & (replayed < starts + codebook)
+            assert (in_range | (replayed == engine.layout.end_of_speech)).all()
+            assert torch.equal(replayed, eager), f"prefix rule {prefix}: {replayed.tolist()} != {eager.tolist()}"
+            print(f"token sampling, prefix rule {prefix}: graph = eager: {replayed.tolist()}")
+    finally:
+        engine.stop()
+    prompts, eager_sampling, _ = speak(model_dir, *PLAIN, cuda_graphs=True, decode_buckets=[2, 4, 8],
+                                       sample_graphs=False)
+    _, captured, served = speak(model_dir, *PLAIN, cuda_graphs=True, decode_buckets=[2, 4, 8])
+    assert served.core.runner.sample_graphs.replays > 100
+    print("eager sampling vs captured:", same_or_tie(reference, prompts, eager_sampling, captured))
+
+
 def test_no_block_or_request_is_held_after_the_runs(model_dir):
     from conftest import wait_idle
 

@@ -205,3 +205,50 @@ def test_a_step_launched_before_the_last_one_is_read_takes_its_sample_from_the_d
         runs.append([c.generated for c in contexts])
     assert runs[0] == runs[1]
     assert all(len(tokens) >= 12 for tokens in runs[0])
+
+
+@pytest.mark.parametrize("settings", [SETTINGS[:5], SETTINGS], ids=["captured", "own-stop-ids"])
+def test_the_captured_sampling_draws_the_eager_samplers_tokens(tiny_model_dir, settings):
+    """The token sampling CUDA graphs capture (core/sample_graphs.py: one logit product over every
+    frame slot, penalties and the sampling rule always on, rows padded to the bucket), run here on
+    its fixed buffers without a graph, gives every request the tokens the eager sampler gives, for
+    every rule, and reads nothing back. A request with stop ids of its own (another candidate width)
+    makes the step sample eagerly, with the same logits."""
+    from audio_pipeline.core.model_runner import sample_graphs_for
+
+    engine = TTSEngine(make_config(tiny_model_dir))
+    runs, replays = [], []
+    for captured in (False, True):
+        runner = ModelRunner(engine.model, engine.layout, decode_buckets=(4, 8), sync_free=True)
+        if captured:
+            runner.sample_graphs = sample_graphs_for(engine.model, engine.layout, runner.frame_sampling, (4, 8),
+                                                     capture=False)
+        contexts = [engine.create_context(["Hello there.", "A somewhat longer sentence.", "Hi!"][i % 3],
+                                          request_id=f"g{captured}{i}", max_tokens=70, **s)
+                    for i, s in enumerate(settings)]
+        drive(engine, runner, contexts, steps=24)
+        runs.append([c.generated for c in contexts])
+        replays.append(runner.sample_graphs.replays if captured else 0)
+    assert runs[0] == runs[1] and all(len(tokens) >= 20 for tokens in runs[0])
+    assert replays[1] > 15 if len(settings) == 5 else replays[1] == 0
+
+
+def test_the_captured_sampling_keeps_every_layouts_tokens(engine):
+    """With the captured sampling on, every layout speaks what it speaks without: the built-in
+    voice's steps (a sample, then the forced tokens that follow it) sample eagerly, with the
+    captured form's logits, and the Orpheus layout's decode steps replay the captured sampling."""
+    from audio_pipeline.core.model_runner import sample_graphs_for
+
+    runs, replays = [], 0
+    for captured in (False, True):
+        runner = ModelRunner(engine.model, engine.layout, decode_buckets=(4, 8), sync_free=True)
+        if captured:
+            runner.sample_graphs = sample_graphs_for(engine.model, engine.layout, runner.frame_sampling, (4, 8),
+                                                     capture=False)
+        contexts = contexts_for(engine, prefix=f"k{captured}")[:5]
+        drive(engine, runner, contexts, steps=16)
+        runs.append([c.generated for c in contexts])
+        replays = runner.sample_graphs.replays if captured else 0
+    assert runs[0] == runs[1] and all(len(tokens) >= 14 for tokens in runs[0][:3])
+    print(type(engine.layout).__name__, "replays", replays)
+    assert (replays > 0) == (type(engine.layout).__name__ == "OrpheusLayout")

@@ -148,6 +148,11 @@ class ModelConfig(BaseModel):
         True, description="On CUDA with the flashinfer attention kernel, replay each decode bucket's forward pass "
         "from a captured CUDA graph instead of launching its kernels from Python; for a frame model (Qwen3-TTS, "
         "CSM) also its depth decoder's whole frame, one graph per bucket and sampling rule (captured at start-up).")
+    sample_graphs: bool = Field(
+        True, description="With model.cuda_graphs, also replay a decode step's token sampling (candidate logits, "
+        "penalties, the sampling rule, the draw) from a CUDA graph per bucket and rule, for layouts whose frame "
+        "slots' codebooks are one range of the vocabulary (Orpheus, Maya1); the same ids as the eager sampling. "
+        "False samples eagerly (for comparison).")
     fuse_layers: bool = Field(
         True, description="On CUDA, run each Llama block with fewer, larger kernels: the query/key/value "
         "projections as one matrix product and the MLP's gate/up projections as another (their weights "

@@ -40,6 +40,7 @@ from audio_pipeline_kernels import StepMetadata
 
 if TYPE_CHECKING:
     from audio_pipeline.config import PipelineConfig
+    from audio_pipeline.core.sample_graphs import SampleGraphs
     from audio_pipeline.models.llama_model import LlamaPipelineModel
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class ModelRunner:
 
     def __init__(self, model: "LlamaPipelineModel", layout: Any, *, decode_buckets: Sequence[int] = (),
                  cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None,
-                 worker: bool = False):
+                 worker: bool = False, sample_graphs: bool = True):
         if worker and model.devices[0].type != "cpu":
             # Its launches would copy step n + 1's inputs into the one device staging buffer before
             # the worker has queued step n's forward pass that reads it; the device needs no worker.
@@ -181,6 +182,10 @@ class ModelRunner:
                                        {**self.frame_sampling.graph_inputs(), **self.tracks.graph_inputs()})
             self.frame_sampling.capture(self.decode_buckets, hidden_size=int(model.model.config.hidden_size),
                                         dtype=model.dtype, device=self.device, codebook=layout.codebook_size)
+        #: The decode steps' token sampling as CUDA graphs (core/sample_graphs.py), where it can be captured.
+        self.sample_graphs = None
+        if self.graphs is not None and sample_graphs:
+            self.sample_graphs = sample_graphs_for(model, layout, self.frame_sampling, self.decode_buckets)
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -254,7 +259,7 @@ class ModelRunner:
         timer.forwards += 1
         if ids is not None:
             with timer.phase("sample"):
-                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups, staged.depth_rows))
+                ids.copy_(self._sample(hidden, device, staged.rows, staged.groups, staged.depth_rows, staged.in_order))
 
     def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
         """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
@@ -330,6 +335,8 @@ class ModelRunner:
         if links:
             host["chain_rows"][:], host["chain_from"][:] = zip(*links)
         staged.rows, staged.groups, staged.depth_rows = rows, [], None
+        # Every item is one token that samples: the sampling rows are the first rows of the step.
+        staged.in_order = batch == len(items) and int(ends[len(items)]) == batch
         if rows is None:
             return staged
         host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
@@ -370,18 +377,28 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _sample(self, hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: SamplingRows,
-                groups: list[tuple[int, int, int]], depth_rows: SamplingRows | None = None) -> torch.Tensor:
+                groups: list[tuple[int, int, int]], depth_rows: SamplingRows | None = None,
+                in_order: bool = False) -> torch.Tensor:
         """Candidate logits of each sampling row, the draw, and the counts update: the step's samples
         on the device ([B] ids, or with a frame each: core/depth.py); ``depth_rows`` are what
-        follows the backbone's sample."""
-        states = hidden.index_select(0, device["logit_rows"])
-        logits = self.model.compute_candidate_logits(states, groups, device["order"], device["extra_ids"],
-                                                     rows.codebook_size)
+        follows the backbone's sample; ``in_order``: the sampling rows are the step's first rows."""
         codebook = rows.codebook_size
         table = self.counts.table
-        counts = table.index_select(0, device["count_rows"])
-        device_rows = DeviceSamplingRows(*(device[name] for name in DeviceSamplingRows.FIELDS))
-        ids = sample_rows(logits, rows, device_rows, counts, sync_free=self.sync_free)
+        captured = self.sample_graphs
+        if captured is not None and in_order and "follow_rows" not in device and captured.fits(rows):
+            states = hidden[:rows.starts.shape[0]]
+            ids = captured.run(states, device, table, rows)
+        else:
+            states = hidden.index_select(0, device["logit_rows"])
+            if captured is not None:  # the captured form's logits (see core/sample_graphs.py)
+                logits = self.model.compute_slot_logits(states, device["starts"], device["extra_ids"], codebook,
+                                                        *captured.span)
+            else:
+                logits = self.model.compute_candidate_logits(states, groups, device["order"], device["extra_ids"],
+                                                             codebook)
+            counts = table.index_select(0, device["count_rows"])
+            device_rows = DeviceSamplingRows(*(device[name] for name in DeviceSamplingRows.FIELDS))
+            ids = sample_rows(logits, rows, device_rows, counts, sync_free=self.sync_free)
         codes = ids - device["starts"]
         counted = ((codes >= 0) & (codes < codebook)).float()
         # index_add_ on the flat table: atomic adds (index_put_ with accumulate sorts its indices first,
@@ -412,7 +429,28 @@ def build_runner(model: "LlamaPipelineModel", layout: Any, config: "PipelineConf
     if buckets is None:
         buckets = default_decode_buckets(device, max_batch_size, cuda_graphs=graphs)
     return ModelRunner(model, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
-                       worker=overlap and device.type == "cpu")
+                       worker=overlap and device.type == "cpu", sample_graphs=model_config.sample_graphs)
+
+
+def sample_graphs_for(model: "LlamaPipelineModel", layout: Any, frame_sampling: Any, buckets: Sequence[int], *,
+                      capture: bool = True) -> "SampleGraphs | None":
+    """Captured token sampling for ``model``'s decode ``buckets``, or None where it does not apply:
+    frame models (their depth graphs sample the frame), layouts whose slot codebooks are not one
+    stretch of the vocabulary."""
+    from audio_pipeline.core.sample_graphs import SampleGraphs, slot_span
+
+    span = slot_span(layout)
+    if frame_sampling.codes != 1 or span is None or not buckets:
+        logger.info("CUDA graphs: the token sampling runs eagerly (%s)",
+                    "a frame model" if frame_sampling.codes != 1 else "the slot codebooks are not one range")
+        return None
+    try:
+        return SampleGraphs(model, buckets, codebook=layout.codebook_size, extra_width=1, span=span,
+                            end_of_speech=layout.end_of_speech, capture=capture)
+    except Exception as exc:  # noqa: BLE001 - the eager sampling serves the same ids
+        logger.warning("CUDA graphs: the token sampling could not be captured (%s: %s); it runs eagerly",
+                       type(exc).__name__, exc)
+        return None
 
 
 def default_decode_buckets(device: Any, max_batch_size: int, *, cuda_graphs: bool) -> list[int]:

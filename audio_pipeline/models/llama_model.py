@@ -203,6 +203,21 @@ class LlamaPipelineModel(PipelineModel):
         logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
         return logits
 
+    def compute_slot_logits(self, hidden: torch.Tensor, starts: torch.Tensor, extra_ids: torch.Tensor, width: int,
+                            first: int, slots: int) -> torch.Tensor:
+        """compute_candidate_logits for a layout whose ``slots`` candidate ranges of ``width`` ids
+        tile the vocabulary from id ``first``: one product over all of them, each row's own range
+        gathered from it by its ``starts`` (device data), so the kernels do not depend on which
+        ranges the rows need (what a captured step requires; core/sample_graphs.py). On a GPU the
+        extra products cost little: the weights are read once either way."""
+        weight = self.model.lm_head.weight
+        every = hidden @ weight[first:first + slots * width].T
+        columns = (starts - first)[:, None] + torch.arange(width, device=hidden.device)[None, :]
+        logits = torch.empty(hidden.shape[0], width + extra_ids.shape[1], dtype=torch.float32, device=hidden.device)
+        logits[:, :width] = every.gather(1, columns)
+        logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
+        return logits
+
 
 class DepthPipelineModel(LlamaPipelineModel):
     """A model whose positions are frames: the module samples each frame's first code over the
