@@ -1,5 +1,6 @@
-"""The built-in voices (builtin:slt-en-frame, the default model; builtin:slt-en, its phoneme-lpc
-twin; builtin:lpc-en, the first generation): the phoneme-lpc layout, front ends, shipped
+"""The built-in voices (builtin:slt-en-v4, the default model, and builtin:slt-en-frame: the frame
+voices, one with a folded prompt; builtin:slt-en, their phoneme-lpc twin; builtin:lpc-en, the first
+generation): the phoneme-lpc layout, front ends, shipped
 files, the engine's alignment enforcement and budget, the gRPC service on the default model, and
 the regression guard: held-out sentences spoken through the engine are identified by pocketsphinx."""
 
@@ -86,7 +87,7 @@ def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 
     config = AudioGenerationConfig.load(env={})
-    assert DEFAULT_MODEL == config.model.model_path == "builtin:slt-en-frame"
+    assert DEFAULT_MODEL == config.model.model_path == "builtin:slt-en-v4"
     assert config.resolved_audio_decoder == "mcep" and config.to_display_dict()["audio_decoder"] == "mcep"
     # A decoder given explicitly wins; streaming settings are checked against the decoder in use.
     explicit = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=causal-conv"])
@@ -361,20 +362,23 @@ def test_the_second_generation_voice_ships_its_front_end_codec_and_licences():
     assert "festlex-cmu" in licences and "cmu_us_slt_arctic_hts" in licences and "Carnegie Mellon" in licences
 
 
-def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_path):
-    """builtin:slt-en-frame (phoneme-lpc-frame: one position and one backbone pass per frame, the
-    prosody from its depth head): held-out sentences are identified, and sampling wildly it still
-    speaks every frame of the alignment, streamed as the decoder's one-shot audio."""
+@pytest.mark.parametrize("voice", ["builtin:slt-en-v4", "builtin:slt-en-frame"])
+def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_path, voice):
+    """The frame voices (phoneme-lpc-frame: one position and one backbone pass per frame, the
+    prosody from its depth head; slt-en-v4's prompt one position per phoneme): held-out sentences
+    are identified, and sampling wildly it still speaks every frame of the alignment, streamed as
+    the decoder's one-shot audio."""
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
     from recipes.builtin_voice.corpus import held_out
     from recipes.builtin_voice.evaluate import evaluate
 
     engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=8,40"],
-                                                  model={"device": "cpu", "model_path": "builtin:slt-en-frame"}))
+                                                  model={"device": "cpu", "model_path": voice}))
     engine.start()
     try:
         assert type(engine.layout).__name__ == "PhonemeLPCFrameLayout"
+        assert engine.layout.folded_prompt == (voice == "builtin:slt-en-v4")
         candidates = held_out(40)
         result = evaluate(candidates[:SPOKEN], lambda text: _speak(engine, text), str(tmp_path / "grammar.jsgf"),
                           candidates=candidates)

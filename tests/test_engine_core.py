@@ -322,10 +322,10 @@ def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dty
 #: are about three times that.
 LOGIT_TOLERANCE = {("tiny", "bfloat16"): 2e-3, ("tiny", "float16"): 3e-4,
                    ("builtin:slt-en", "bfloat16"): 0.25, ("builtin:slt-en", "float16"): 0.02,
-                   ("builtin:slt-en-frame", "bfloat16"): 0.1, ("builtin:slt-en-frame", "float16"): 0.015}
+                   ("builtin:slt-en-v4", "bfloat16"): 0.1, ("builtin:slt-en-v4", "float16"): 0.015}
 #: Of those texts, how many the 16-bit cache may speak (greedy) otherwise than the float32 cache.
 #: Measured: none with float16; with bfloat16 one of slt-en's (17 of its 140 tokens, from the 67th
-#: on), none of slt-en-frame's.
+#: on), none of the default voice's (slt-en-frame's, and slt-en-v4's).
 GREEDY_TEXTS_DIFFERING = {"float16": 0, "bfloat16": 1}
 
 
@@ -371,7 +371,7 @@ def greedy_and_logits(model, cache_dtype, sequences=None):
     return spoken, sequences, [forced_logits(engine, *sequence) for sequence in sequences]
 
 
-@pytest.fixture(scope="module", params=["tiny", "builtin:slt-en", "builtin:slt-en-frame"])
+@pytest.fixture(scope="module", params=["tiny", "builtin:slt-en", "builtin:slt-en-v4"])
 def float32_cache_run(request, tiny_model_dir):
     model = tiny_model_dir if request.param == "tiny" else request.param
     return request.param, model, greedy_and_logits(model, "float32")

@@ -2,9 +2,10 @@
 ``builtin:NAME`` is the directory NAME here; ``builtin:tiny-orpheus`` (a tiny random Orpheus-layout
 test model) is written on first use to the cache.
 
-``slt-en-frame`` is the built-in voice (the default model: one backbone pass per frame), ``slt-en``
-the same voice with four positions per frame, ``lpc-en`` the first generation; all are made by
-recipes/builtin_voice (see its NOTES.md).
+``slt-en-v4`` is the built-in voice (the default model, the fourth generation: one backbone pass
+per frame, one prompt position per phoneme), ``slt-en-frame`` the third (the same frame model with
+two prompt positions per phoneme, trained on less speech), ``slt-en`` the second (four positions per
+frame), ``lpc-en`` the first; all are made by recipes/builtin_voice (see its NOTES.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 #: Shipped model names (directories beside this file).
-SHIPPED_MODELS = ("slt-en", "slt-en-frame", "lpc-en")
+SHIPPED_MODELS = ("slt-en-v4", "slt-en", "slt-en-frame", "lpc-en")
 
 
 def shipped_model_dir(name: str) -> Path:
