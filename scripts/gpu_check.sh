@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The project's GPU check, one time-boxed command for a GPU machine with no network (README: "GPU").
 # From the repository root, with the GPU kit copied to .gpukit/ (site312.tar.xz, its espeak extra, prebuild.py,
-# smoke.py) and a transformers wheel the project takes (>= 5.24; the GPU machine has 5.17), e.g.
+# smoke.py) and a transformers the project takes (>= 5.24; the GPU machine has 5.17): a wheel, e.g.
 #     pip download transformers==5.24.0 --no-deps -d .gpukit
-# (the tree and .gpukit together must stay under the 64 MiB a GPU call carries):
+# or, a quarter of the size, the wheel's contents as .gpukit/extra-transformers-site312.tar.xz (unpacked
+# like the espeak extra) (the tree and .gpukit together must stay under the 64 MiB a GPU call carries):
 #     bash scripts/gpu_check.sh [BUDGET_S, default 540]
 # Phase A runs the correctness checks side by side (they share the GPU; no timing is read from them):
 #   smoke     FlashInfer against the reference at Orpheus-3B's shape, eager and in a re-planned CUDA graph
