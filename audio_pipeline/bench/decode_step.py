@@ -54,6 +54,8 @@ class StepTimes:
     batch: int
     sync_ms: float
     ahead_ms: float
+    #: The host's ms per step of the ahead run: the scheduler, staging the inputs, the update.
+    host_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def build_engine(model_dir: str, device: str, batches: list[int], context: int, steps: int, variant: dict):
@@ -96,20 +98,32 @@ def start_requests(engine, count: int, length: int):
     return scheduler, contexts
 
 
-def run_steps(scheduler, runner, count: int, *, ahead: bool) -> float:
-    """Runs ``count`` steps; seconds from the first schedule to the last result applied."""
-    started = time.perf_counter()
+def run_steps(scheduler, runner, count: int, *, ahead: bool, host: dict | None = None) -> float:
+    """Runs ``count`` steps; seconds from the first schedule to the last result applied. ``host``
+    gathers the seconds of the scheduler (``schedule``) and of the updates (``update``; reading a
+    result, which waits for the device, is not in it)."""
+    host = {} if host is None else host
+    clock = time.perf_counter
+    started = clock()
     pending = []
+
+    def apply() -> None:
+        done, launched = pending.pop(0)
+        result = launched.result()
+        t = clock()
+        scheduler.update(done, result)
+        host["update"] = host.get("update", 0.0) + clock() - t
+
     for _ in range(count):
+        t = clock()
         output = scheduler.schedule()
+        host["schedule"] = host.get("schedule", 0.0) + clock() - t
         pending.append((output, runner.launch(output.items)))
         if not ahead or len(pending) > 1:
-            done, launched = pending.pop(0)
-            scheduler.update(done, launched.result())
+            apply()
     while pending:
-        done, launched = pending.pop(0)
-        scheduler.update(done, launched.result())
-    return time.perf_counter() - started
+        apply()
+    return clock() - started
 
 
 def decode_to(scheduler, runner, contexts, context: int) -> None:
@@ -126,10 +140,14 @@ def time_batch(engine, batch: int, context: int, steps: int, profile=None) -> St
     try:
         decode_to(scheduler, runner, contexts, context)
         sync = run_steps(scheduler, runner, steps, ahead=False) / steps
-        ahead = run_steps(scheduler, runner, steps, ahead=True) / steps
+        host: dict[str, float] = {}
+        runner.timer.flush()
+        ahead = run_steps(scheduler, runner, steps, ahead=True, host=host) / steps
+        inputs = runner.timer.flush()["inputs"]
         if profile is not None:
             profile(lambda: run_steps(scheduler, runner, 5, ahead=True))
-        return StepTimes(batch, 1000 * sync, 1000 * ahead)
+        return StepTimes(batch, 1000 * sync, 1000 * ahead,
+                         tuple(1000 * seconds / steps for seconds in (host["schedule"], inputs, host["update"])))
     finally:
         for c in contexts:
             scheduler.remove(c.request_id)
@@ -216,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
               f"context {args.context} tokens; {args.steps} steps per measurement", flush=True)
         config = RANDOM_SHAPES[args.random_model]
         print(f"{'variant':<8} {'B':>5} {'sync ms':>8} {'ahead ms':>9} {'floor ms':>9} {'x floor':>8} "
-              f"{'GB/s':>7} {'tok/s':>8}", flush=True)
+              f"{'GB/s':>7} {'tok/s':>8}  host: {'sched':>6} {'inputs':>6} {'update':>6}", flush=True)
         for index, variant in enumerate(variants):
             started = time.perf_counter()
             engine = build_engine(model_dir, args.device, batches, args.context, args.steps, VARIANTS[variant])
@@ -237,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                     best = min(t.sync_ms, t.ahead_ms)
                     print(f"{variant:<8} {batch:>5} {t.sync_ms:>8.2f} {t.ahead_ms:>9.2f} {floor:>9.3f} "
                           f"{best / floor:>7.2f}x {cost.bytes(batch, args.context) / best / 1e6:>7.0f} "
-                          f"{1000 * batch / best:>8.0f}", flush=True)
+                          f"{1000 * batch / best:>8.0f}        {t.host_ms[0]:>6.2f} {t.host_ms[1]:>6.2f} "
+                          f"{t.host_ms[2]:>6.2f}", flush=True)
             finally:
                 engine.stop()
                 del engine
@@ -246,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                     torch.cuda.empty_cache()
         print("sync: one step after the other (schedule, launch, read, update); ahead: the next step launched "
               "before this one is read (the engine's overlap); floor = (linear weights + B x context x KV bytes "
-              "per token) / read bandwidth; GB/s and tok/s at the better of the two", flush=True)
+              "per token) / read bandwidth; GB/s and tok/s at the better of the two; host: ms per step of the ahead run "
+              "in the scheduler, staging the inputs (the runner's inputs phase) and the update", flush=True)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
     return 0
