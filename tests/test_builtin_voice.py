@@ -392,3 +392,27 @@ def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_pat
         np.testing.assert_allclose(audio, one_shot, atol=1e-5)
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("voice", ["slt-en-v4", "slt-en-frame"])
+def test_a_prompts_first_frame_and_phonemes_come_out_as_the_whole_alignment_gives_them(voice):
+    """A request's preparation reads the tokenizer's vocabulary once (again only when the tokenizer
+    grows) and computes frame 0's codes from the first two phonemes alone: the same prompts and
+    first frames as the whole alignment and a fresh vocabulary give, folded prompt or not."""
+    from transformers import AutoTokenizer
+
+    from audio_pipeline.builtin import shipped_model_dir
+    from audio_pipeline.layouts.manifest import ModelManifest
+    from audio_pipeline.layouts.phoneme_lpc import _vocabulary
+
+    directory = shipped_model_dir(voice)
+    layout = ModelManifest.read(directory).make_layout(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    vocabulary = _vocabulary(tokenizer)
+    assert _vocabulary(tokenizer) is vocabulary and vocabulary == tokenizer.get_vocab()
+    for text in ["Hi.", "Good morning, Dr. Smith!", "A", "Is it 3:45 already? The 12 trains left at noon."]:
+        prompt = layout.build_prompt(tokenizer, text, None)
+        assert layout.prompt_frames(prompt)[-1].tolist() == layout.alignment(prompt).frame_codes(-1)
+    tokenizer.add_tokens(["<ph:test-only>"])
+    grown = _vocabulary(tokenizer)
+    assert grown is not vocabulary and "<ph:test-only>" in grown

@@ -22,6 +22,7 @@ acoustics of each frame given the phoneme, what comes next, and its own history.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -31,6 +32,22 @@ from audio_pipeline.layouts.base import Layout
 from audio_pipeline.layouts.registry import Family, register_family
 
 logger = logging.getLogger(__name__)
+
+#: Each tokenizer's vocabulary (and its size when read), built once: building it took a third of
+#: preparing a request (0.7 of 2.2 ms), and 64 prompts arriving at once are prepared one by one.
+_VOCABULARIES: "weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]]" = weakref.WeakKeyDictionary()
+
+
+def _vocabulary(tokenizer) -> dict[str, int]:
+    """``tokenizer.get_vocab()``, read again only when the tokenizer's size changed."""
+    size = len(tokenizer)
+    try:
+        known = _VOCABULARIES.get(tokenizer)
+    except TypeError:  # a tokenizer that takes no weak reference
+        return tokenizer.get_vocab()
+    if known is None or known[0] != size:
+        known = _VOCABULARIES[tokenizer] = (size, tokenizer.get_vocab())
+    return known[1]
 
 PAD, BEGIN, END_OF_SPEECH, START_OF_SPEECH, END_OF_PHONEMES = 0, 1, 2, 3, 4
 PHONEME_BASE = 8
@@ -242,7 +259,7 @@ class PhonemeLPCLayout(Layout):
         (audio_pipeline/text/lexicon.py's Overrides, where takes_pronunciations)."""
         from audio_pipeline.text.espeak import PAUSE
 
-        vocab = tokenizer.get_vocab()
+        vocab = _vocabulary(tokenizer)
         out = []
         for name, frames in self._align(text, overrides).phonemes:
             token = vocab.get(phoneme_token_name(name))

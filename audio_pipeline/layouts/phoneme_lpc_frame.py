@@ -81,7 +81,9 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
     def prompt_frames(self, prompt_ids: Sequence[int], reference=None) -> torch.Tensor:
         """-1 rows, but for the start of speech: frame 0's phoneme and context."""
         frames = torch.full((len(prompt_ids), COLUMNS), -1, dtype=torch.long)
-        first = self.alignment(prompt_ids).frame_codes(-1)
+        # Frame 0's codes depend on the first phoneme and the one after it alone: not the whole
+        # alignment, which the request's preparation builds once already.
+        first = FrameAlignment(alignment_tokens(prompt_schedule(prompt_ids)[:2])).frame_codes(-1)
         frames[-1] = torch.tensor(first)
         return frames
 
