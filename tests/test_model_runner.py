@@ -252,3 +252,33 @@ def test_the_captured_sampling_keeps_every_layouts_tokens(engine):
     assert runs[0] == runs[1] and all(len(tokens) >= 14 for tokens in runs[0][:3])
     print(type(engine.layout).__name__, "replays", replays)
     assert (replays > 0) == (type(engine.layout).__name__ == "OrpheusLayout")
+
+
+def test_a_large_prompt_step_runs_on_the_prefill_threads_and_gives_the_same_tokens(tiny_model_dir):
+    """On the CPU a step of PREFILL_THREADS_MIN_TOKENS tokens or more (prompts arriving together)
+    runs its forward pass on ``prefill_threads`` intra-op threads, the decode steps after it on the
+    engine's own again, and every request speaks what it speaks with one thread throughout."""
+    from audio_pipeline.core.model_runner import PREFILL_THREADS_MIN_TOKENS
+
+    engine = TTSEngine(make_config(tiny_model_dir))
+    seen: list[tuple[int, int]] = []
+    hook = engine.model.model.register_forward_pre_hook(
+        lambda module, args: seen.append((args[0].shape[0], torch.get_num_threads())))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs = []
+    try:
+        for prefill_threads in (1, 2):
+            runner = ModelRunner(engine.model, engine.layout, sync_free=True, prefill_threads=prefill_threads)
+            contexts = [engine.create_context("A somewhat longer sentence, so that the prompts together are long. "
+                                              f"Number {i}.", request_id=f"p{prefill_threads}-{i}", temperature=0.0,
+                                              max_tokens=70) for i in range(12)]
+            seen.clear()
+            drive(engine, runner, contexts, steps=6, guard=False)
+            runs.append([c.generated for c in contexts])
+            assert seen[0][0] >= PREFILL_THREADS_MIN_TOKENS and seen[0][1] == prefill_threads
+            assert all(count == 1 for tokens, count in seen[1:]) and torch.get_num_threads() == 1
+    finally:
+        hook.remove()
+        torch.set_num_threads(threads)
+    assert runs[0] == runs[1] and all(len(tokens) >= 5 for tokens in runs[0])

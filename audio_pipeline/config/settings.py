@@ -122,6 +122,10 @@ class ModelConfig(BaseModel):
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
         "measured fastest for this engine's small steps, and torch's default on GPU.")
+    prefill_threads: int | None = Field(
+        None, ge=1, description="On CPU, intra-op threads of a step that computes 256 tokens or more (prompts "
+        "arriving together), which splits well over cores; the engine's num_threads again after it. None = the "
+        "machine's cores, at most 4.")
     compile: bool = Field(
         False, description="torch.compile the model's forward pass (dynamic shapes). Needs a C++ compiler on CPU "
         "and adds about a minute to start-up. Off by default: on 2 CPU cores a lone batch-1 forward got 2.8x "

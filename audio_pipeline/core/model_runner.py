@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from audio_pipeline.models.llama_model import LlamaPipelineModel
 
 logger = logging.getLogger(__name__)
+
+#: A CPU step computing at least this many tokens (a batch of prompts) runs on ``prefill_threads``
+#: intra-op threads; smaller steps keep the engine's (runtime.py: one beats two for them).
+PREFILL_THREADS_MIN_TOKENS = 256
 
 
 class RepetitionCounts:
@@ -146,12 +151,14 @@ class ModelRunner:
 
     def __init__(self, model: "LlamaPipelineModel", layout: Any, *, decode_buckets: Sequence[int] = (),
                  cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None,
-                 worker: bool = False, sample_graphs: bool = True):
+                 worker: bool = False, sample_graphs: bool = True, prefill_threads: int = 1):
         if worker and model.devices[0].type != "cpu":
             # Its launches would copy step n + 1's inputs into the one device staging buffer before
             # the worker has queued step n's forward pass that reads it; the device needs no worker.
             raise ValueError("ModelRunner(worker=True) is the CPU's overlap; on CUDA the device runs ahead itself")
         self.model = model
+        #: Intra-op threads of a large prompt step on the CPU (PREFILL_THREADS_MIN_TOKENS).
+        self.prefill_threads = prefill_threads
         #: Seconds of the inputs, model and sample phases (the engine's step metrics).
         self.timer = timer or StepTimer()
         self.kv = model.kv_manager
@@ -255,7 +262,16 @@ class ModelRunner:
             for source, (first, end) in staged.chained:
                 rows, picked = device["chain_rows"][first:end], source.index_select(0, device["chain_from"][first:end])
                 device["tokens"].index_copy_(0, rows, self.frame_sampling.chain(device, rows, picked))
-            hidden = self._forward(device, metadata, padded)
+            wide = self.device.type == "cpu" and self.prefill_threads > 1 and \
+                metadata.num_tokens >= PREFILL_THREADS_MIN_TOKENS
+            if wide:  # a large prompt step: its products split well over more cores (runtime.py)
+                threads = torch.get_num_threads()
+                torch.set_num_threads(self.prefill_threads)
+            try:
+                hidden = self._forward(device, metadata, padded)
+            finally:
+                if wide:
+                    torch.set_num_threads(threads)
         timer.forwards += 1
         if ids is not None:
             with timer.phase("sample"):
@@ -428,8 +444,10 @@ def build_runner(model: "LlamaPipelineModel", layout: Any, config: "PipelineConf
     buckets = model_config.decode_buckets
     if buckets is None:
         buckets = default_decode_buckets(device, max_batch_size, cuda_graphs=graphs)
+    prefill_threads = model_config.prefill_threads or min(4, os.cpu_count() or 1)
     return ModelRunner(model, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
-                       worker=overlap and device.type == "cpu", sample_graphs=model_config.sample_graphs)
+                       worker=overlap and device.type == "cpu", sample_graphs=model_config.sample_graphs,
+                       prefill_threads=prefill_threads)
 
 
 def sample_graphs_for(model: "LlamaPipelineModel", layout: Any, frame_sampling: Any, buckets: Sequence[int], *,
