@@ -444,7 +444,9 @@ def build_runner(model: "LlamaPipelineModel", layout: Any, config: "PipelineConf
     buckets = model_config.decode_buckets
     if buckets is None:
         buckets = default_decode_buckets(device, max_batch_size, cuda_graphs=graphs)
-    prefill_threads = model_config.prefill_threads or min(4, os.cpu_count() or 1)
+    # The cores this process may run on (a container's share, not the host's count).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    prefill_threads = model_config.prefill_threads or min(4, cores)
     return ModelRunner(model, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
                        worker=overlap and device.type == "cpu", sample_graphs=model_config.sample_graphs,
                        prefill_threads=prefill_threads)

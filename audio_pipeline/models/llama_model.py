@@ -190,7 +190,7 @@ class LlamaPipelineModel(PipelineModel):
         :func:`candidate_groups`) says where each range's rows are. Nothing is read back.
         """
         weight = self.model.lm_head.weight
-        logits = torch.empty(hidden.shape[0], width + extra_ids.shape[1], dtype=torch.float32, device=hidden.device)
+        logits = self._with_extra_logits(hidden, extra_ids, width)
         if len(groups) == 1:  # one range: the rows are in order already
             start = groups[0][2]
             logits[:, :width] = hidden @ weight[start:start + width].T
@@ -200,7 +200,6 @@ class LlamaPipelineModel(PipelineModel):
             for first, end, start in groups:
                 by_range[first:end] = ordered[first:end] @ weight[start:start + width].T
             logits[:, :width].index_copy_(0, order, by_range)
-        logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
         return logits
 
     def compute_slot_logits(self, hidden: torch.Tensor, starts: torch.Tensor, extra_ids: torch.Tensor, width: int,
@@ -210,11 +209,17 @@ class LlamaPipelineModel(PipelineModel):
         gathered from it by its ``starts`` (device data), so the kernels do not depend on which
         ranges the rows need (what a captured step requires; core/sample_graphs.py). On a GPU the
         extra products cost little: the weights are read once either way."""
-        weight = self.model.lm_head.weight
-        every = hidden @ weight[first:first + slots * width].T
+        every = hidden @ self.model.lm_head.weight[first:first + slots * width].T
         columns = (starts - first)[:, None] + torch.arange(width, device=hidden.device)[None, :]
-        logits = torch.empty(hidden.shape[0], width + extra_ids.shape[1], dtype=torch.float32, device=hidden.device)
+        logits = self._with_extra_logits(hidden, extra_ids, width)
         logits[:, :width] = every.gather(1, columns)
+        return logits
+
+    def _with_extra_logits(self, hidden: torch.Tensor, extra_ids: torch.Tensor, width: int) -> torch.Tensor:
+        """[rows, width + E] float32 candidate logits with the ``extra_ids`` columns filled (the
+        first ``width`` are the caller's)."""
+        weight = self.model.lm_head.weight
+        logits = torch.empty(hidden.shape[0], width + extra_ids.shape[1], dtype=torch.float32, device=hidden.device)
         logits[:, width:] = torch.bmm(weight[extra_ids], hidden[:, :, None])[:, :, 0]
         return logits
 
