@@ -354,7 +354,8 @@ def forced_logits(engine, sequence: list[int], prompt_length: int, frames=None) 
 def greedy_and_logits(model, cache_dtype, sequences=None):
     """The greedy speech of the first three TEXTS with that cache, and the logits along
     ``sequences`` ((tokens, prompt length) each; by default that speech's own)."""
-    engine = build(model, model={"kv_cache": {"cache_dtype": cache_dtype}})
+    # The prompt's products in float32 (model.prompt_dtype): the cache's rounding alone is measured.
+    engine = build(model, model={"kv_cache": {"cache_dtype": cache_dtype}, "prompt_dtype": "float32"})
     try:
         assert engine.model.kv_manager.backend.name == "native"
         contexts = run(engine, TEXTS[:3], temperature=0.0, max_tokens=140)

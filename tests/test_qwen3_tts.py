@@ -79,8 +79,9 @@ def model_copy(tmp_path: Path, kind: str, language: str, streaming_text: bool) -
 def engine_for(model_dir: Path, *flags: str):
     from audio_pipeline.engine import TTSEngine
 
+    # Float32 throughout (model.prompt_dtype): the reference's greedy frames are float32 ones.
     config = AudioGenerationConfig.load(env={}, audio_flags=["normalize_text=false", "grace_period_s=5", *flags],
-                                        model={"model_path": str(model_dir), "device": "cpu"})
+                                        model={"model_path": str(model_dir), "device": "cpu", "prompt_dtype": "float32"})
     engine = TTSEngine(config)
     engine.start()
     return engine

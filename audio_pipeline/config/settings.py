@@ -119,6 +119,13 @@ class ModelConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
+    prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
+        "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "
+        "that multiplies bfloat16 in hardware (AVX512-BF16 or AMX), else model.dtype. On 2 Zen 4 cores, 64 streams "
+        "of the built-in voice started at once: TTFA p99 245 and 257 ms -> 209 and 210 ms through the server, "
+        "its validation WER 30.7 -> 31.0 %, MCD 4.01 dB either way. Keeps a bfloat16 copy of those weights (half "
+        "the float32 ones again).")
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
         "measured fastest for this engine's small steps, and torch's default on GPU.")
@@ -388,7 +395,7 @@ class PipelineConfig(BaseSettings):
                   else f"measured, device_memory_utilization={kv.device_memory_utilization}")
         return [
             f"model: {model.model_path} (served as {model.served_model_name or 'its path'}, "
-            f"dtype={model.dtype}, device={model.device}, "
+            f"dtype={model.dtype}, prompt_dtype={model.prompt_dtype}, device={model.device}, "
             f"max_length={self.max_length or 'model limit'})",
             f"batching: max_batch_size={self.max_batch_size or 'auto'}, "
             f"max_queue_size_tg={self.max_queue_size_tg or 'max_batch_size'}, "

@@ -31,6 +31,7 @@ import torch
 
 from audio_pipeline.core.kv_cache.paged import PagedBatch
 from audio_pipeline.models.llama_model import candidate_groups
+from audio_pipeline.models.prompt_precision import prompt_ranges
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
@@ -157,6 +158,8 @@ class ModelRunner:
             # the worker has queued step n's forward pass that reads it; the device needs no worker.
             raise ValueError("ModelRunner(worker=True) is the CPU's overlap; on CUDA the device runs ahead itself")
         self.model = model
+        #: The dtype of prompt positions' products where it is not the model's (model.prompt_dtype).
+        self.prompt_dtype = getattr(model, "prompt_dtype", None)
         #: Intra-op threads of a large prompt step on the CPU (PREFILL_THREADS_MIN_TOKENS).
         self.prefill_threads = prefill_threads
         #: Seconds of the inputs, model and sample phases (the engine's step metrics).
@@ -268,7 +271,7 @@ class ModelRunner:
                 threads = torch.get_num_threads()
                 torch.set_num_threads(self.prefill_threads)
             try:
-                hidden = self._forward(device, metadata, padded)
+                hidden = self._forward(device, metadata, padded, staged.prompt_rows)
             finally:
                 if wide:
                     torch.set_num_threads(threads)
@@ -335,6 +338,10 @@ class ModelRunner:
             arrays.update(follow_rows=((len(follow),), np.int64), follow_codes=((len(follow),), np.int64),
                           follow_owner=((len(follow),), np.int64))
         staged = self.arena.stage(arrays)
+        # Which rows are prompt positions, where model.prompt_dtype applies (by position, whatever the batch).
+        staged.prompt_rows = tuple(prompt_ranges(
+            [item.start for item in items], [item.num_tokens for item in items],
+            [len(item.request.prompt_ids) for item in items])) if self.prompt_dtype is not None else ()
         host = staged.host
         flat = host["tokens"]
         for index, known in enumerate(tokens):
@@ -382,12 +389,13 @@ class ModelRunner:
                 follow.append((slot * frame + offset % frame, self.layout.token_to_code(token, offset), row))
         return follow
 
-    def _forward(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int) -> torch.Tensor:
+    def _forward(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int,
+                 prompt_rows: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
         inputs = {**self.frame_sampling.forward_inputs(device), **self.tracks.forward_inputs(device)}
         # Raw vectors sit at prompt positions: a step with one is never a captured decode step.
         if self.graphs is not None and padded in self.graphs and "vectors" not in inputs:
             return self.graphs.run(padded, device, metadata, inputs)
-        batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata))
+        batch = PagedBatch(self.kv.cache, metadata, device["slots"], self.kv.backend.plan(metadata), prompt_rows)
         with torch.inference_mode():
             return self.model.forward(device["tokens"], device["positions"], batch, **inputs)
 

@@ -38,6 +38,8 @@ class StagedStep:
 
     host: dict[str, np.ndarray] = field(default_factory=dict)
     device: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: The step's row ranges that are prompt positions (model.prompt_dtype; the model runner's).
+    prompt_rows: tuple[tuple[int, int], ...] = ()
 
 
 class StepArena:

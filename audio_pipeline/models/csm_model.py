@@ -40,6 +40,9 @@ class CsmPipelineModel(DepthPipelineModel):
         load_safetensors_into(model, model_dir, dtype, device, ignore_prefixes=CODEC_PREFIXES)
         return model
 
+    def backbone_layers(self) -> torch.nn.Module:
+        return self.model.backbone_model.layers
+
     def _make_forward(self, compile: bool):
         if compile:
             logger.info("model.compile: the CSM backbone runs eagerly (compile is not supported for CSM yet)")

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audio_pipeline.models.prompt_precision import project
 
 
 class AttentionBatch(Protocol):
@@ -22,6 +23,10 @@ class AttentionBatch(Protocol):
     def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """Stores the new tokens' keys/values of ``layer``; returns their causal attention output
         ([T, heads, head_dim] from query [T, heads, head_dim] and keys/values [T, kv_heads, head_dim])."""
+
+    #: The [start, end) row ranges of the step that are prompt positions, whose products may run in
+    #: model.prompt_dtype (models/prompt_precision.py); empty: none, or all rows in the model's dtype.
+    prompt_rows: tuple[tuple[int, int], ...]
 
 
 class RMSNorm(nn.Module):
@@ -160,11 +165,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         tokens = x.shape[0]
+        rows = getattr(batch, "prompt_rows", ())
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                                              self.num_kv_heads * self.head_dim], dim=-1)
+            q, k, v = project(self.qkv_proj, x, rows).split(
+                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+                dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = project(self.q_proj, x, rows), project(self.k_proj, x, rows), project(self.v_proj, x, rows)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -174,7 +181,7 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         out = batch.attend(self.layer, q, k, v)
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        return project(self.o_proj, out.reshape(tokens, self.num_heads * self.head_dim), rows)
 
 
 class MLP(nn.Module):
@@ -193,11 +200,13 @@ class MLP(nn.Module):
         self.gate_up_proj = concatenated_linear(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prompt_rows: tuple[tuple[int, int], ...] = ()) -> torch.Tensor:
+        """``prompt_rows``: the rows whose products may run in model.prompt_dtype (AttentionBatch)."""
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            gate, up = project(self.gate_up_proj, x, prompt_rows).chunk(2, dim=-1)
+            return project(self.down_proj, F.silu(gate) * up, prompt_rows)
+        gate, up = project(self.gate_proj, x, prompt_rows), project(self.up_proj, x, prompt_rows)
+        return project(self.down_proj, F.silu(gate) * up, prompt_rows)
 
 
 def fuse_layers(module: nn.Module) -> int:
@@ -226,7 +235,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, batch):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), getattr(batch, "prompt_rows", ()))
 
 
 class LlamaBackbone(nn.Module):

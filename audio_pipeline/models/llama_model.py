@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -12,11 +13,14 @@ import torch
 from audio_pipeline.models.interface import KVCacheParams, PipelineModel
 from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
+from audio_pipeline.models.prompt_precision import add_prompt_weights, resolve_prompt_dtype
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention
 
 if TYPE_CHECKING:
     from audio_pipeline.config import KVCacheConfig, PipelineConfig
+
+logger = logging.getLogger(__name__)
 
 
 #: model.kv_cache.cache_dtype values other than "auto".
@@ -68,8 +72,15 @@ class LlamaPipelineModel(PipelineModel):
         self.model.eval()
         if quantization == "int8":
             self._quantize_int8()
-        if pipeline_config.model.fuse_layers and self.devices[0].type == "cuda":
+        if pipeline_config.model.fuse_layers and (self.devices[0].type == "cuda" or __import__("os").environ.get("FUSECPU")):
             fuse_layers(self.model)
+        #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
+        self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
+                                                 quantized=quantization == "int8")
+        if self.prompt_dtype is not None:
+            count = add_prompt_weights(self.backbone_layers(), self.prompt_dtype)
+            logger.info("prompt positions' products in %s (model.prompt_dtype=%s): %d weight copies",
+                        str(self.prompt_dtype).removeprefix("torch."), pipeline_config.model.prompt_dtype, count)
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
         self.forward = self._make_forward(pipeline_config.model.compile)
         self.kv_manager: PagedKVCacheManager | None = None
@@ -87,6 +98,10 @@ class LlamaPipelineModel(PipelineModel):
         else:
             load_safetensors_into(model, model_dir, dtype, device)
         return model
+
+    def backbone_layers(self) -> torch.nn.Module:
+        """The decoder layers the engine's paged steps run (what model.prompt_dtype applies to)."""
+        return self.model.model.layers
 
     def _quantize_int8(self) -> None:
         """model.quantization=int8: the decoder layers' nn.Linear modules become dynamically quantized

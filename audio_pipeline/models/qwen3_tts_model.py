@@ -60,6 +60,9 @@ class Qwen3TTSPipelineModel(DepthPipelineModel):
             raise NotImplementedError("this Qwen3-TTS checkpoint has no speaker encoder (only Base models clone)")
         return self.speaker_encoder.embed(torch.as_tensor(samples, dtype=torch.float32, device=self.devices[0]))
 
+    def backbone_layers(self) -> torch.nn.Module:
+        return self.model.talker.model.layers
+
     def _make_forward(self, compile: bool):
         if compile:
             logger.info("model.compile: the Qwen3-TTS talker runs eagerly (compile is not supported for it yet)")

@@ -70,11 +70,11 @@ def _distortion(args, texts, utterances, model) -> str:
     else:
         from recipes.builtin_voice.evaluate import engine_synthesizer
 
-        engine, synthesize = engine_synthesizer(model, temperature=args.temperature)
+        engine, synthesize = engine_synthesizer(model, temperature=args.temperature, flags=args.task_arg)
 
         def speak(index, text):
             return synthesize(text)
-        label = f"{model} (temperature {args.temperature if args.temperature is not None else 'default'})"
+        label = f"{model} (temperature {args.temperature if args.temperature is not None else 'default'}" + "".join(f", {a}" for a in args.task_arg) + ")"
     try:
         values = []
         for index, text in enumerate(texts):
@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="this model through the engine (a directory or builtin:NAME); repeat it to compare "
                            "models in one run")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
+    parser.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="an engine setting for every model evaluated (as the server's --task-arg), e.g. "
+                             "model.prompt_dtype=float32")
     parser.add_argument("--count", type=int, default=40)
     parser.add_argument("--split", default="held-out", choices=["held-out", "validation", "test"],
                         help="held-out: the 40 sentences the first generations were measured on; validation or "

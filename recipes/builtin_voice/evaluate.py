@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="evaluate this model directory through the engine (or builtin:NAME); repeat it to "
                              "compare models in one run")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the engine's)")
+    parser.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="an engine setting for every model evaluated (as the server's --task-arg), e.g. "
+                             "model.prompt_dtype=float32")
     parser.add_argument("--count", type=int, default=40)
     parser.add_argument("--split", default="held-out", choices=["held-out", "validation", "test"],
                         help="held-out: the 40 sentences the first generations were measured on; validation or "
@@ -127,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 return u.samples, u.sample_rate
             label = "eSpeak NG"
         else:
-            engine, synthesize = engine_synthesizer(model, temperature=args.temperature)
-            label = f"{model} (temperature {args.temperature if args.temperature is not None else 'default'})"
+            engine, synthesize = engine_synthesizer(model, temperature=args.temperature, flags=args.task_arg)
+            label = f"{model} (temperature {args.temperature if args.temperature is not None else 'default'}" + "".join(f", {a}" for a in args.task_arg) + ")"
         try:
             if args.write and not lines:
                 import soundfile as sf

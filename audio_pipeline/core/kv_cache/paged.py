@@ -56,6 +56,8 @@ class PagedBatch:
     #: [T] flat cache slot of every new token, on the cache's device.
     slot_mapping: torch.Tensor
     plan: AttentionPlan
+    #: The row ranges that are prompt positions, where model.prompt_dtype applies (else empty).
+    prompt_rows: tuple[tuple[int, int], ...] = ()
 
     @property
     def query_lengths(self) -> list[int]:
