@@ -119,6 +119,12 @@ class ModelConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
+    packed_linears: bool | None = Field(
+        None, description="On CPU, multiply the decoder layers' products of 2 rows or more (decode steps of "
+        "several streams) by a copy of the weights packed for oneDNN, instead of torch's BLAS; a lone row keeps "
+        "the BLAS's matrix-vector product. None = on for a float32 model where torch has oneDNN and those "
+        "weights come to at most 1 GiB (the copy doubles them). Also makes a row's result the same at any number "
+        "of rows from 2 up (the BLAS rounds 2-3 rows otherwise than 4 or more). Off with model.compile.")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "

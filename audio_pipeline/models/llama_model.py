@@ -13,6 +13,7 @@ import torch
 from audio_pipeline.models.interface import KVCacheParams, PipelineModel
 from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
+from audio_pipeline.models.cpu_linear import pack_linears, use_packed_linears
 from audio_pipeline.models.prompt_precision import add_prompt_weights, resolve_prompt_dtype
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention
@@ -74,6 +75,13 @@ class LlamaPipelineModel(PipelineModel):
             self._quantize_int8()
         if pipeline_config.model.fuse_layers and (self.devices[0].type == "cuda" or __import__("os").environ.get("FUSECPU")):
             fuse_layers(self.model)
+        #: Whether decode steps multiply by oneDNN-packed weights (model.packed_linears).
+        self.packed_linears = use_packed_linears(pipeline_config.model.packed_linears, self.backbone_layers(), dtype,
+                                                 self.devices[0], quantized=quantization == "int8",
+                                                 compiled=pipeline_config.model.compile)
+        if self.packed_linears:
+            logger.info("decoder layers' products of 2 rows or more on oneDNN-packed weights "
+                        "(model.packed_linears): %d weights", pack_linears(self.backbone_layers()))
         #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
         self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
                                                  quantized=quantization == "int8")

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audio_pipeline.models.cpu_linear import linear as own_linear
+
 #: The model.prompt_dtype values besides auto, by name.
 PROMPT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -71,22 +73,23 @@ def add_prompt_weights(layers: nn.Module, dtype: torch.dtype) -> int:
 
 
 def project(linear: nn.Linear, x: torch.Tensor, prompt_rows: Sequence[tuple[int, int]] = ()) -> torch.Tensor:
-    """``linear(x)``, the row ranges ``prompt_rows`` of ``x`` multiplied by the linear's prompt
-    weights (where it has them) and the result returned in ``x``'s dtype."""
+    """``linear(x)`` (on its packed weights where it has them: models/cpu_linear.py), the row ranges
+    ``prompt_rows`` of ``x`` multiplied by the linear's prompt weights (where it has them) and the
+    result returned in ``x``'s dtype."""
     weight = getattr(linear, "prompt_weight", None)
     if not prompt_rows or weight is None:
-        return linear(x)
+        return own_linear(linear, x)
     rows = x.shape[0]
     if len(prompt_rows) == 1 and prompt_rows[0] == (0, rows):
         return F.linear(x.to(weight.dtype), weight, linear.prompt_bias).to(x.dtype)
     pieces, done = [], 0
     for start, end in prompt_rows:
         if start > done:
-            pieces.append(linear(x[done:start]))
+            pieces.append(own_linear(linear, x[done:start]))
         pieces.append(F.linear(x[start:end].to(weight.dtype), weight, linear.prompt_bias).to(x.dtype))
         done = end
     if done < rows:
-        pieces.append(linear(x[done:]))
+        pieces.append(own_linear(linear, x[done:]))
     return torch.cat(pieces)
 
 
