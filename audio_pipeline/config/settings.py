@@ -120,18 +120,22 @@ class ModelConfig(BaseModel):
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
     packed_linears: bool | None = Field(
-        None, description="On CPU, multiply the decoder layers' products of 2 rows or more (decode steps of "
-        "several streams) by a copy of the weights packed for oneDNN, instead of torch's BLAS; a lone row keeps "
-        "the BLAS's matrix-vector product. None = on for a float32 model where torch has oneDNN and those "
-        "weights come to at most 1 GiB (the copy doubles them). Also makes a row's result the same at any number "
-        "of rows from 2 up (the BLAS rounds 2-3 rows otherwise than 4 or more). Off with model.compile.")
+        False, description="On CPU, multiply the decoder layers' products on a copy of the weights packed for oneDNN "
+        "instead of torch's BLAS, at power-of-two row counts (a lone row padded to two): a row's result is then the "
+        "same at any number of rows (the BLAS rounds 1, 2-3 and 4+ rows three ways). None = on for a float32 model "
+        "where torch has oneDNN and those weights come to at most 1 GiB (the copy doubles them); not with "
+        "model.compile. Off by default: on 2 Zen 4 cores, 64 streams of the built-in voice ran 4.82 and 4.78 ms "
+        "of model phase a pass against 5.61 and 5.78, but one stream's pass grew 2.1 -> 2.7 ms, and together with "
+        "model.prompt_dtype=bfloat16 a seeded stream of the tiny test model came out otherwise alone than beside "
+        "three others (tests/test_server.py), not yet understood.")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
+        "float32", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "
-        "that multiplies bfloat16 in hardware (AVX512-BF16 or AMX), else model.dtype. On 2 Zen 4 cores, 64 streams "
-        "of the built-in voice started at once: TTFA p99 245 and 257 ms -> 209 and 210 ms through the server, "
-        "its validation WER 30.7 -> 31.0 %, MCD 4.01 dB either way. Keeps a bfloat16 copy of those weights (half "
-        "the float32 ones again).")
+        "that multiplies bfloat16 in hardware (AVX512-BF16 or AMX), else model.dtype. On 2 Zen 4 cores, 64 "
+        "streams of the built-in voice started at once: TTFA p99 245 and 257 ms -> 209 and 210 ms through the "
+        "server, its validation WER 30.7 -> 31.0 %, MCD 4.01 dB either way. Keeps a bfloat16 copy of those "
+        "weights. float32 by default for now: with bfloat16 prompts, tests/test_server.py's seeded streams came "
+        "out otherwise alone than four together in 1 run of 18 (0 of 16 in float32), not yet understood.")
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
         "measured fastest for this engine's small steps, and torch's default on GPU.")

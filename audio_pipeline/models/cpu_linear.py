@@ -1,13 +1,15 @@
 """Decode steps' matrix products on oneDNN's packed weights (CPU, float32; model.packed_linears).
 
-torch's ``F.linear`` on a CPU goes to a BLAS whose small-batch paths differ: on 2 Zen 4 cores a
-[64, 192] x [192, 576] product took 142 us, while oneDNN's linear over a weight packed once for it
-took 71 (at 16 to 128 rows it was 1.6-2.1x faster throughout); at one row the BLAS's
-matrix-vector product is faster (6.7 against 15 us). The BLAS also rounds a row differently at 1,
-at 2-3 and at 4 or more rows, so a request's speech could depend on how many others shared its
-steps; oneDNN gives a row the same bits at any number of rows from 2 up (for the built-in voice's
-shapes; ``tests/test_cpu_linear.py`` checks it on the machine it runs on). So steps of two rows or
-more multiply by the packed copy, and a lone row keeps the BLAS's fast product.
+torch's ``F.linear`` on a CPU goes to a BLAS that rounds a row differently when it comes alone, in
+twos or threes, and in fours or more (three kernels), so a request's speech could depend on how
+many others shared its steps (``tests/test_server.py``'s seeded streams alone against together
+diverged once the batched steps' kernel changed). oneDNN's linear over a weight packed once for it
+gives a row the same bits at any number of rows from 2 up (``tests/test_cpu_linear.py`` checks it
+on the machine it runs on; a lone row takes another kernel for some shapes, so it runs padded to
+two) and is faster from a few rows up: on 2 Zen 4 cores
+a [64, 192] x [192, 576] product took 71 us against the BLAS's 142 (1.6-2.1x from 16 to 128
+rows). A lone row costs more than the BLAS's matrix-vector product (15 against 6.7 us, and the
+padding): one stream's pass of the built-in voice is slower, the price of the exactness.
 """
 
 from __future__ import annotations
@@ -18,11 +20,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Fewest rows a product takes the packed weights for (a lone row is faster as a matrix-vector product).
-PACKED_MIN_ROWS = 2
+#: Fewest rows a product takes the packed weights for: every product (see the module docstring).
+PACKED_MIN_ROWS = 1
 
 #: Largest total of float32 linear weights auto packs: the packed copy doubles them in memory.
 AUTO_MAX_BYTES = 1 << 30
+
+#: Most rows one oneDNN product takes; more go in chunks of this many (see in_buckets).
+CHUNK_ROWS = 1024
+
+
+def bucket_rows(rows: int) -> int:
+    """The row count a product of ``rows`` rows runs at: the next power of two, at least 2 (oneDNN
+    takes another kernel for a lone row of some shapes: the tiny test model's, or 3072 inputs)."""
+    return max(2, 1 << (rows - 1).bit_length())
+
+
+def in_buckets(product, x: torch.Tensor) -> torch.Tensor:
+    """``product(x)`` run at bucket_rows() rows (``x`` padded with zero rows), in chunks of
+    CHUNK_ROWS. oneDNN compiles and keeps a kernel for every shape it meets (about 0.6 MiB each,
+    whatever the weight's size, up to 1,024 of them): products at every row count a server sees
+    grew it by ~75 MiB over a 64-stream benchmark and by 0.6 MiB per new count after. Buckets bound
+    that to 10 shapes per weight; a row's result is the same at any row count (module docstring),
+    so the padding changes none of the real rows. (Chunks of 256 rows cost the prompts' bfloat16
+    products their gain: 64 prompts, 4,145 positions, prefilled in 158 ms against 109 with 1,024.)"""
+    rows = x.shape[0]
+    if rows > CHUNK_ROWS:
+        return torch.cat([in_buckets(product, x[start:start + CHUNK_ROWS]) for start in range(0, rows, CHUNK_ROWS)])
+    size = bucket_rows(rows)
+    if size == rows:
+        return product(x)
+    return product(torch.cat([x, x.new_zeros(size - rows, x.shape[1])]))[:rows]
 
 
 @lru_cache(maxsize=1)
@@ -73,7 +101,7 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     packed = getattr(module, "packed_weight", None)
     if packed is None or x.shape[0] < PACKED_MIN_ROWS:
         return module(x)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    return in_buckets(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, module.bias, "none", [], ""), x)
 
 
-__all__ = ["PACKED_MIN_ROWS", "linear", "pack_linears", "use_packed_linears", "onednn_linear_available"]
+__all__ = ["PACKED_MIN_ROWS", "in_buckets", "linear", "pack_linears", "use_packed_linears", "onednn_linear_available"]

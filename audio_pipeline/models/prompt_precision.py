@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audio_pipeline.models.cpu_linear import linear as own_linear
+from audio_pipeline.models.cpu_linear import in_buckets, linear as own_linear
 
 #: The model.prompt_dtype values besides auto, by name.
 PROMPT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -80,13 +80,17 @@ def project(linear: nn.Linear, x: torch.Tensor, prompt_rows: Sequence[tuple[int,
     if not prompt_rows or weight is None:
         return own_linear(linear, x)
     rows = x.shape[0]
+
+    def low(part: torch.Tensor) -> torch.Tensor:  # (bucketed: oneDNN keeps a kernel per row count)
+        return in_buckets(lambda a: F.linear(a, weight, linear.prompt_bias), part.to(weight.dtype)).to(x.dtype)
+
     if len(prompt_rows) == 1 and prompt_rows[0] == (0, rows):
-        return F.linear(x.to(weight.dtype), weight, linear.prompt_bias).to(x.dtype)
+        return low(x)
     pieces, done = [], 0
     for start, end in prompt_rows:
         if start > done:
             pieces.append(own_linear(linear, x[done:start]))
-        pieces.append(F.linear(x[start:end].to(weight.dtype), weight, linear.prompt_bias).to(x.dtype))
+        pieces.append(low(x[start:end]))
         done = end
     if done < rows:
         pieces.append(own_linear(linear, x[done:]))
