@@ -127,7 +127,8 @@ class ModelConfig(BaseModel):
         "model.compile. Off by default: on 2 Zen 4 cores, 64 streams of the built-in voice ran 4.82 and 4.78 ms "
         "of model phase a pass against 5.61 and 5.78, but one stream's pass grew 2.1 -> 2.7 ms, and together with "
         "model.prompt_dtype=bfloat16 a seeded stream of the tiny test model came out otherwise alone than beside "
-        "three others (tests/test_server.py), not yet understood.")
+        "three others (tests/test_server.py): the candidate logits' products still round by row count (with 1-3 "
+        "rows padded to 4 the test passed 6 of 6).")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "float32", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "
@@ -135,7 +136,9 @@ class ModelConfig(BaseModel):
         "streams of the built-in voice started at once: TTFA p99 245 and 257 ms -> 209 and 210 ms through the "
         "server, its validation WER 30.7 -> 31.0 %, MCD 4.01 dB either way. Keeps a bfloat16 copy of those "
         "weights. float32 by default for now: with bfloat16 prompts, tests/test_server.py's seeded streams came "
-        "out otherwise alone than four together in 1 run of 18 (0 of 16 in float32), not yet understood.")
+        "out otherwise alone than four together in 1 run of 18 (0 of 16 in float32): the BLAS rounds a row "
+        "differently by how many rows share a product (the decoder layers' and the candidate logits'), and "
+        "bfloat16 prompts change which near-ties meet that; on by default once every such product is row-stable.")
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
         "measured fastest for this engine's small steps, and torch's default on GPU.")
