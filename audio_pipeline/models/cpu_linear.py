@@ -2,13 +2,11 @@
 
 torch's ``F.linear`` on a CPU goes to a BLAS that rounds a row differently when it comes alone, in
 twos or threes, and in fours or more (three kernels), so a request's speech could depend on how
-many others shared its steps (``tests/test_server.py``'s seeded streams alone against together
-diverged once the batched steps' kernel changed). oneDNN's linear over a weight packed once for it
-gives a row the same bits at any number of rows from 2 up (``tests/test_cpu_linear.py`` checks it
-on the machine it runs on; a lone row takes another kernel for some shapes, so it runs padded to
-two) and is faster from a few rows up: on 2 Zen 4 cores
-a [64, 192] x [192, 576] product took 71 us against the BLAS's 142 (1.6-2.1x from 16 to 128
-rows). A lone row costs more than the BLAS's matrix-vector product (15 against 6.7 us, and the
+many others shared its steps. oneDNN's linear over a weight packed once for it gives a row the
+same bits at any number of rows from 2 up (``tests/test_cpu_linear.py`` checks it on the machine it
+runs on; a lone row takes another kernel for some shapes, so it runs padded to two) and is faster
+from a few rows up: on 2 Zen 4 cores a [64, 192] x [192, 576] product took 71 us against the BLAS's
+142 (1.6-2.1x from 16 to 128 rows). A lone row costs more than the BLAS's matrix-vector product (15 against 6.7 us, and the
 padding): one stream's pass of the built-in voice is slower, the price of the exactness.
 """
 
@@ -17,7 +15,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 #: Fewest rows a product takes the packed weights for: every product (see the module docstring).

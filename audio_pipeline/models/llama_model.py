@@ -73,7 +73,7 @@ class LlamaPipelineModel(PipelineModel):
         self.model.eval()
         if quantization == "int8":
             self._quantize_int8()
-        if pipeline_config.model.fuse_layers and (self.devices[0].type == "cuda" or __import__("os").environ.get("FUSECPU")):
+        if pipeline_config.model.fuse_layers and self.devices[0].type == "cuda":
             fuse_layers(self.model)
         #: Whether decode steps multiply by oneDNN-packed weights (model.packed_linears).
         self.packed_linears = use_packed_linears(pipeline_config.model.packed_linears, self.backbone_layers(), dtype,

@@ -7,9 +7,11 @@ AMX multiplies bfloat16 matrices at several times its float32 rate (2 Zen 4 core
 [192, 576] product: 5.1 ms in float32, 1.0 ms in bfloat16), while the small products of decode steps
 (one row per stream) run no faster, or slower, in bfloat16. So the rows of a step that are prompt
 positions multiply by a bfloat16 copy of the weights and every other row by the model's own: the
-choice goes by position, never by how a step was batched, so a request's audio does not depend on
-what it shared its steps with (bfloat16 products here give each row the same bits whatever the
-rows beside it; ``tests/test_prompt_precision.py`` checks it on the machine it runs on).
+choice goes by position, never by how a step was batched, so it adds no dependence of a request's
+audio on what it shared its steps with (bfloat16 products here give each row the same bits
+whatever the rows beside it; ``tests/test_prompt_precision.py`` checks it on the machine it runs
+on). The float32 products beside them still round by row count (models/cpu_linear.py), which is
+why this is not the default yet.
 """
 
 from __future__ import annotations
