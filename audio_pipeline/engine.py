@@ -37,6 +37,9 @@ from audio_pipeline.core.sampler import SamplingParams
 from audio_pipeline.service.prepare import RequestPreparer
 
 logger = logging.getLogger(__name__)
+#: Rows of the decoder graphs captured at start-up for final chunks' shorter windows (few streams end
+#: in the same pass; more take two replays, or an eager call where no graph holds them).
+FINAL_WINDOW_ROWS = 4
 
 
 
@@ -175,6 +178,7 @@ class TTSEngine:
                                num_threads=self.num_threads, decode_stream=self._decode_stream(device),
                                decode_thread=config.audio_decoder_thread)
         kv_manager.before_grow = self.core.wait_for_steps  # no step may hold the old tensors
+        self._prepare_decoder_graphs()
 
     @staticmethod
     def _decode_stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -182,6 +186,22 @@ class TTSEngine:
         of the model's queued ones, so its audio is not held up behind whole forward passes (a
         stream that waits for audio is about to stall; the model's steps have slack)."""
         return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+
+    def _prepare_decoder_graphs(self) -> None:
+        """Captures the decoder's CUDA graphs (where it has them) for the windows the chunk schedule
+        makes, now rather than while the first requests wait (decoders/snac_graphs.py)."""
+        graphs = getattr(self.decoder, "graphs", None)
+        settings = self.core.streaming
+        if graphs is None or settings.block_causal or self.decoder.causal_state or settings.chunk_size is None:
+            return  # block-causal chunks decode on states (decode_blocks), not as windows
+        from audio_pipeline.decoders.chunker import ChunkSchedule
+
+        schedule = ChunkSchedule(settings.chunk_size, settings.buffer)
+        frame = self.decoder.tokens_per_frame
+        steady = [length // frame for length in schedule.steady_window_lengths()]
+        graphs.prepare(steady)
+        # A final chunk's window is shorter (what is left); few streams end in the same pass.
+        graphs.prepare([n for n in range(1, max(steady)) if n not in steady], rows=FINAL_WINDOW_ROWS)
 
     def _activation_reserve(self) -> int:
         """Device memory the KV cache must leave for the largest step and decoder call, measured by

@@ -285,11 +285,52 @@ def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(
             for got, expected in zip(chunks, want):
                 torch.testing.assert_close(got, expected.float(), atol=1e-3 * expected.abs().max().item() + 1e-5, rtol=0)
         wait_idle(engine)
+        if not DRY_RUN:  # the chunks above (served and alone) were replayed from SNAC's graphs
+            graphs = engine.decoder.graphs
+            assert graphs is not None and graphs.replays > 0, "SNAC decoded eagerly on CUDA"
+            frames = [n // 7 for n in settings.chunk_size[:1]]  # the first window, prepared at start-up
+            assert all((frames[0], bucket) in graphs.shapes for bucket in graphs.sizes)
+            print(f"served: SNAC graph replays {graphs.replays}, shapes {graphs.shapes}, "
+                  f"captured in {graphs.capture_seconds:.2f} s")
     finally:
         engine.stop()
 
 
 # --- decoders -------------------------------------------------------------------------------------
+
+def test_snacs_captured_decode_gives_the_eager_audio(tmp_path):
+    """decode_batch replayed from SNAC's CUDA graphs (the 24 kHz model's shape) equals the eager
+    call on the same device within float tolerance: padded buckets, more rows than the largest
+    bucket, a bucket's leftover rows, each row's noise offset."""
+    from audio_pipeline.decoders import load_audio_decoder
+    from audio_pipeline.decoders.snac import SNAC_24KHZ_CONFIG, save_random_snac_checkpoint
+    from audio_pipeline.decoders.snac_graphs import SNACGraphs
+
+    path = save_random_snac_checkpoint(tmp_path / "snac", seed=6, **SNAC_24KHZ_CONFIG)
+    # One batched call per length on either device (the CPU's default splits them).
+    eager = load_audio_decoder("snac", str(path), {"cuda_graphs": False, "max_batch_frames": None}, device=DEVICE)
+    captured = load_audio_decoder("snac", str(path), {"max_batch_frames": None}, device=DEVICE)
+    if DRY_RUN:
+        captured.graphs = SNACGraphs(captured, capture=False)
+    assert captured.graphs is not None and eager.graphs is None
+    generator = torch.Generator().manual_seed(2)
+    worst = 0.0
+    for count, frames in ((3, 4), (70, 2), (5, 8), (2, 4), (1, 12)):
+        codes = torch.randint(0, 4096, (count, frames * 7), generator=generator)
+        offsets = torch.randint(0, 900, (count,), generator=generator).tolist()
+        want = eager.decode_batch(list(codes), frame_offsets=offsets)
+        got = captured.decode_batch(list(codes), frame_offsets=offsets)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.device.type == "cpu"
+            scale = w.abs().max().item()
+            worst = max(worst, (g - w).abs().max().item() / max(scale, 1e-9))
+            torch.testing.assert_close(g, w, atol=1e-3 * scale + 1e-5, rtol=0)
+    # 70 rows of 2 frames: a call of 64 and one of 8
+    assert captured.graphs.shapes == [(4, 4), (2, 64), (2, 8), (8, 8), (4, 2), (12, 1)]
+    assert captured.graphs.replays == 6
+    print(f"SNAC graphs against eager: largest difference {worst:.2e} of the window's peak; captured 6 in "
+          f"{captured.graphs.capture_seconds:.2f} s")
+
 
 def _decoder_pair(name, path):
     from audio_pipeline.decoders import load_audio_decoder

@@ -71,4 +71,13 @@ def _largest_step(model, decoder, manager, *, max_step_tokens: int, rows: int, p
     del hidden, last, batch
     frame = decoder.tokens_per_frame
     window = max(frame, decode_window - decode_window % frame)
-    decoder.decode_batch([torch.zeros(window, dtype=torch.long, device=device) for _ in range(max_rows)])
+    # Eagerly: the reserve covers an eager call of every row at once (a window no graph serves);
+    # a decoder's captured calls (snac_graphs.py) take less, in a pool of their own made later.
+    graphs = getattr(decoder, "graphs", None)
+    if graphs is not None:
+        decoder.graphs = None
+    try:
+        decoder.decode_batch([torch.zeros(window, dtype=torch.long, device=device) for _ in range(max_rows)])
+    finally:
+        if graphs is not None:
+            decoder.graphs = graphs

@@ -101,3 +101,18 @@ class ChunkSchedule:
         return DecodeWindow(start=decoded_index - context, end=end, context_tokens=context,
                             chunk_index=chunk_index, final=final,
                             prompt_tokens=self.prompt_context(chunk_index, context))
+
+    def steady_window_lengths(self, tokens: int = 4096) -> list[int]:
+        """Generated tokens in each distinct window of a stream that goes on for ``tokens`` tokens
+        without finishing (no prompt): the shapes its decoder calls take but for the final chunk's.
+        A decoder that captures a call per shape (snac_graphs.py) captures these at start-up."""
+        lengths: list[int] = []
+        decoded = chunk = 0
+        for generated in range(1, tokens + 1):
+            window = self.next_window(generated, decoded, chunk, finished=False)
+            if window is None:
+                continue
+            if window.end - window.start not in lengths:
+                lengths.append(window.end - window.start)
+            decoded, chunk = window.end, chunk + 1
+        return lengths

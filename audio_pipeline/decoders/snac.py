@@ -105,7 +105,8 @@ _MODEL_DEFAULTS: dict[str, Any] = {
 }
 #: Settings accepted in the ``config`` argument of :meth:`SNACDecoder.load`.
 _RUNTIME_DEFAULTS: dict[str, Any] = {"noise_seed": 0, "noise_scale": 1.0, "with_encoder": False,
-                                      "max_batch_frames": "auto"}
+                                      "max_batch_frames": "auto", "cuda_graphs": "auto",
+                                      "cuda_graph_max_frames": 32}
 #: CPU default of ``max_batch_frames``: measured on a 2-core x86 host with the 24 kHz model, the
 #: cost per frame is flat up to ~32 frames per call and grows beyond (memory-bound activations).
 _CPU_MAX_BATCH_FRAMES = 32
@@ -127,7 +128,10 @@ def codes_to_codebooks(codes: torch.Tensor) -> list[torch.Tensor]:
     if codes.shape[-1] % TOKENS_PER_FRAME:
         raise ValueError(f"code count {codes.shape[-1]} is not a multiple of {TOKENS_PER_FRAME}")
     frames = codes.reshape(*codes.shape[:-1], -1, TOKENS_PER_FRAME)
-    return [frames[..., list(slots)].reshape(*codes.shape[:-1], -1) for slots in _CODEBOOK_SLOTS]
+    # Slots stacked one by one, not indexed with a list: a list index is copied to the device on
+    # every call, which a CUDA graph cannot hold (snac_graphs.py).
+    return [torch.stack([frames[..., slot] for slot in slots], dim=-1).reshape(*codes.shape[:-1], -1)
+            for slots in _CODEBOOK_SLOTS]
 
 
 def codebooks_to_codes(codebooks: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -333,12 +337,17 @@ def _export(root: torch.nn.Module, style: str = "legacy") -> dict[str, torch.Ten
 NOISE_PERIOD_FRAMES = 512
 
 
-def _positional_noise(tables: list[torch.Tensor], frames: int, offsets: Sequence[int], scale: float) -> NoiseFn:
-    """Noise for a batch of ``frames``-frame streams whose first frames are ``offsets``."""
+def _positional_noise(tables: list[torch.Tensor], frames: int, offsets: Sequence[int] | torch.Tensor,
+                      scale: float) -> NoiseFn:
+    """Noise for a batch of ``frames``-frame streams whose first frames are ``offsets`` (a sequence,
+    or a (batch, 1) long tensor on the tables' device: what a CUDA graph reads its offsets from)."""
 
     # One index product for the whole batch (a stream-by-stream loop costs a few small kernels per
     # stream and stage: at 160 streams a quarter of the decoder thread's time on a GPU).
-    firsts = torch.tensor(list(offsets), dtype=torch.long, device=tables[0].device)[:, None]
+    if isinstance(offsets, torch.Tensor):
+        firsts = offsets
+    else:
+        firsts = torch.tensor(list(offsets), dtype=torch.long, device=tables[0].device)[:, None]
 
     def draw(stage: int, batch: int, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         table = tables[stage]
@@ -388,7 +397,8 @@ class SNACDecoder(AudioDecoder):
     def __init__(self, model_config: dict[str, Any], quantizer: ResidualQuantizer, synthesis: SNACSynthesis,
                  *, device: torch.device, dtype: torch.dtype, noise_seed: int | None = 0,
                  noise_scale: float = 1.0, weights_file: Path | None = None,
-                 analysis: SNACAnalysis | None = None, max_batch_frames: int | None = None):
+                 analysis: SNACAnalysis | None = None, max_batch_frames: int | None = None,
+                 cuda_graphs: bool = False, cuda_graph_max_frames: int = 32):
         self.model_config = model_config
         self.quantizer, self.synthesis, self._analysis = quantizer, synthesis, analysis
         self.device, self.dtype = device, dtype
@@ -405,6 +415,12 @@ class SNACDecoder(AudioDecoder):
         self.attn_window_size = model_config["attn_window_size"]
         self.receptive_field_frames = receptive_field_frames(model_config)
         self.supports_block_causal = synthesis.attention is None
+        #: Captured batched decodes (snac_graphs.py), or None: eager calls.
+        self.graphs = None
+        if cuda_graphs:
+            from audio_pipeline.decoders.snac_graphs import SNACGraphs
+
+            self.graphs = SNACGraphs(self, max_frames=cuda_graph_max_frames)
 
     @classmethod
     def check_streaming_settings(cls, *, block_causal: bool = False, prepend_causal: bool = False,
@@ -439,7 +455,10 @@ class SNACDecoder(AudioDecoder):
         default 0), ``noise_scale`` (default 1.0; 0 disables noise), ``with_encoder`` (build the
         encoder now; otherwise it is built on the first :meth:`encode`), ``max_batch_frames``
         (frames per batched decoder call in :meth:`decode_batch`; ``"auto"``: 32 on CPU,
-        unlimited elsewhere; None: unlimited).
+        unlimited elsewhere; None: unlimited), ``cuda_graphs`` (:meth:`decode_batch` replays CUDA
+        graphs, snac_graphs.py; ``"auto"``, the default: on CUDA where the noise is positional or
+        off; ``true`` insists and fails where it cannot; ``false``), ``cuda_graph_max_frames``
+        (longest window, in frames, a graph is captured for; default 32).
         """
         settings = dict(_RUNTIME_DEFAULTS)
         for key, value in (config or {}).items():
@@ -460,6 +479,17 @@ class SNACDecoder(AudioDecoder):
         elif max_batch_frames is not None and (not isinstance(max_batch_frames, int)
                                                or isinstance(max_batch_frames, bool) or max_batch_frames <= 0):
             raise ValueError(f"max_batch_frames must be a positive integer, None or 'auto', got {max_batch_frames!r}")
+        graphs = settings["cuda_graphs"]
+        if graphs not in ("auto", True, False):
+            raise ValueError(f"cuda_graphs must be true, false or 'auto', got {graphs!r}")
+        positional = settings["noise_seed"] is not None or settings["noise_scale"] == 0
+        if graphs is True and (device.type != "cuda" or not positional):
+            raise ValueError("cuda_graphs=true needs the decoder on a CUDA device and positional noise (an integer "
+                             f"noise_seed) or none; here: device {device.type}, noise_seed {settings['noise_seed']!r}")
+        graphs = graphs is True or (graphs == "auto" and device.type == "cuda" and positional)
+        max_frames = settings["cuda_graph_max_frames"]
+        if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames <= 0:
+            raise ValueError(f"cuda_graph_max_frames must be a positive integer, got {max_frames!r}")
 
         weights_file, config_file = _resolve_files(weights)
         try:
@@ -499,7 +529,8 @@ class SNACDecoder(AudioDecoder):
                 module.to(device=device, dtype=dtype).eval().requires_grad_(False)
         return cls(model_config, quantizer, synthesis, device=device, dtype=dtype,
                    noise_seed=settings["noise_seed"], noise_scale=settings["noise_scale"],
-                   weights_file=weights_file, analysis=analysis, max_batch_frames=max_batch_frames)
+                   weights_file=weights_file, analysis=analysis, max_batch_frames=max_batch_frames,
+                   cuda_graphs=graphs, cuda_graph_max_frames=max_frames)
 
     # ---- decoding ------------------------------------------------------------------------
 
@@ -561,6 +592,17 @@ class SNACDecoder(AudioDecoder):
         audio = self.synthesis(z, noise)[:, 0]
         return audio.float().clamp_(-1.0, 1.0).cpu()
 
+    def decode_rows(self, codes: torch.Tensor, firsts: torch.Tensor) -> torch.Tensor:
+        """(B, 7F) checked codes and (B, 1) first-frame offsets, both on the device -> (B, F *
+        samples_per_frame) float32 audio on the device: ``_decode_stacked``'s arithmetic with
+        positional noise (or none) whose offsets come from a tensor. snac_graphs.py captures it."""
+        noise = None
+        if self.has_noise and self.noise_scale != 0:
+            noise = _positional_noise(self.noise_tables(), codes.shape[1] // TOKENS_PER_FRAME, firsts,
+                                      self.noise_scale)
+        z = self.quantizer.from_codes(codes_to_codebooks(codes))
+        return self.synthesis(z, noise)[:, 0].float().clamp_(-1.0, 1.0)
+
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, *, frame_offset: int = 0,
                generator: torch.Generator | None = None) -> torch.Tensor:
@@ -596,10 +638,15 @@ class SNACDecoder(AudioDecoder):
         checked = self._validate_all(batch)
         out: list[torch.Tensor | None] = [None] * len(batch)
         for members in self._runs(checked):
-            noise = self._noise(checked[members[0]].numel() // TOKENS_PER_FRAME, [frame_offsets[i] for i in members],
-                                None if generators is None else [generators[i] for i in members])
-            stacked = torch.stack([checked[i] for i in members]).to(device=self.device, dtype=torch.long)
-            audio = self._decode_stacked(stacked, noise)
+            offsets = [frame_offsets[i] for i in members]
+            stacked = torch.stack([checked[i] for i in members])
+            audio = None
+            if self.graphs is not None and generators is None:
+                audio = self.graphs.decode(stacked, offsets)
+            if audio is None:
+                noise = self._noise(stacked.shape[1] // TOKENS_PER_FRAME, offsets,
+                                    None if generators is None else [generators[i] for i in members])
+                audio = self._decode_stacked(stacked.to(device=self.device, dtype=torch.long), noise)
             for row, i in enumerate(members):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]

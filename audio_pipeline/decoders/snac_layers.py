@@ -382,7 +382,7 @@ class QuantizerLevel(nn.Module):
     def from_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """(B, T) codes -> (B, latent, T * stride)."""
         z = self.up(F.embedding(codes, self.codebook.vectors).transpose(1, 2))
-        return z.repeat_interleave(self.stride, dim=-1) if self.stride > 1 else z
+        return _repeat_steps(z, self.stride)
 
     def quantize(self, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, latent, T) -> (its quantized approximation, (B, T / stride) codes)."""
@@ -400,6 +400,14 @@ class QuantizerLevel(nn.Module):
         chosen = projected + (chosen - projected)
         z = self.up(chosen)
         return (z.repeat_interleave(self.stride, dim=-1) if self.stride > 1 else z), codes
+
+
+def _repeat_steps(z: torch.Tensor, times: int) -> torch.Tensor:
+    """Each time step ``times`` times in a row (``repeat_interleave`` on the last dimension), as a
+    view expanded and copied once: no repeat count goes through the host, so a CUDA graph can hold it."""
+    if times == 1:
+        return z
+    return z.unsqueeze(-1).expand(*z.shape, times).reshape(*z.shape[:-1], z.shape[-1] * times)
 
 
 class ResidualQuantizer(nn.Module):
