@@ -37,9 +37,6 @@ from audio_pipeline.core.sampler import SamplingParams
 from audio_pipeline.service.prepare import RequestPreparer
 
 logger = logging.getLogger(__name__)
-#: Rows of the decoder graphs captured at start-up for final chunks' shorter windows (few streams end
-#: in the same pass; more take two replays, or an eager call where no graph holds them).
-FINAL_WINDOW_ROWS = 4
 
 
 
@@ -199,9 +196,9 @@ class TTSEngine:
         schedule = ChunkSchedule(settings.chunk_size, settings.buffer)
         frame = self.decoder.tokens_per_frame
         steady = [length // frame for length in schedule.steady_window_lengths()]
-        graphs.prepare(steady)
-        # A final chunk's window is shorter (what is left); few streams end in the same pass.
-        graphs.prepare([n for n in range(1, max(steady)) if n not in steady], rows=FINAL_WINDOW_ROWS)
+        # A final chunk's window is shorter (what is left); streams that started together end together.
+        graphs.prepare(steady + [n for n in range(1, max(steady)) if n not in steady])
+        graphs.sealed = True
 
     def _activation_reserve(self) -> int:
         """Device memory the KV cache must leave for the largest step and decoder call, measured by

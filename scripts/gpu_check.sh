@@ -33,6 +33,8 @@ stage() {  # stage NAME LIMIT LOG CMD...: runs CMD for at most LIMIT seconds int
   if [ "$lim" -lt 30 ]; then say "SKIP $name (no time left)"; return 99; fi
   say "START $name (limit ${lim}s)"; local t=$SECONDS
   timeout -k 5 "$lim" "$@" > "$log" 2>&1; local rc=$?
+  # A benchmark's server that outlived it (killed past the limit) would hold the GPU's memory.
+  pkill -9 -f -- "--metrics-port" 2>/dev/null && sleep 2
   say "END $name rc=$rc in $((SECONDS - t))s$([ $rc = 124 ] && echo ' (timed out)')"
   tail -n 8 "$log" | sed 's/^/    /' >> "$S"; return $rc
 }

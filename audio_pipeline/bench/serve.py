@@ -724,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
                  + f"; the floor uses the engine's {served.threads} thread{'s' if served.threads > 1 else ''}")
     print(f"read bandwidth (a float32 sum over {READ_BYTES >> 20} MiB, best of 5): {where}", flush=True)
 
+    # Stopped by a time limit (SIGTERM), the benchmark still stops its server and keeps the log: a
+    # server left behind holds the GPU's memory, and the next run fails for want of it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = Server(args.model, args.task_arg, device=args.device, log_path=args.server_log,
                     start_timeout=args.start_timeout)
     succeeded = False

@@ -14,9 +14,9 @@ keep what an earlier call left there (valid codes and offsets; the rows never mi
 works row by row) and their audio is dropped. The positional noise reads the offsets from the
 bucket's buffer on the device, so the noise, like the codes, is an input and not a constant.
 
-The engine captures at start-up (``prepare``) the windows its chunk schedule makes, in every bucket,
-and the shorter windows a stream's final chunk may make, in the buckets of up to 4 rows (few streams
-end in the same pass); any other shape is captured on first use, on the decoder's thread. All go into one memory pool of their own
+The engine captures at start-up (``prepare``) the windows its chunk schedule makes and the shorter
+windows a stream's final chunk may make, in every bucket, and then seals the set: while it serves,
+any other shape decodes eagerly. Used alone (no engine), a decoder captures a shape on first use. All go into one memory pool of their own
 (replays never overlap: each call reads its audio back before the next starts, so every graph's
 output is valid until the next replay of any). Limits keep memory bounded: windows of at most
 ``max_frames`` frames (longer ones, e.g. a whole utterance decoded at once, run eagerly) and at
@@ -69,6 +69,10 @@ class SNACGraphs:
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._lock = threading.Lock()
         self._full_logged = self._preparing = False
+        #: Set by the engine after ``prepare``: no capture while it serves (a capture waits for the
+        #: device and empties the allocator's cache under the running loop; on an H200 a capture on
+        #: the decoder thread beside the loop stalled the server); other shapes decode eagerly.
+        self.sealed = False
         #: Replays (or, without capture, buffered calls) so far: the tests check the graphs are used.
         self.replays = 0
         #: Seconds spent capturing, in all.
@@ -136,6 +140,8 @@ class SNACGraphs:
         entry = self._entries.get(key)
         if entry is not None:
             return entry
+        if self.sealed and not self._preparing:
+            return None
         if len(self._entries) >= self.max_graphs:
             if not self._full_logged:
                 logger.info("SNAC CUDA graphs: %d held (the limit); windows of other shapes decode eagerly",
