@@ -247,16 +247,19 @@ def test_no_block_or_request_is_held_after_the_runs(model_dir):
         engine.stop()
 
 
-def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(model_dir):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "snac-graphs"])
+def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(model_dir, graphs):
     """On CUDA the audio is decoded on the decoder thread (its own stream) while the loop goes on:
     each request's chunks arrive in order, before its completion, and are the audio of its windows
-    decoded one at a time, in order, on a stream of its own (within batched-kernel rounding)."""
+    decoded one at a time, in order, on a stream of its own (within batched-kernel rounding); with
+    SNAC's graphs on, the engine's decoder calls replay them."""
     import queue
 
     from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
     from conftest import wait_idle
 
-    engine = engine_on_cuda(model_dir, "max_batch_size=8", "chunk_size=28,56")
+    flags = ["audio_decoder_config.cuda_graphs=true"] if graphs and not DRY_RUN else []
+    engine = engine_on_cuda(model_dir, "max_batch_size=8", "chunk_size=28,56", *flags)
     try:
         assert engine.core._decoder is not None or DRY_RUN
         events: queue.Queue = queue.Queue()
@@ -285,7 +288,7 @@ def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(
             for got, expected in zip(chunks, want):
                 torch.testing.assert_close(got, expected.float(), atol=1e-3 * expected.abs().max().item() + 1e-5, rtol=0)
         wait_idle(engine)
-        if not DRY_RUN:  # the chunks above (served and alone) were replayed from SNAC's graphs
+        if graphs and not DRY_RUN:  # the chunks above (served and alone) were replayed from SNAC's graphs
             graphs = engine.decoder.graphs
             assert graphs is not None and graphs.replays > 0, "SNAC decoded eagerly on CUDA"
             frames = [n // 7 for n in settings.chunk_size[:1]]  # the first window, prepared at start-up
@@ -309,7 +312,8 @@ def test_snacs_captured_decode_gives_the_eager_audio(tmp_path):
     path = save_random_snac_checkpoint(tmp_path / "snac", seed=6, **SNAC_24KHZ_CONFIG)
     # One batched call per length on either device (the CPU's default splits them).
     eager = load_audio_decoder("snac", str(path), {"cuda_graphs": False, "max_batch_frames": None}, device=DEVICE)
-    captured = load_audio_decoder("snac", str(path), {"max_batch_frames": None}, device=DEVICE)
+    captured = load_audio_decoder("snac", str(path), {"max_batch_frames": None, "cuda_graphs": not DRY_RUN},
+                                  device=DEVICE)
     if DRY_RUN:
         captured.graphs = SNACGraphs(captured, capture=False)
     assert captured.graphs is not None and eager.graphs is None

@@ -105,7 +105,7 @@ _MODEL_DEFAULTS: dict[str, Any] = {
 }
 #: Settings accepted in the ``config`` argument of :meth:`SNACDecoder.load`.
 _RUNTIME_DEFAULTS: dict[str, Any] = {"noise_seed": 0, "noise_scale": 1.0, "with_encoder": False,
-                                      "max_batch_frames": "auto", "cuda_graphs": "auto",
+                                      "max_batch_frames": "auto", "cuda_graphs": False,
                                       "cuda_graph_max_frames": 32}
 #: CPU default of ``max_batch_frames``: measured on a 2-core x86 host with the 24 kHz model, the
 #: cost per frame is flat up to ~32 frames per call and grows beyond (memory-bound activations).
@@ -455,9 +455,9 @@ class SNACDecoder(AudioDecoder):
         default 0), ``noise_scale`` (default 1.0; 0 disables noise), ``with_encoder`` (build the
         encoder now; otherwise it is built on the first :meth:`encode`), ``max_batch_frames``
         (frames per batched decoder call in :meth:`decode_batch`; ``"auto"``: 32 on CPU,
-        unlimited elsewhere; None: unlimited), ``cuda_graphs`` (:meth:`decode_batch` replays CUDA
-        graphs, snac_graphs.py; ``"auto"``, the default: on CUDA where the noise is positional or
-        off; ``true`` insists and fails where it cannot; ``false``), ``cuda_graph_max_frames``
+        unlimited elsewhere; None: unlimited), ``cuda_graphs`` (true: :meth:`decode_batch` replays
+        CUDA graphs, snac_graphs.py, on a CUDA device with positional noise or none; default false:
+        through the server on an H200 it did not serve more streams), ``cuda_graph_max_frames``
         (longest window, in frames, a graph is captured for; default 32).
         """
         settings = dict(_RUNTIME_DEFAULTS)
@@ -480,13 +480,12 @@ class SNACDecoder(AudioDecoder):
                                                or isinstance(max_batch_frames, bool) or max_batch_frames <= 0):
             raise ValueError(f"max_batch_frames must be a positive integer, None or 'auto', got {max_batch_frames!r}")
         graphs = settings["cuda_graphs"]
-        if graphs not in ("auto", True, False):
-            raise ValueError(f"cuda_graphs must be true, false or 'auto', got {graphs!r}")
+        if not isinstance(graphs, bool):
+            raise ValueError(f"cuda_graphs must be true or false, got {graphs!r}")
         positional = settings["noise_seed"] is not None or settings["noise_scale"] == 0
-        if graphs is True and (device.type != "cuda" or not positional):
+        if graphs and (device.type != "cuda" or not positional):
             raise ValueError("cuda_graphs=true needs the decoder on a CUDA device and positional noise (an integer "
                              f"noise_seed) or none; here: device {device.type}, noise_seed {settings['noise_seed']!r}")
-        graphs = graphs is True or (graphs == "auto" and device.type == "cuda" and positional)
         max_frames = settings["cuda_graph_max_frames"]
         if not isinstance(max_frames, int) or isinstance(max_frames, bool) or max_frames <= 0:
             raise ValueError(f"cuda_graph_max_frames must be a positive integer, got {max_frames!r}")
