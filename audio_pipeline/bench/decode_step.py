@@ -14,7 +14,8 @@ steps two ways:
   overlap pipeline on CUDA), so the host's work hides behind the device's.
 
 Variants: ``graphs`` (bf16 cache, CUDA graphs, fused layers: the CUDA defaults), ``eager`` (the same
-without graphs), ``unfused`` (graphs, model.fuse_layers=false), ``page64`` (pages of 64 tokens), ``fp8``
+without graphs), ``unfused`` (graphs, model.fuse_layers=false), ``page64`` (pages of 64 tokens), ``page16``
+(eager, pages of 16 tokens: on the CPU, the host's share of a step with CUDA's page tables), ``fp8``
 (an fp8_e4m3 cache), ``fa2`` (the FA2 prefill kernel).
 
 The floor of a step is its bytes (the layers' linear weights once, plus B x context x the KV bytes
@@ -44,6 +45,7 @@ VARIANTS = {
     "eager": {"cuda_graphs": False},
     "unfused": {"cuda_graphs": True, "fuse_layers": False},
     "page64": {"cuda_graphs": True, "kv_cache": {"kv_cache_page_size": 64}},
+    "page16": {"cuda_graphs": False, "kv_cache": {"kv_cache_page_size": 16}},
     "fp8": {"cuda_graphs": True, "kv_cache": {"cache_dtype": "fp8_e4m3"}},
     "fa2": {"cuda_graphs": True, "kv_cache": {"prefill_backend": "fa2"}},
 }

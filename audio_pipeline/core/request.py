@@ -108,10 +108,17 @@ class TTSContext:
     @property
     def stop_ids(self) -> tuple[int, ...]:
         """Ids that end the speech: the layout's end-of-speech, then the request's extra stop ids."""
+        # Kept for the settings they came from (every step stages every row's).
+        cached = self.__dict__.get("_stop_ids")
+        if cached is not None and cached[0] is self.sampling and cached[1] is self.layout:
+            return cached[2]
         if not self.layout.stops_by_token:  # the frame ends the speech: no id is a stop candidate
-            return (self.layout.end_of_speech,)
-        extra = tuple(t for t in self.sampling.stop_token_ids if t != self.layout.end_of_speech)
-        return (self.layout.end_of_speech, *extra)
+            ids = (self.layout.end_of_speech,)
+        else:
+            extra = tuple(t for t in self.sampling.stop_token_ids if t != self.layout.end_of_speech)
+            ids = (self.layout.end_of_speech, *extra)
+        self.__dict__["_stop_ids"] = (self.sampling, self.layout, ids)
+        return ids
 
     def candidate_ids(self, width: int | None = None) -> torch.Tensor:
         """The ids the next token is chosen from: the next frame slot's codebook, then the stop ids

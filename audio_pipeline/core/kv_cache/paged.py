@@ -123,7 +123,7 @@ class PagedKVCacheManager:
                  padding: int = 0) -> StepMetadata:
         """The host metadata of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i]),
         then ``padding`` rows that each compute one token at position 0 of the scratch page (a static shape)."""
-        tables = [self.block_manager.block_table(r) for r in request_ids] + [[self.cache.scratch_block]] * padding
+        tables = self.block_manager.block_tables(request_ids) + [[self.cache.scratch_block]] * padding
         try:
             return StepMetadata.build(tables, [*starts, *[0] * padding], [*lengths, *[1] * padding], self.page_size)
         except RuntimeError as exc:
