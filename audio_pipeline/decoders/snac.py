@@ -585,22 +585,24 @@ class SNACDecoder(AudioDecoder):
             return _global_noise(self.noise_scale)
         return _positional_noise(self.noise_tables(), frames, offsets, self.noise_scale)
 
+    def _synthesize(self, stacked: torch.Tensor, noise: NoiseFn | None) -> torch.Tensor:
+        """(B, 7F) validated codes on the device -> (B, F * samples_per_frame) float32 audio there."""
+        z = self.quantizer.from_codes(codes_to_codebooks(stacked))
+        return self.synthesis(z, noise)[:, 0].float().clamp_(-1.0, 1.0)
+
     def _decode_stacked(self, stacked: torch.Tensor, noise: NoiseFn | None) -> torch.Tensor:
         """(B, 7F) validated codes -> (B, F * samples_per_frame) float32 CPU audio."""
-        z = self.quantizer.from_codes(codes_to_codebooks(stacked))
-        audio = self.synthesis(z, noise)[:, 0]
-        return audio.float().clamp_(-1.0, 1.0).cpu()
+        return self._synthesize(stacked, noise).cpu()
 
     def decode_rows(self, codes: torch.Tensor, firsts: torch.Tensor) -> torch.Tensor:
         """(B, 7F) checked codes and (B, 1) first-frame offsets, both on the device -> (B, F *
-        samples_per_frame) float32 audio on the device: ``_decode_stacked``'s arithmetic with
-        positional noise (or none) whose offsets come from a tensor. snac_graphs.py captures it."""
+        samples_per_frame) float32 audio on the device, with positional noise (or none) whose
+        offsets come from a tensor. snac_graphs.py captures it."""
         noise = None
         if self.has_noise and self.noise_scale != 0:
             noise = _positional_noise(self.noise_tables(), codes.shape[1] // TOKENS_PER_FRAME, firsts,
                                       self.noise_scale)
-        z = self.quantizer.from_codes(codes_to_codebooks(codes))
-        return self.synthesis(z, noise)[:, 0].float().clamp_(-1.0, 1.0)
+        return self._synthesize(codes, noise)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, *, frame_offset: int = 0,

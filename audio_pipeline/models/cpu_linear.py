@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 #: Fewest rows a product takes the packed weights for: every product (see the module docstring).
@@ -97,7 +98,9 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``, on the packed weights where the module has them and ``x`` has enough rows."""
     packed = getattr(module, "packed_weight", None)
     if packed is None or x.shape[0] < PACKED_MIN_ROWS:
-        return module(x)
+        # A plain nn.Linear without the module call's hook machinery (a few us a product, tens of
+        # products a pass); anything else (int8-quantized modules) as it is.
+        return F.linear(x, module.weight, module.bias) if type(module) is nn.Linear else module(x)
     return in_buckets(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, module.bias, "none", [], ""), x)
 
 

@@ -80,8 +80,8 @@ class LlamaPipelineModel(PipelineModel):
                                                  self.devices[0], quantized=quantization == "int8",
                                                  compiled=pipeline_config.model.compile)
         if self.packed_linears:
-            logger.info("decoder layers' products of 2 rows or more on oneDNN-packed weights "
-                        "(model.packed_linears): %d weights", pack_linears(self.backbone_layers()))
+            logger.info("decoder layers' products on oneDNN-packed weights (model.packed_linears; a lone row "
+                        "padded to two): %d weights", pack_linears(self.backbone_layers()))
         #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
         self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
                                                  quantized=quantization == "int8")

@@ -78,8 +78,12 @@ def project(linear: nn.Linear, x: torch.Tensor, prompt_rows: Sequence[tuple[int,
     """``linear(x)`` (on its packed weights where it has them: models/cpu_linear.py), the row ranges
     ``prompt_rows`` of ``x`` multiplied by the linear's prompt weights (where it has them) and the
     result returned in ``x``'s dtype."""
+    if not prompt_rows:  # every decode step, tens of products a pass: the plain product at once
+        if type(linear) is nn.Linear and "packed_weight" not in linear.__dict__:
+            return F.linear(x, linear.weight, linear.bias)
+        return own_linear(linear, x)
     weight = getattr(linear, "prompt_weight", None)
-    if not prompt_rows or weight is None:
+    if weight is None:
         return own_linear(linear, x)
     rows = x.shape[0]
 
