@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.models.cpu_linear import (PACKED_MIN_ROWS, linear, onednn_linear_available, pack_linears,
-                                              use_packed_linears)
+from audio_pipeline.models.cpu_linear import (PackedWeight, linear, onednn_linear_available, pack_linears,
+                                              pack_weight, use_packed_linears)
 from conftest import make_config
 
 CPU = torch.device("cpu")
@@ -49,7 +49,6 @@ def test_packed_products_equal_the_module_within_float_rounding():
         with torch.inference_mode():
             for rows in (1, 33):
                 torch.testing.assert_close(linear(module, x[:rows]), module(x[:rows]), atol=1e-4, rtol=1e-5)
-    assert PACKED_MIN_ROWS == 1
 
 
 def test_auto_packs_only_a_float32_unquantized_model_on_the_cpu():
@@ -66,13 +65,52 @@ def test_auto_packs_only_a_float32_unquantized_model_on_the_cpu():
 
 
 @onednn
-def test_the_engine_packs_its_decoder_layers_when_asked_and_leaves_them_by_default(tiny_model_dir):
-    packed = TTSEngine(make_config(tiny_model_dir, model={"packed_linears": True}))
-    plain = TTSEngine(make_config(tiny_model_dir))  # the default: off
+def test_the_engine_packs_its_decoder_layers_by_default_and_leaves_them_when_asked(tiny_model_dir):
+    packed = TTSEngine(make_config(tiny_model_dir))  # the default: auto, on for a float32 model on the CPU
+    plain = TTSEngine(make_config(tiny_model_dir, model={"packed_linears": False}))
     assert packed.model.packed_linears and not plain.model.packed_linears
     projections = [m for m in packed.model.backbone_layers().modules() if isinstance(m, nn.Linear)]
-    assert projections and all(getattr(m, "packed_weight", None) is not None for m in projections)
+    assert projections and all(isinstance(getattr(m, "packed_weight", None), PackedWeight) for m in projections)
     assert not any(hasattr(m, "packed_weight") for m in plain.model.backbone_layers().modules())
+    # Packed, the query/key/value and gate/up projections run as one product each (fewer calls).
+    assert all(layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+               for layer in packed.model.backbone_layers())
+    assert all(layer.self_attn.qkv_proj is None for layer in plain.model.backbone_layers())
+
+
+@onednn
+def test_fused_products_are_the_separate_products_bits():
+    # Fusing q/k/v and gate/up on the CPU must not change a bit of what packing alone gives.
+    torch.manual_seed(1)
+    for widths in ((192, 192, 192), (576, 576), (384, 384), (16, 16, 16)):
+        weights = [torch.randn(n, widths[0] if len(widths) == 3 else 192) for n in widths]
+        separate, fused = [pack_weight(w) for w in weights], pack_weight(torch.cat(weights))
+        for rows in (1, 2, 5, 32):
+            x = torch.randn(rows, weights[0].shape[1])
+            with torch.inference_mode():
+                assert torch.equal(fused(x), torch.cat([p(x) for p in separate], dim=1)), (widths, rows)
+
+
+@onednn
+def test_a_lone_row_takes_the_padded_product_unless_the_probe_finds_the_same_kernel():
+    weight = torch.randn(64, 48)
+    exact = pack_weight(weight)
+    padded = PackedWeight(exact.weight, None, lone_exact=False)
+    calls = []
+    x = torch.randn(5, 48)
+    with torch.inference_mode():
+        together = exact(x)
+        original = torch.ops.mkldnn._linear_pointwise
+        try:
+            torch.ops.mkldnn._linear_pointwise = lambda rows, *rest: calls.append(rows.shape[0]) or original(rows, *rest)
+            alone = [exact(x[i:i + 1]) if exact.lone_exact else None for i in range(5)]
+            lone = padded(x[:1])
+        finally:
+            torch.ops.mkldnn._linear_pointwise = original
+    assert torch.equal(lone, together[:1])
+    assert calls[-1] == 2  # the lone row went in with a padding row
+    if exact.lone_exact:
+        assert calls[:5] == [1] * 5 and torch.equal(torch.cat(alone), together)
 
 
 def test_products_run_at_a_few_row_counts_whatever_rows_come():
@@ -91,3 +129,67 @@ def test_products_run_at_a_few_row_counts_whatever_rows_come():
         assert torch.equal(in_buckets(product, x), x * 2 + 1)
     assert seen <= {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024} and max(seen) == CHUNK_ROWS == 1024
     assert [bucket_rows(n) for n in (1, 2, 3, 4, 5, 100)] == [2, 2, 4, 4, 8, 128]
+
+
+def _speak_together(engine, texts, seeds):
+    """Each text's (tokens, frames), all submitted at once, sampled with its seed."""
+    import queue
+
+    contexts = [engine.create_context(t, temperature=0.9, top_p=0.95, seed=s) for t, s in zip(texts, seeds)]
+    events = queue.Queue()
+    for context in contexts:
+        engine.submit(context, events.put)
+    finished = 0
+    while finished < len(contexts):
+        event = events.get(timeout=300)
+        assert event.kind != "error", event
+        finished += event.kind == "complete"
+    return [(list(c.generated), [list(f) for f in c.frames]) for c in contexts]
+
+
+@pytest.fixture(scope="module")
+def voice():
+    """The default voice's engine with its default settings (started)."""
+    from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+
+    engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu",
+                                                                                  "model_path": DEFAULT_MODEL}))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@onednn
+def test_a_rows_candidate_and_depth_logits_are_the_same_bits_in_any_batch(voice):
+    # The sampling phase's products (the candidate logits' range of the output projection, the depth
+    # head's blocks and readout) run packed like the layers', so a row's logits never depend on the
+    # rows beside it (the BLAS rounds a lone row, 2-3 and 4+ rows three ways).
+    model = voice.model
+    assert model.packed_linears and model.model.depth.packed_readout is not None
+    torch.manual_seed(3)
+    hidden = torch.randn(7, model.model.config.hidden_size)
+    codes = torch.randint(0, 1024, (7,))
+    start, width = model.model.frame_head.code_offsets[model.model.frame_head.token_column], 1024
+    extra = torch.full((7, 1), 2)
+    with torch.inference_mode():
+        def candidates(rows):
+            return model.compute_candidate_logits(hidden[rows], [(0, len(rows), start)], torch.arange(len(rows)),
+                                                  extra[rows], width)
+
+        def depth(rows):
+            return model.model.depth(hidden[rows], codes[rows], model.model.model.embed_tokens)
+
+        for compute in (candidates, depth):
+            together = compute(list(range(7)))
+            for rows in ([0], [3], [1, 2], [4, 5, 6], [0, 1, 2, 3, 4]):
+                assert torch.equal(compute(rows), together[rows]), (compute.__name__, rows)
+
+
+@onednn
+def test_the_default_voices_seeded_speech_is_the_same_alone_and_beside_others(voice):
+    # What a seed promises: the same speech whatever else shares the steps.
+    texts = ["Good morning, Anna.", "The museum opens at nine.", "Please call Stella.", "Thank you, Bob!"]
+    alone = [_speak_together(voice, [text], [seed])[0] for seed, text in enumerate(texts)]
+    together = _speak_together(voice, texts, list(range(len(texts))))
+    assert all(frames for _, frames in alone)
+    assert together == alone

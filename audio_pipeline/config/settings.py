@@ -120,25 +120,22 @@ class ModelConfig(BaseModel):
         "auto", description="Weight and activation dtype; auto picks bfloat16 on GPU and float32 on CPU.")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N; auto uses the GPU when there is one.")
     packed_linears: bool | None = Field(
-        False, description="On CPU, multiply the decoder layers' products on a copy of the weights packed for oneDNN "
-        "instead of torch's BLAS, at power-of-two row counts (a lone row padded to two): a row's result is then the "
-        "same at any number of rows (the BLAS rounds 1, 2-3 and 4+ rows three ways). None = on for a float32 model "
-        "where torch has oneDNN and those weights come to at most 1 GiB (the copy doubles them); not with "
-        "model.compile. Off by default: on 2 Zen 4 cores, 64 streams of the built-in voice ran 4.82 and 4.78 ms "
-        "of model phase a pass against 5.61 and 5.78, but one stream's pass grew 2.1 -> 2.7 ms, and together with "
-        "model.prompt_dtype=bfloat16 a seeded stream of the tiny test model came out otherwise alone than beside "
-        "three others (tests/test_server.py): the candidate logits' products still round by row count (with 1-3 "
-        "rows padded to 4 the test passed 6 of 6).")
+        None, description="On CPU, run every product of a decode step (the decoder layers', with q/k/v and gate/up "
+        "fused into one product each; the candidate logits' range of the output projection; a frame model's depth "
+        "head) on copies of the weights packed for oneDNN instead of torch's BLAS, at power-of-two row counts: a "
+        "row's result is then the same bits at any number of rows (the BLAS rounds 1, 2-3 and 4+ rows three ways), "
+        "so a seeded stream's speech never depends on its batch. None = on for a float32 model where torch has "
+        "oneDNN and the layers' weights come to at most 1 GiB (the copy doubles them); not with model.compile. "
+        "false: the BLAS. Faster from a few rows up, slower for a lone row (oneDNN's fixed cost per call): see the "
+        "README's Serving speed.")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
+        "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "
         "that multiplies bfloat16 in hardware (AVX512-BF16 or AMX), else model.dtype. On 2 Zen 4 cores, 64 "
         "streams of the built-in voice started at once: TTFA p99 245 and 257 ms -> 209 and 210 ms through the "
         "server, its validation WER 30.7 -> 31.0 %, MCD 4.01 dB either way. Keeps a bfloat16 copy of those "
-        "weights. float32 by default for now: with bfloat16 prompts, tests/test_server.py's seeded streams came "
-        "out otherwise alone than four together in 1 run of 18 (0 of 16 in float32): the BLAS rounds a row "
-        "differently by how many rows share a product (the decoder layers' and the candidate logits'), and "
-        "bfloat16 prompts change which near-ties meet that; on by default once every such product is row-stable.")
+        "weights. Chosen by position, so a request's speech does not depend on its batch, given the float32 "
+        "products beside it are row-stable too (model.packed_linears, on by default).")
     num_threads: int | None = Field(
         None, ge=1, description="Intra-op threads of the engine (torch.set_num_threads); None = 1 on CPU, which "
         "measured fastest for this engine's small steps, and torch's default on GPU.")
@@ -181,7 +178,9 @@ class ModelConfig(BaseModel):
         True, description="On CUDA, run each Llama block with fewer, larger kernels: the query/key/value "
         "projections as one matrix product and the MLP's gate/up projections as another (their weights "
         "concatenated at load), and RMSNorm as torch's rms_norm. The same results up to float rounding; false "
-        "runs the checkpoint's layers one by one (for comparison). The CPU always runs them one by one.")
+        "runs the checkpoint's layers one by one (for comparison). On the CPU it applies with model.packed_linears "
+        "(where the fused products are the separate ones' bits and save oneDNN's fixed cost per call); with the "
+        "BLAS the CPU runs them one by one.")
 
     @field_validator("quantization", mode="before")
     @classmethod

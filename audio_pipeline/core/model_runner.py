@@ -179,6 +179,9 @@ class ModelRunner:
         self.tracks = track_inputs(model, layout)
         self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
                                        before_grow=self.wait)
+        if hasattr(model, "pack_candidate_ranges"):  # the candidate logits' products (model.packed_linears)
+            model.pack_candidate_ranges({(layout.token_range(slot)[0], layout.codebook_size)
+                                         for slot in range(layout.tokens_per_frame)})
         #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
         #: sample's position in the request's tokens).
         self._latest_sample: dict[str, tuple[torch.Tensor, int, int]] = {}

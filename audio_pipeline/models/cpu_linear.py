@@ -4,10 +4,13 @@ torch's ``F.linear`` on a CPU goes to a BLAS that rounds a row differently when 
 twos or threes, and in fours or more (three kernels), so a request's speech could depend on how
 many others shared its steps. oneDNN's linear over a weight packed once for it gives a row the
 same bits at any number of rows from 2 up (``tests/test_cpu_linear.py`` checks it on the machine it
-runs on; a lone row takes another kernel for some shapes, so it runs padded to two) and is faster
-from a few rows up: on 2 Zen 4 cores a [64, 192] x [192, 576] product took 71 us against the BLAS's
-142 (1.6-2.1x from 16 to 128 rows). A lone row costs more than the BLAS's matrix-vector product (15 against 6.7 us, and the
-padding): one stream's pass of the built-in voice is slower, the price of the exactness.
+runs on). A lone row takes another kernel for some shapes (the tiny test model's, 3072 inputs):
+packing probes each weight once and pads a lone row to two only where its bits differ. Every
+product of a decode step runs here when packed: the decoder layers' (q/k/v and gate/up fused into
+one product each), the candidate logits' range of the output projection and a frame model's depth
+head. It is faster from a few rows up: on 2 Zen 4 cores a [64, 192] x [192, 576] product took 72
+us against the BLAS's 143, [32, 192] x [192, 1024] 69 against 138; but a lone row costs more than
+the BLAS's matrix-vector product (15 against 7 us): oneDNN's fixed cost per call.
 """
 
 from __future__ import annotations
@@ -17,9 +20,6 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-#: Fewest rows a product takes the packed weights for: every product (see the module docstring).
-PACKED_MIN_ROWS = 1
 
 #: Largest total of float32 linear weights auto packs: the packed copy doubles them in memory.
 AUTO_MAX_BYTES = 1 << 30
@@ -84,24 +84,62 @@ def use_packed_linears(setting: bool | None, layers: nn.Module, dtype: torch.dty
     return setting
 
 
+def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, *, probe: bool = True) -> "PackedWeight":
+    """``weight`` ([out, in], float32) packed for oneDNN, with whether a lone row may run unpadded
+    (``probe``: find out, which reads products back; else a lone row is always padded)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+    return PackedWeight(packed, None if bias is None else bias.detach(),
+                        probe and lone_row_exact(packed, weight.shape[1]))
+
+
+class PackedWeight:
+    """A weight in oneDNN's layout (and its bias); ``lone_exact``: a lone row's product equals its
+    row of a larger product here (probed at packing), so it needs no padding row."""
+
+    __slots__ = ("weight", "bias", "lone_exact")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lone_exact: bool):
+        self.weight, self.bias, self.lone_exact = weight, bias, lone_exact
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T + bias`` at bucketed row counts (in_buckets), a lone row unpadded where exact."""
+        if x.shape[0] == 1 and self.lone_exact:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return in_buckets(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [],
+                                                                           ""), x)
+
+
+def lone_row_exact(packed: torch.Tensor, in_features: int) -> bool:
+    """Whether oneDNN multiplies a lone row by ``packed`` to the same bits as that row inside a product
+    of several (for some shapes it takes another kernel: the tiny test model's, 3072 inputs). Random
+    rows give different bits under different kernels almost surely, so eight agreeing rows say the
+    kernel is the same; a lone row is padded to two where they do not."""
+    rows = torch.randn(8, in_features, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        together = torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
+        return all(torch.equal(torch.ops.mkldnn._linear_pointwise(rows[i:i + 1], packed, None, "none", [], ""),
+                               together[i:i + 1]) for i in range(rows.shape[0]))
+
+
 def pack_linears(layers: nn.Module) -> int:
-    """Gives every nn.Linear inside ``layers`` a ``packed_weight`` (oneDNN's layout); returns how many."""
+    """Gives every nn.Linear inside ``layers`` a ``packed_weight`` (:class:`PackedWeight`); returns how many."""
     count = 0
     for module in layers.modules():
         if isinstance(module, nn.Linear):
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+            module.packed_weight = pack_weight(module.weight, module.bias)
             count += 1
     return count
 
 
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)``, on the packed weights where the module has them and ``x`` has enough rows."""
+    """``module(x)``, on the packed weights where the module has them."""
     packed = getattr(module, "packed_weight", None)
-    if packed is None or x.shape[0] < PACKED_MIN_ROWS:
+    if packed is None:
         # A plain nn.Linear without the module call's hook machinery (a few us a product, tens of
         # products a pass); anything else (int8-quantized modules) as it is.
         return F.linear(x, module.weight, module.bias) if type(module) is nn.Linear else module(x)
-    return in_buckets(lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, module.bias, "none", [], ""), x)
+    return packed(x)
 
 
-__all__ = ["PACKED_MIN_ROWS", "in_buckets", "linear", "pack_linears", "use_packed_linears", "onednn_linear_available"]
+__all__ = ["PackedWeight", "in_buckets", "linear", "pack_linears", "pack_weight", "use_packed_linears",
+           "onednn_linear_available"]

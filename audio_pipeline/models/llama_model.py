@@ -13,7 +13,7 @@ import torch
 from audio_pipeline.models.interface import KVCacheParams, PipelineModel
 from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
-from audio_pipeline.models.cpu_linear import pack_linears, use_packed_linears
+from audio_pipeline.models.cpu_linear import PackedWeight, pack_linears, pack_weight, use_packed_linears
 from audio_pipeline.models.prompt_precision import add_prompt_weights, resolve_prompt_dtype
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention
@@ -73,15 +73,25 @@ class LlamaPipelineModel(PipelineModel):
         self.model.eval()
         if quantization == "int8":
             self._quantize_int8()
-        if pipeline_config.model.fuse_layers and self.devices[0].type == "cuda":
-            fuse_layers(self.model)
         #: Whether decode steps multiply by oneDNN-packed weights (model.packed_linears).
         self.packed_linears = use_packed_linears(pipeline_config.model.packed_linears, self.backbone_layers(), dtype,
                                                  self.devices[0], quantized=quantization == "int8",
                                                  compiled=pipeline_config.model.compile)
+        # On the CPU fusing pays with packed weights only: oneDNN's fixed cost per call (about 10 us)
+        # is what fusing saves, and its fused products are the separate ones' bits (test_cpu_linear).
+        if pipeline_config.model.fuse_layers and (self.devices[0].type == "cuda" or self.packed_linears):
+            fuse_layers(self.model)
+        #: The output projection's candidate ranges packed for oneDNN, by (first id, width), as steps
+        #: meet them (model.packed_linears; compute_candidate_logits).
+        self._packed_ranges: dict[tuple[int, int], PackedWeight] = {}
         if self.packed_linears:
-            logger.info("decoder layers' products on oneDNN-packed weights (model.packed_linears; a lone row "
-                        "padded to two): %d weights", pack_linears(self.backbone_layers()))
+            layers, depth = pack_linears(self.backbone_layers()), self._pack_sampling_products()
+            padded = [m.packed_weight for m in self.model.modules() if isinstance(getattr(m, "packed_weight", None),
+                                                                                   PackedWeight)]
+            logger.info("decode steps' products on oneDNN-packed weights (model.packed_linears): %d in the decoder "
+                        "layers, %d in the depth head (the candidate logits' ranges as the runner starts); %d padded to two rows "
+                        "for a lone row (another kernel there)", layers, depth,
+                        sum(not w.lone_exact for w in padded))
         #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
         self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
                                                  quantized=quantization == "int8")
@@ -106,6 +116,12 @@ class LlamaPipelineModel(PipelineModel):
         else:
             load_safetensors_into(model, model_dir, dtype, device)
         return model
+
+    def _pack_sampling_products(self) -> int:
+        """Packs what a step's sampling multiplies beside the output projection (a frame model's
+        depth head: models/frame_head.py); returns the weights packed."""
+        depth = getattr(self.model, "depth", None)
+        return depth.pack(self.model.model.embed_tokens) if hasattr(depth, "pack") else 0
 
     def backbone_layers(self) -> torch.nn.Module:
         """The decoder layers the engine's paged steps run (what model.prompt_dtype applies to)."""
@@ -215,15 +231,34 @@ class LlamaPipelineModel(PipelineModel):
         weight = self.model.lm_head.weight
         logits = self._with_extra_logits(hidden, extra_ids, width)
         if len(groups) == 1:  # one range: the rows are in order already
-            start = groups[0][2]
-            logits[:, :width] = hidden @ weight[start:start + width].T
+            logits[:, :width] = self._range_product(hidden, groups[0][2], width)
         else:
             ordered = hidden.index_select(0, order)
             by_range = torch.empty(hidden.shape[0], width, dtype=torch.float32, device=hidden.device)
             for first, end, start in groups:
-                by_range[first:end] = ordered[first:end] @ weight[start:start + width].T
+                by_range[first:end] = self._range_product(ordered[first:end], start, width)
             logits[:, :width].index_copy_(0, order, by_range)
         return logits
+
+    def pack_candidate_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """With model.packed_linears, packs the output projection's candidate ``ranges`` ((first id,
+        width): the layout's frame slots' codebooks) before serving (the model runner calls it)."""
+        if self.packed_linears:
+            for start, width in ranges:
+                if (start, width) not in self._packed_ranges:
+                    self._packed_ranges[start, width] = pack_weight(self.model.lm_head.weight[start:start + width])
+
+    def _range_product(self, hidden: torch.Tensor, start: int, width: int) -> torch.Tensor:
+        """``hidden @ lm_head.weight[start:start + width].T``; with model.packed_linears on that range
+        packed for oneDNN, so a row's logits do not depend on its batch."""
+        if not self.packed_linears:
+            return hidden @ self.model.lm_head.weight[start:start + width].T
+        packed = self._packed_ranges.get((start, width))
+        if packed is None:  # a range pack_candidate_ranges was not told of: packed now, without the
+            # probe (it reads products back), so its lone rows are padded
+            packed = self._packed_ranges[start, width] = pack_weight(self.model.lm_head.weight[start:start + width],
+                                                                     probe=False)
+        return packed(hidden)
 
     def compute_slot_logits(self, hidden: torch.Tensor, starts: torch.Tensor, extra_ids: torch.Tensor, width: int,
                             first: int, slots: int) -> torch.Tensor:
