@@ -83,9 +83,14 @@ def test_a_step_reads_nothing_back_from_the_device(engine, buckets):
     assert runs[0] == runs[1] and all(len(tokens) >= 14 for tokens in runs[0][:3])
 
 
-def test_the_guard_catches_a_step_that_reads_back(engine):
-    """Where reading back is allowed (the CPU's own rule, sync_free off), a flat row's nucleus is
-    first tried over a prefix and checked on the host: the guard sees that."""
+def test_the_guard_catches_a_step_that_reads_back(engine, monkeypatch):
+    """Where reading back is allowed (the CPU's own rule, sync_free off), the torch form of the rule
+    (what serves where the native sampler cannot be built) first tries a flat row's nucleus over a
+    prefix and checks it on the host: the guard sees that."""
+    import audio_pipeline_kernels.native_sampler as native
+
+    monkeypatch.setattr(native, "_tried", True)
+    monkeypatch.setattr(native, "_kernel", None)
     runner = ModelRunner(engine.model, engine.layout, sync_free=False)
     contexts = [engine.create_context("Hello there.", request_id="flat", temperature=5.0, top_p=0.99, seed=7)]
     with pytest.raises(HostSync):

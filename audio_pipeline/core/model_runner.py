@@ -172,6 +172,11 @@ class ModelRunner:
         self.arena = StepArena(self.device)
         #: Sampling decides its rule from host data only (always on CUDA, where reading back stalls).
         self.sync_free = self.device.type == "cuda" if sync_free is None else sync_free
+        if not self.sync_free and self.device.type == "cpu":  # built (or loaded) now, not in the first step
+            from audio_pipeline_kernels.native_sampler import native_sampler
+
+            logger.info("sampling rule on the CPU: %s", "one C++ call a draw (native sampler)" if native_sampler()
+                        else "torch operations")
         self.decode_buckets = sorted(set(decode_buckets))
         #: A token or a whole frame per position (core/depth.py), chosen once for the model.
         self.frame_sampling = position_sampling(model, layout, sync_free=self.sync_free)

@@ -214,7 +214,7 @@ class DeviceSamplingRows:
 
 
 def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSamplingRows, counts: torch.Tensor, *,
-                sync_free: bool = True) -> torch.Tensor:
+                sync_free: bool = True, native: bool = True) -> torch.Tensor:
     """One speech token id per row ([B] int64, on the scores' device) from candidate logits
     ``scores`` ([B, codebook + E], each row's candidates in SamplingRows order) and each row's
     earlier codes in its frame slot ``counts`` ([B, codebook]).
@@ -224,10 +224,23 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
     value on the host when ``sync_free``: which rule runs is decided from the requests' settings
     (host data). Without it (the CPU, where a device value costs nothing to read) a flat row's
     nucleus may first be tried over the best NUCLEUS_PREFIX candidates; the result is the same.
+    There (and with ``native``) the rule runs as one C++ call where it could be built
+    (audio_pipeline_kernels/native_sampler.py: the same picks but at float-rounding boundaries),
+    else as the torch operations below.
     """
     codebook = rows.codebook_size
     scores = scores.float()
     host = not sync_free and scores.device.type == "cpu"  # reading the scores back is free
+    if host and native:
+        from audio_pipeline_kernels.native_sampler import native_sampler
+
+        kernel = native_sampler()
+        if kernel is not None:
+            return kernel(scores.contiguous(), device_rows.blocked.contiguous(),
+                          counts.float().contiguous() if rows.penalized else scores.new_empty(0),
+                          device_rows.floats.contiguous(), device_rows.top_k.contiguous(),
+                          device_rows.starts.contiguous(), device_rows.extra_ids.contiguous(), codebook,
+                          rows.penalized, rows.any_sampling, NUCLEUS_PREFIX)
     if rows.penalized:  # the penalties act on the codebook's columns; stop ids are never counted
         codes = scores[:, :codebook]
         seen = counts > 0

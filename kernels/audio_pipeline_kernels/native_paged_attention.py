@@ -356,14 +356,14 @@ def _target_flags() -> list[str]:
     return ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else []
 
 
-def _build_tag(cflags: list[str]) -> str:
-    """A short fingerprint of the kernel's source, its flags and this CPU's model and instruction-set
+def _build_tag(cflags: list[str], source: str = _SOURCE) -> str:
+    """A short fingerprint of a kernel's ``source``, its flags and this CPU's model and instruction-set
     flags: a changed kernel gets a build of its own, and a cache folder shared with another kind of
     CPU never serves a build made for this one."""
     import hashlib
     import platform
 
-    identity = _SOURCE + " ".join(cflags) + platform.machine()
+    identity = source + " ".join(cflags) + platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
             lines = [line for line in info if line.startswith(("model name", "flags"))]
