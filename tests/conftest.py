@@ -33,10 +33,26 @@ def tiny_model_dir(tmp_path_factory):
     return write_tiny_orpheus_model(tmp_path_factory.mktemp("tiny-orpheus"), seed=0)
 
 
+#: Every test's voices folder (saved cloned voices) lies under one root, removed when the process exits.
+_VOICES_ROOT = None
+
+
+def scratch_voices_dir() -> str:
+    """An empty voices folder of its own, removed with the others at exit (atexit: pytest may hold
+    this module twice, as its plugin and as the tests' import, so no session hook sees every one)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    global _VOICES_ROOT
+    if _VOICES_ROOT is None:
+        _VOICES_ROOT = tempfile.mkdtemp(prefix="audio-pipeline-test-voices-")
+        atexit.register(shutil.rmtree, _VOICES_ROOT, ignore_errors=True)
+    return tempfile.mkdtemp(prefix="voices-", dir=_VOICES_ROOT)
+
+
 def make_config(model_dir, *flags, **overrides):
     from audio_pipeline.config import AudioGenerationConfig
-
-    import tempfile
 
     # AUDIO_PIPELINE_TEST_DEVICE=cuda runs the engine tests on a GPU (the CPU is the default), and
     # AUDIO_PIPELINE_TEST_DTYPE=float32 keeps them in float32 there (auto would be bfloat16), so the
@@ -44,7 +60,7 @@ def make_config(model_dir, *flags, **overrides):
     device = os.environ.get("AUDIO_PIPELINE_TEST_DEVICE", "cpu")
     dtype = os.environ.get("AUDIO_PIPELINE_TEST_DTYPE", "auto")
     model = {"model_path": str(model_dir), "device": device, "dtype": dtype, **overrides.pop("model", {})}
-    overrides.setdefault("voices_dir", tempfile.mkdtemp(prefix="voices-"))
+    overrides.setdefault("voices_dir", scratch_voices_dir())
     return AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=28,56", f"sampling.max_tokens={TEST_MAX_TOKENS}",
                                                            "grace_period_s=5", *flags], model=model, **overrides)
 

@@ -19,7 +19,7 @@ import soundfile as sf
 from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.testing.background import BackgroundServer
 from browser import Browser, chromium_path
-from conftest import make_config
+from conftest import make_config, scratch_voices_dir
 
 pytestmark = pytest.mark.slow
 TOKEN = "playground-token-0123456789"
@@ -42,12 +42,11 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server():
-    import tempfile
 
     from audio_pipeline.config import AudioGenerationConfig
 
     config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu"},
-                                        voices_dir=tempfile.mkdtemp(prefix="voices-"))
+                                        voices_dir=scratch_voices_dir())
     running = started(config)
     yield running
     running.stop()

@@ -19,6 +19,7 @@ from audio_pipeline.text import ssml
 from audio_pipeline.text.ipa import ipa_units
 from audio_pipeline.text.pronunciations import from_entries, from_pls, load_voice_lexicons, respell
 from audio_pipeline.text.normalize import normalize
+from conftest import scratch_voices_dir
 
 DOCUMENT = """<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" xml:lang="en-US">
   Hello <sub alias="World Wide Web">WWW</sub> users. It costs $5.50 &amp; more.<break time="500ms"/>
@@ -147,7 +148,6 @@ def test_a_respelling_keeps_timings_on_the_word_as_written():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import tempfile
 
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.testing.background import BackgroundServer
@@ -155,7 +155,7 @@ def server(tmp_path_factory):
     lexicon = tmp_path_factory.mktemp("lexicon") / "lexicon.json"
     lexicon.write_text(json.dumps({"*": [{"word": "zorb", "phonemes": "zɔɹb"}]}))
     config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu"}, pronunciations=str(lexicon),
-                                        voices_dir=tempfile.mkdtemp(prefix="voices-"))
+                                        voices_dir=scratch_voices_dir())
     running = BackgroundServer(config, http_port=0).start()
     yield running
     running.stop()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from audio_pipeline_client import FLUSH, TTSClient
+from conftest import scratch_voices_dir
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -43,13 +44,12 @@ def assert_every_word_once_in_order(text, timings):
 @pytest.fixture(scope="module")
 def builtin_server():
     """A real server running the built-in voice whose alignment comes from eSpeak NG (lpc-en)."""
-    import tempfile
 
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.testing.background import BackgroundServer
 
     config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": "builtin:lpc-en", "device": "cpu"},
-                                        voices_dir=tempfile.mkdtemp(prefix="voices-"))
+                                        voices_dir=scratch_voices_dir())
     server = BackgroundServer(config).start()
     yield server
     server.stop()
