@@ -86,12 +86,22 @@ class SynthesisResult:
     stop_reason: StopReason
 
 
+def load_tokenizer(model_dir: Path, *, plain: bool = False) -> Any:
+    """The model's tokenizer: transformers' AutoTokenizer, or for a plain checkpoint (a family's
+    ``plain_checkpoint``) its vocabulary through ``tokenizers`` alone (models/plain_config.py)."""
+    if plain:
+        from audio_pipeline.models.plain_config import VocabularyTokenizer
+
+        return VocabularyTokenizer(model_dir)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 class TTSEngine:
     """Everything needed to serve one model: load once, then create and submit requests."""
 
     def __init__(self, config: AudioGenerationConfig):
-        from transformers import AutoTokenizer
-
         from audio_pipeline.models.registry import pipeline_model_class, read_model_config
 
         self.model_dir = resolve_model_dir(config.model.model_path)
@@ -103,8 +113,9 @@ class TTSEngine:
             torch.cuda.set_device(device)
         #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
         self.num_threads = config.model.num_threads or default_num_threads(device)
-        hf_config = read_model_config(self.model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        plain = self.manifest.family_record.plain_checkpoint
+        hf_config = read_model_config(self.model_dir, plain=plain)
+        self.tokenizer = load_tokenizer(self.model_dir, plain=plain)
         self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
         if hf_config.vocab_size < self.layout.min_vocab_size:
             raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "

@@ -372,4 +372,5 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
 
 
 # The built-in voices' manifests name their decoder and streaming settings.
-register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), front_ends=FRONT_ENDS))
+register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), front_ends=FRONT_ENDS,
+                       plain_checkpoint=True))

@@ -108,5 +108,6 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
 
 
 register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS,
+                       plain_checkpoint=True,
                        layout_options={"prompt": "pairs (two positions per phoneme, the default) or folded (one: "
                                                  "the model's frame_head has a fold)"}))

@@ -55,6 +55,10 @@ class Family:
     #: Settings of the family's layout a manifest may give (``layout_options``; the factory reads
     #: them from the manifest), with what each does.
     layout_options: Mapping[str, str] = field(default_factory=dict)
+    #: The family's checkpoints are plain Llamas whose layout reads only the tokenizer's vocabulary
+    #: (the project's own voices): the engine reads config.json and tokenizer.json without
+    #: transformers (models/plain_config.py), about 77 MiB less resident memory.
+    plain_checkpoint: bool = False
 
 
 #: The family of a checkpoint that nothing else claims.

@@ -87,7 +87,9 @@ def rope_inverse_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         base = params["rope_theta"]
-        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
+        # On the CPU, also where the module is being built on the meta device: a meta arange runs
+        # torch's Python reference kernels, whose first use imports sympy (~25 MiB resident).
+        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim)), 1.0
     # Scaled variants: transformers' own parameter formulas, so every published variant matches.
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

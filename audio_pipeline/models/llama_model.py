@@ -106,7 +106,9 @@ class LlamaPipelineModel(PipelineModel):
     def _build_model(self, huggingface_config: Any, model_dir: Path, dtype: torch.dtype, device: torch.device,
                      random_weights: bool) -> torch.nn.Module:
         """The language model with its weights on ``device`` (built on the meta device, then loaded)."""
-        with torch.device("meta"):
+        from audio_pipeline.models.weights import skipped_weight_init
+
+        with torch.device("meta"), skipped_weight_init():
             model = self.module_class(huggingface_config)
         if random_weights:
             from audio_pipeline.models.weights import init_random_weights

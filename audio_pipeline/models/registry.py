@@ -31,10 +31,16 @@ def pipeline_model_class(huggingface_config: Any) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def read_model_config(model_dir: Path) -> Any:
+def read_model_config(model_dir: Path, *, plain: bool = False) -> Any:
     """The checkpoint's config: transformers' AutoConfig, or this project's reader for a model type
-    transformers does not know (CONFIG_READERS)."""
+    transformers does not know (CONFIG_READERS); ``plain``: a plain Llama's fields read as they are
+    (models/plain_config.py, the project's own voices)."""
     import importlib
+
+    if plain:
+        from audio_pipeline.models.plain_config import PlainLlamaConfig
+
+        return PlainLlamaConfig.read(model_dir)
 
     try:
         model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")

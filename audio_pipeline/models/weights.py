@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -100,3 +102,25 @@ def init_random_weights(module: nn.Module, dtype: torch.dtype, device: torch.dev
         else:
             value = torch.empty(parameter.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
         setattr(owner, name.rpartition(".")[2], nn.Parameter(value, requires_grad=False))
+
+
+#: The torch.nn.init functions the layers' reset_parameters call (Linear, Embedding).
+_INIT_FUNCTIONS = ("kaiming_uniform_", "uniform_", "normal_", "trunc_normal_", "zeros_", "ones_", "xavier_uniform_",
+                   "xavier_normal_", "constant_")
+
+
+@contextlib.contextmanager
+def skipped_weight_init() -> Iterator[None]:
+    """Modules built inside skip torch.nn.init's random initialisation (their weights are loaded
+    right after, or drawn by init_random_weights). On the meta device that initialisation is not
+    only wasted: torch runs a meta tensor's in-place random fill through its Python reference
+    kernels, whose first use imports sympy and the symbolic-shape machinery (some 25 MiB of a
+    server's resident memory)."""
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
