@@ -51,6 +51,22 @@ def scratch_voices_dir() -> str:
     return tempfile.mkdtemp(prefix="voices-", dir=_VOICES_ROOT)
 
 
+def complete_all(engine, contexts, timeout: float = 300):
+    """Submits ``contexts`` to a started engine at once and waits until every one completes (an
+    error event fails the test)."""
+    import queue
+
+    events = queue.Queue()
+    for context in contexts:
+        engine.submit(context, events.put)
+    finished = 0
+    while finished < len(contexts):
+        event = events.get(timeout=timeout)
+        assert event.kind != "error", event
+        finished += event.kind == "complete"
+    return contexts
+
+
 def make_config(model_dir, *flags, **overrides):
     from audio_pipeline.config import AudioGenerationConfig
 

@@ -282,17 +282,9 @@ TEXTS = ("Good morning, Anna.", "Please call Stella and ask her to bring these t
 
 def _greedy_tokens(engine, texts):
     """Each text's generated tokens, all submitted at once (greedy)."""
-    contexts = [engine.create_context(t, temperature=0.0) for t in texts]
-    import queue
+    from conftest import complete_all
 
-    events = queue.Queue()
-    for context in contexts:
-        engine.submit(context, events.put)
-    finished = 0
-    while finished < len(contexts):
-        event = events.get(timeout=300)
-        assert event.kind != "error", event
-        finished += event.kind == "complete"
+    contexts = complete_all(engine, [engine.create_context(t, temperature=0.0) for t in texts])
     assert all(c.stop_reason.value == "end_of_speech" for c in contexts)
     return [list(c.generated) for c in contexts], contexts
 

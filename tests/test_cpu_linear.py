@@ -9,7 +9,7 @@ from torch import nn
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.models.cpu_linear import (PackedWeight, linear, onednn_linear_available, pack_linears,
                                               pack_weight, use_packed_linears)
-from conftest import make_config
+from conftest import complete_all, make_config
 
 CPU = torch.device("cpu")
 onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch has no oneDNN linear")
@@ -133,17 +133,8 @@ def test_products_run_at_a_few_row_counts_whatever_rows_come():
 
 def _speak_together(engine, texts, seeds):
     """Each text's (tokens, frames), all submitted at once, sampled with its seed."""
-    import queue
-
-    contexts = [engine.create_context(t, temperature=0.9, top_p=0.95, seed=s) for t, s in zip(texts, seeds)]
-    events = queue.Queue()
-    for context in contexts:
-        engine.submit(context, events.put)
-    finished = 0
-    while finished < len(contexts):
-        event = events.get(timeout=300)
-        assert event.kind != "error", event
-        finished += event.kind == "complete"
+    contexts = complete_all(engine, [engine.create_context(t, temperature=0.9, top_p=0.95, seed=s)
+                                     for t, s in zip(texts, seeds)])
     return [(list(c.generated), [list(f) for f in c.frames]) for c in contexts]
 
 

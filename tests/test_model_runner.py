@@ -89,8 +89,8 @@ def test_the_guard_catches_a_step_that_reads_back(engine, monkeypatch):
     prefix and checks it on the host: the guard sees that."""
     import audio_pipeline_kernels.native_sampler as native
 
-    monkeypatch.setattr(native, "_tried", True)
-    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native.native_sampler, "tried", True)
+    monkeypatch.setattr(native.native_sampler, "kernel", None)
     runner = ModelRunner(engine.model, engine.layout, sync_free=False)
     contexts = [engine.create_context("Hello there.", request_id="flat", temperature=5.0, top_p=0.99, seed=7)]
     with pytest.raises(HostSync):

@@ -8,6 +8,7 @@ import torch
 
 from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline_kernels.native_sampler import native_sampler
+from conftest import complete_all
 
 pytestmark = pytest.mark.skipif(native_sampler() is None, reason="the native sampler cannot be built here")
 
@@ -118,36 +119,27 @@ def test_a_forced_row_gets_its_forced_id_whatever_it_draws():
 def test_the_engine_samples_natively_and_speaks_what_the_torch_form_speaks(monkeypatch):
     # The default voice draws twice a pass (the frame's first code with repetition penalties, then
     # the depth head's code): seeded streams give the same frames either way.
-    import queue
-
     import audio_pipeline_kernels.native_sampler as native
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
 
     calls = []
     kernel = native.native_sampler()
-    monkeypatch.setattr(native, "_kernel", lambda *args: calls.append(args[0].shape[0]) or kernel(*args))
+    monkeypatch.setattr(native.native_sampler, "kernel", lambda *args: calls.append(args[0].shape[0]) or kernel(*args))
     engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu",
                                                                                   "model_path": DEFAULT_MODEL}))
     engine.start()
 
     def speak():
-        contexts = [engine.create_context(text, temperature=1.0, top_p=0.98, seed=seed)
-                    for seed, text in enumerate(["Good morning, Anna.", "The museum opens at nine."])]
-        events = queue.Queue()
-        for context in contexts:
-            engine.submit(context, events.put)
-        done = 0
-        while done < len(contexts):
-            event = events.get(timeout=120)
-            assert event.kind != "error", event
-            done += event.kind == "complete"
+        contexts = complete_all(engine, [engine.create_context(text, temperature=1.0, top_p=0.98, seed=seed)
+                                         for seed, text in enumerate(["Good morning, Anna.",
+                                                                      "The museum opens at nine."])], timeout=120)
         return [(list(c.generated), [list(f) for f in c.frames]) for c in contexts]
 
     try:
         natively = speak()
         assert calls  # the engine's steps drew through the kernel
-        monkeypatch.setattr(native, "_kernel", None)
+        monkeypatch.setattr(native.native_sampler, "kernel", None)
         spelled = speak()
     finally:
         engine.stop()

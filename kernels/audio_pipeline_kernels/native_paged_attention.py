@@ -329,11 +329,6 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
 }
 """
 
-_lock = threading.Lock()
-_kernel = None
-_tried = False
-
-
 def _put_ninja_on_path() -> None:
     """torch's builder runs the ``ninja`` command; the ``ninja`` package installs it beside this
     interpreter (a virtual environment's bin/, not on PATH unless activated)."""
@@ -385,16 +380,28 @@ def build_native_attention(target_flags: list[str] | None = None):
                        functions=["paged_attention"], extra_cflags=cflags, verbose=False).paged_attention
 
 
-def native_attention():
-    """The compiled kernel's ``paged_attention`` function, or None where it cannot be built."""
-    global _kernel, _tried
-    with _lock:
-        if not _tried:
-            _tried = True
-            try:
-                _kernel = build_native_attention()
-            except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, ...: the torch form serves
-                logger.warning("the native CPU paged-attention kernel could not be built (%s); using the torch "
-                               "form", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                _kernel = None
-        return _kernel
+class LazyKernel:
+    """A kernel built on its first call (under a lock, once): ``build()``'s result, or None where it
+    cannot be built (no compiler, no ninja, ...), after a warning naming ``what`` and ``fallback``."""
+
+    def __init__(self, build, what: str, fallback: str):
+        self.build, self.what, self.fallback = build, what, fallback
+        self.kernel = None
+        self.tried = False
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            if not self.tried:
+                self.tried = True
+                try:
+                    self.kernel = self.build()
+                except Exception as exc:  # noqa: BLE001 - the torch form serves instead
+                    logger.warning("%s could not be built (%s); %s", self.what,
+                                   str(exc).splitlines()[0] if str(exc) else type(exc).__name__, self.fallback)
+                    self.kernel = None
+            return self.kernel
+
+
+#: The compiled kernel's ``paged_attention`` function, or None where it cannot be built.
+native_attention = LazyKernel(build_native_attention, "the native CPU paged-attention kernel", "using the torch form")

@@ -19,10 +19,7 @@ torch form serves.
 
 from __future__ import annotations
 
-import logging
-import threading
-
-logger = logging.getLogger(__name__)
+from audio_pipeline_kernels.native_paged_attention import LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -258,17 +255,10 @@ torch::Tensor sample_rows(torch::Tensor scores, torch::Tensor blocked, torch::Te
 }
 """
 
-_lock = threading.Lock()
-_kernel = None
-_tried = False
-
-
 def build_native_sampler():
     """Compiles the kernel (or finds it built, in torch's extension folder) and returns its
     ``sample_rows``; raises where it cannot be built."""
     from torch.utils.cpp_extension import load_inline
-
-    from audio_pipeline_kernels.native_paged_attention import _build_tag, _put_ninja_on_path, _target_flags
 
     _put_ninja_on_path()
     cflags = ["-O3", "-ffp-contract=off", *_target_flags()]
@@ -276,16 +266,5 @@ def build_native_sampler():
                        functions=["sample_rows"], extra_cflags=cflags, verbose=False).sample_rows
 
 
-def native_sampler():
-    """The compiled kernel's ``sample_rows``, or None where it cannot be built (then the torch form serves)."""
-    global _kernel, _tried
-    with _lock:
-        if not _tried:
-            _tried = True
-            try:
-                _kernel = build_native_sampler()
-            except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, ...: the torch form serves
-                logger.warning("the native CPU sampler could not be built (%s); sampling runs as torch operations",
-                               str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                _kernel = None
-        return _kernel
+#: The compiled kernel's ``sample_rows``, or None where it cannot be built (then the torch form serves).
+native_sampler = LazyKernel(build_native_sampler, "the native CPU sampler", "sampling runs as torch operations")
