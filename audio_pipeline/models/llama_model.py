@@ -81,17 +81,17 @@ class LlamaPipelineModel(PipelineModel):
         # is what fusing saves, and its fused products are the separate ones' bits (test_cpu_linear).
         if pipeline_config.model.fuse_layers and (self.devices[0].type == "cuda" or self.packed_linears):
             fuse_layers(self.model)
-        #: The output projection's candidate ranges packed for oneDNN, by (first id, width), as steps
-        #: meet them (model.packed_linears; compute_candidate_logits).
+        #: The output projection's candidate ranges packed for oneDNN, by (first id, width): the
+        #: layout's, packed as the model runner starts (pack_candidate_ranges; model.packed_linears).
         self._packed_ranges: dict[tuple[int, int], PackedWeight] = {}
         if self.packed_linears:
             layers, depth = pack_linears(self.backbone_layers()), self._pack_sampling_products()
-            padded = [m.packed_weight for m in self.model.modules() if isinstance(getattr(m, "packed_weight", None),
-                                                                                   PackedWeight)]
+            packed = [m.packed_weight for m in self.model.modules()
+                      if isinstance(getattr(m, "packed_weight", None), PackedWeight)]
             logger.info("decode steps' products on oneDNN-packed weights (model.packed_linears): %d in the decoder "
-                        "layers, %d in the depth head (the candidate logits' ranges as the runner starts); %d padded to two rows "
-                        "for a lone row (another kernel there)", layers, depth,
-                        sum(not w.lone_exact for w in padded))
+                        "layers, %d in the depth head, the candidate logits' ranges as the runner starts; %d of "
+                        "them padded to two rows for a lone row (another kernel there)", layers, depth,
+                        sum(not weight.lone_exact for weight in packed))
         #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
         self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
                                                  quantized=quantization == "int8")
@@ -230,7 +230,6 @@ class LlamaPipelineModel(PipelineModel):
         by range start, ``groups`` ((first, end, start id) in that order, host data; see
         :func:`candidate_groups`) says where each range's rows are. Nothing is read back.
         """
-        weight = self.model.lm_head.weight
         logits = self._with_extra_logits(hidden, extra_ids, width)
         if len(groups) == 1:  # one range: the rows are in order already
             logits[:, :width] = self._range_product(hidden, groups[0][2], width)
