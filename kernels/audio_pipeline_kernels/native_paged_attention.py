@@ -317,6 +317,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* o = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  // Plain memory from here on: other Python threads (gRPC, the decoder) run meanwhile.
+  pybind11::gil_scoped_release no_gil;
   switch (cache_type) {
 #define STEP(T) attend_step<T>(q, key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), qo, kvp, idx, lens, batch, \
                               heads, dim, page_size, kv_heads, fscale, o); break;

@@ -196,6 +196,8 @@ torch::Tensor sample_rows(torch::Tensor scores, torch::Tensor blocked, torch::Te
   const int64_t* extras = extra_ids.data_ptr<int64_t>();
   const float* count = penalized ? counts.data_ptr<float>() : nullptr;
   int64_t* ids = out.data_ptr<int64_t>();
+  // Plain memory from here on: other Python threads (gRPC, the decoder) run meanwhile.
+  pybind11::gil_scoped_release no_gil;
   std::vector<float> s(width), scaled(width), values(width), probs(width), cumulative(width);
   std::vector<int64_t> order(width), columns(width);
   for (int64_t b = 0; b < rows; ++b) {
