@@ -127,7 +127,7 @@ class ModelConfig(BaseModel):
         "so a seeded stream's speech never depends on its batch. None = on for a float32 model where torch has "
         "oneDNN and the layers' weights come to at most 1 GiB (the copy doubles them); not with model.compile. "
         "false: the BLAS. Faster from a few rows up, slower for a lone row (oneDNN's fixed cost per call): see the "
-        "README's Serving speed.")
+        "README's The built-in voice.")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "
