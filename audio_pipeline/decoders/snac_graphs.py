@@ -18,7 +18,8 @@ bucket's buffer on the device, so the noise, like the codes, is an input and not
 
 The engine captures at start-up (``prepare``) the windows its chunk schedule makes and the shorter
 windows a stream's final chunk may make, in every bucket, and then seals the set: while it serves,
-any other shape decodes eagerly. Used alone (no engine), a decoder captures a shape on first use. All go into one memory pool of their own
+any other shape decodes eagerly. Used alone (no engine), a decoder captures a shape on first use.
+All go into one memory pool of their own
 (replays never overlap: each call reads its audio back before the next starts, so every graph's
 output is valid until the next replay of any). Limits keep memory bounded: windows of at most
 ``max_frames`` frames (longer ones, e.g. a whole utterance decoded at once, run eagerly) and at

@@ -399,7 +399,7 @@ class QuantizerLevel(nn.Module):
         # The training-time straight-through form: its rounding feeds the next level's residual.
         chosen = projected + (chosen - projected)
         z = self.up(chosen)
-        return (z.repeat_interleave(self.stride, dim=-1) if self.stride > 1 else z), codes
+        return _repeat_steps(z, self.stride), codes
 
 
 def _repeat_steps(z: torch.Tensor, times: int) -> torch.Tensor:

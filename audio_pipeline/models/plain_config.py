@@ -41,9 +41,6 @@ class PlainLlamaConfig:
     def read(cls, model_dir: str | Path) -> "PlainLlamaConfig":
         return cls(json.loads((Path(model_dir) / "config.json").read_text()))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 class VocabularyTokenizer:
     """tokenizer.json through the ``tokenizers`` library: what a vocabulary-only layout reads of
