@@ -1,4 +1,5 @@
-"""model.packed_linears: decode steps' products on oneDNN-packed weights (CPU, float32)."""
+"""model.packed_linears: decode steps' products on packed, row-stable weights (CPU, float32): the
+native kernel's, or oneDNN's where it cannot be built."""
 
 from __future__ import annotations
 
@@ -7,12 +8,27 @@ import torch
 from torch import nn
 
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.models.cpu_linear import (PackedWeight, linear, onednn_linear_available, pack_linears,
-                                              pack_weight, use_packed_linears)
+from audio_pipeline.models.cpu_linear import (OneDNNWeight, PackedWeight, linear, onednn_linear_available,
+                                              pack_linears, pack_weight, packing_available, use_packed_linears)
+from audio_pipeline_kernels.native_decode import NativeWeight, build_native_decode, native_decode
 from conftest import complete_all, make_config
 
 CPU = torch.device("cpu")
 onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch has no oneDNN linear")
+
+
+@pytest.fixture(params=["native", "onednn"])
+def kernel(request, monkeypatch):
+    """Which packing serves the test: the native kernel, or oneDNN's (as where no compiler builds it)."""
+    if request.param == "native":
+        if native_decode() is None:
+            pytest.skip("the native linear kernel cannot be built here")
+    else:
+        if not onednn_linear_available():
+            pytest.skip("this torch has no oneDNN linear")
+        monkeypatch.setattr(native_decode, "kernel", None)
+        monkeypatch.setattr(native_decode, "tried", True)
+    return request.param
 
 
 def layers(*shapes: tuple[int, int]) -> nn.ModuleList:
@@ -20,11 +36,13 @@ def layers(*shapes: tuple[int, int]) -> nn.ModuleList:
     return nn.ModuleList(nn.Linear(k, n, bias=bool(i % 2)) for i, (k, n) in enumerate(shapes))
 
 
-@onednn
-def test_a_rows_packed_product_is_the_same_at_any_number_of_rows():
-    # The built-in voice's shapes: attention (192 -> 192), MLP (192 -> 576 -> 192), a wider readout.
-    modules = layers((192, 192), (192, 576), (576, 192), (192, 1024))
-    assert pack_linears(modules) == 4
+def test_a_rows_packed_product_is_the_same_at_any_number_of_rows(kernel):
+    # The built-in voice's shapes: attention (192 -> 192), MLP (192 -> 576 -> 192), a wider readout;
+    # and one whose columns do not fill the last panel (100), with a bias.
+    modules = layers((192, 192), (192, 576), (576, 192), (192, 1024), (48, 100))
+    assert pack_linears(modules) == 5
+    expected = NativeWeight if kernel == "native" else OneDNNWeight
+    assert all(isinstance(m.packed_weight, expected) for m in modules)
     before = torch.get_num_threads()
     try:
         for threads in (1, 2):
@@ -40,20 +58,38 @@ def test_a_rows_packed_product_is_the_same_at_any_number_of_rows():
         torch.set_num_threads(before)
 
 
-@onednn
-def test_packed_products_equal_the_module_within_float_rounding():
-    modules = layers((192, 576), (576, 192))
+def test_packed_products_equal_the_module_within_float_rounding(kernel):
+    modules = layers((192, 576), (576, 192), (40, 70))
     pack_linears(modules)
     for module in modules:
         x = torch.randn(33, module.in_features)
         with torch.inference_mode():
-            for rows in (1, 33):
+            for rows in (1, 2, 6, 7, 33):
                 torch.testing.assert_close(linear(module, x[:rows]), module(x[:rows]), atol=1e-4, rtol=1e-5)
+            # Rows of a wider tensor (a strided view) and no rows at all.
+            wide = torch.cat([x, torch.randn(33, 5)], dim=1)[:, :module.in_features]
+            torch.testing.assert_close(linear(module, wide), module(x), atol=1e-4, rtol=1e-5)
+            assert linear(module, x[:0]).shape == (0, module.out_features)
+
+
+def test_the_native_kernels_portable_loops_give_the_vector_forms_bits():
+    # One fused multiply-add chain per element, whatever the instruction set: a build for baseline
+    # x86-64 (the portable loops, narrower panels) gives this machine's AVX bits exactly.
+    import platform
+
+    if native_decode() is None or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("needs the native kernel on x86-64")
+    portable = build_native_decode(["-march=x86-64"])
+    assert portable.panel_width() < native_decode().panel_width()
+    torch.manual_seed(2)
+    weight, bias, x = torch.randn(200, 96), torch.randn(200), torch.randn(13, 96)
+    with torch.inference_mode():
+        assert torch.equal(NativeWeight(portable, weight, bias)(x), NativeWeight(native_decode(), weight, bias)(x))
 
 
 def test_auto_packs_only_a_float32_unquantized_model_on_the_cpu():
     modules = layers((8, 8))
-    expected = onednn_linear_available()
+    expected = packing_available()
     assert use_packed_linears(None, modules, torch.float32, CPU) is expected
     assert use_packed_linears(None, modules, torch.bfloat16, CPU) is False
     assert use_packed_linears(None, modules, torch.float32, CPU, quantized=True) is False
@@ -64,8 +100,9 @@ def test_auto_packs_only_a_float32_unquantized_model_on_the_cpu():
         use_packed_linears(True, modules, torch.bfloat16, CPU)
 
 
-@onednn
 def test_the_engine_packs_its_decoder_layers_by_default_and_leaves_them_when_asked(tiny_model_dir):
+    if not packing_available():
+        pytest.skip("no packing kernel here")
     packed = TTSEngine(make_config(tiny_model_dir))  # the default: auto, on for a float32 model on the CPU
     plain = TTSEngine(make_config(tiny_model_dir, model={"packed_linears": False}))
     assert packed.model.packed_linears and not plain.model.packed_linears
@@ -78,8 +115,7 @@ def test_the_engine_packs_its_decoder_layers_by_default_and_leaves_them_when_ask
     assert all(layer.self_attn.qkv_proj is None for layer in plain.model.backbone_layers())
 
 
-@onednn
-def test_fused_products_are_the_separate_products_bits():
+def test_fused_products_are_the_separate_products_bits(kernel):
     # Fusing q/k/v and gate/up on the CPU must not change a bit of what packing alone gives.
     torch.manual_seed(1)
     for widths in ((192, 192, 192), (576, 576), (384, 384), (16, 16, 16)):
@@ -92,10 +128,12 @@ def test_fused_products_are_the_separate_products_bits():
 
 
 @onednn
-def test_a_lone_row_takes_the_padded_product_unless_the_probe_finds_the_same_kernel():
+def test_a_lone_row_takes_the_padded_product_unless_the_probe_finds_the_same_kernel(monkeypatch):
+    monkeypatch.setattr(native_decode, "kernel", None)  # oneDNN's packing, as without a compiler
+    monkeypatch.setattr(native_decode, "tried", True)
     weight = torch.randn(64, 48)
     exact = pack_weight(weight)
-    padded = PackedWeight(exact.weight, None, lone_exact=False)
+    padded = OneDNNWeight(exact.weight, None, lone_exact=False)
     calls = []
     x = torch.randn(5, 48)
     with torch.inference_mode():
@@ -150,13 +188,14 @@ def voice():
     engine.stop()
 
 
-@onednn
 def test_a_rows_candidate_and_depth_logits_are_the_same_bits_in_any_batch(voice):
     # The sampling phase's products (the candidate logits' range of the output projection, the depth
     # head's blocks and readout) run packed like the layers', so a row's logits never depend on the
     # rows beside it (the BLAS rounds a lone row, 2-3 and 4+ rows three ways).
     model = voice.model
-    assert model.packed_linears and model.model.depth.packed_readout is not None
+    if not model.packed_linears:
+        pytest.skip("no packing kernel here")
+    assert model.model.depth.packed_readout is not None
     torch.manual_seed(3)
     hidden = torch.randn(7, model.model.config.hidden_size)
     codes = torch.randint(0, 1024, (7,))
@@ -176,9 +215,10 @@ def test_a_rows_candidate_and_depth_logits_are_the_same_bits_in_any_batch(voice)
                 assert torch.equal(compute(rows), together[rows]), (compute.__name__, rows)
 
 
-@onednn
 def test_the_default_voices_seeded_speech_is_the_same_alone_and_beside_others(voice):
     # What a seed promises: the same speech whatever else shares the steps.
+    if not voice.model.packed_linears:
+        pytest.skip("no packing kernel here")
     texts = ["Good morning, Anna.", "The museum opens at nine.", "Please call Stella.", "Thank you, Bob!"]
     alone = [_speak_together(voice, [text], [seed])[0] for seed, text in enumerate(texts)]
     together = _speak_together(voice, texts, list(range(len(texts))))

@@ -122,12 +122,13 @@ class ModelConfig(BaseModel):
     packed_linears: bool | None = Field(
         None, description="On CPU, run every product of a decode step (the decoder layers', with q/k/v and gate/up "
         "fused into one product each; the candidate logits' range of the output projection; a frame model's depth "
-        "head) on copies of the weights packed for oneDNN instead of torch's BLAS, at power-of-two row counts: a "
-        "row's result is then the same bits at any number of rows (the BLAS rounds 1, 2-3 and 4+ rows three ways), "
-        "so a seeded stream's speech never depends on its batch. None = on for a float32 model where torch has "
-        "oneDNN and the layers' weights come to at most 1 GiB (the copy doubles them); not with model.compile. "
-        "false: the BLAS. Faster from a few rows up, slower for a lone row (oneDNN's fixed cost per call): see the "
-        "README's The built-in voice.")
+        "head) on copies of the weights packed for a row-stable kernel instead of torch's BLAS: the native one "
+        "(built on first use, like the attention kernel), or oneDNN's where that cannot be built. A row's result is "
+        "then the same bits at any number of rows (the BLAS rounds 1, 2-3 and 4+ rows three ways), so a seeded "
+        "stream's speech never depends on its batch; with the native kernel a Llama layer's other operations run "
+        "natively too (two calls a layer). None = on for a float32 model where either kernel runs and the layers' "
+        "weights come to at most 1 GiB (the copy doubles them); not with model.compile. false: the BLAS and torch "
+        "operations. See the README's The built-in voice for the figures.")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "

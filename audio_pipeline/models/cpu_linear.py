@@ -1,16 +1,21 @@
-"""Decode steps' matrix products on oneDNN's packed weights (CPU, float32; model.packed_linears).
+"""Decode steps' matrix products on packed, row-stable weights (CPU, float32; model.packed_linears).
 
 torch's ``F.linear`` on a CPU goes to a BLAS that rounds a row differently when it comes alone, in
 twos or threes, and in fours or more (three kernels), so a request's speech could depend on how
-many others shared its steps. oneDNN's linear over a weight packed once for it gives a row the
-same bits at any number of rows from 2 up (``tests/test_cpu_linear.py`` checks it on the machine it
-runs on). A lone row takes another kernel for some shapes (the tiny test model's, 3072 inputs):
-packing probes each weight once and pads a lone row to two only where its bits differ. Every
-product of a decode step runs here when packed: the decoder layers' (q/k/v and gate/up fused into
-one product each), the candidate logits' range of the output projection and a frame model's depth
-head. It is faster from a few rows up: on 2 Zen 4 cores a [64, 192] x [192, 576] product took 72
-us against the BLAS's 143, [32, 192] x [192, 1024] 69 against 138; but a lone row costs more than
-the BLAS's matrix-vector product (15 against 7 us): oneDNN's fixed cost per call.
+many others shared its steps. Every product of a decode step (the decoder layers', with q/k/v and
+gate/up fused into one product each; the candidate logits' range of the output projection; a frame
+model's depth head) runs here instead on a copy of its weight packed once, by a kernel that gives
+a row the same bits at any number of rows:
+
+- the native kernel (``audio_pipeline_kernels.native_decode``, built on first use): one chain of
+  fused multiply-adds per output element, row-stable by construction and without a fixed cost per
+  call: on 2 Zen 4 cores a lone row's [1, 192] x [192, 576] product took 3 us (the BLAS 7, oneDNN
+  16), 64 rows' 65 us (the BLAS 149, oneDNN 75);
+- where it cannot be built (no C++ compiler), oneDNN's linear over a weight packed for it: a row
+  gets the same bits at any number of rows from 2 up (``tests/test_cpu_linear.py`` checks it on
+  the machine it runs on); a lone row takes another kernel for some shapes (the tiny test model's,
+  3072 inputs), so packing probes each weight once and pads a lone row to two only where its bits
+  differ; it costs ~10 us a call whatever the size.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from audio_pipeline_kernels.native_decode import NativeWeight, native_decode
 
 #: Largest total of float32 linear weights auto packs: the packed copy doubles them in memory.
 AUTO_MAX_BYTES = 1 << 30
@@ -72,27 +79,37 @@ def linear_weight_bytes(layers: nn.Module) -> int:
 def use_packed_linears(setting: bool | None, layers: nn.Module, dtype: torch.dtype, device: torch.device,
                        quantized: bool = False, compiled: bool = False) -> bool:
     """model.packed_linears resolved: None (auto) packs a float32 model's layers on the CPU where
-    oneDNN answers and their weights come to at most AUTO_MAX_BYTES; True insists (an error where
-    it cannot run); False never. Not with model.compile: torch.compile packs its own weights and
-    cannot lower these ops."""
+    a packing kernel runs (the native one builds, or oneDNN answers) and their weights come to at
+    most AUTO_MAX_BYTES; True insists (an error where it cannot run); False never. Not with
+    model.compile: torch.compile packs its own weights and cannot lower these ops."""
     possible = device.type == "cpu" and dtype == torch.float32 and not quantized and not compiled
     if setting is None:
-        return possible and onednn_linear_available() and linear_weight_bytes(layers) <= AUTO_MAX_BYTES
-    if setting and not (possible and onednn_linear_available()):
+        return possible and packing_available() and linear_weight_bytes(layers) <= AUTO_MAX_BYTES
+    if setting and not (possible and packing_available()):
         raise ValueError("model.packed_linears=true needs a float32, unquantized, uncompiled model on the CPU "
-                         "and a torch built with oneDNN (mkldnn)")
+                         "and a C++ compiler (the native kernel) or a torch built with oneDNN (mkldnn)")
     return setting
 
 
+def packing_available() -> bool:
+    """Whether a row-stable packed product runs here: the native kernel (built now if it was not),
+    else oneDNN's."""
+    return native_decode() is not None or onednn_linear_available()
+
+
 def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, *, probe: bool = True) -> "PackedWeight":
-    """``weight`` ([out, in], float32) packed for oneDNN, with whether a lone row may run unpadded
-    (``probe``: find out, which reads products back; else a lone row is always padded)."""
+    """``weight`` ([out, in], float32) packed for the native kernel, or where it cannot be built for
+    oneDNN, with whether a lone row may run unpadded there (``probe``: find out, which reads
+    products back; else a lone row is always padded)."""
+    kernel = native_decode()
+    if kernel is not None:
+        return NativeWeight(kernel, weight, bias)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
-    return PackedWeight(packed, None if bias is None else bias.detach(),
+    return OneDNNWeight(packed, None if bias is None else bias.detach(),
                         probe and lone_row_exact(packed, weight.shape[1]))
 
 
-class PackedWeight:
+class OneDNNWeight:
     """A weight in oneDNN's layout (and its bias); ``lone_exact``: a lone row's product equals its
     row of a larger product here (probed at packing), so it needs no padding row."""
 
@@ -109,6 +126,11 @@ class PackedWeight:
                                                                            ""), x)
 
 
+#: A weight packed by pack_weight: ``self(x)`` is ``x @ weight.T + bias``; ``lone_exact``: a lone
+#: row runs unpadded.
+PackedWeight = NativeWeight | OneDNNWeight
+
+
 def lone_row_exact(packed: torch.Tensor, in_features: int) -> bool:
     """Whether oneDNN multiplies a lone row by ``packed`` to the same bits as that row inside a product
     of several (for some shapes it takes another kernel: the tiny test model's, 3072 inputs). Random
@@ -123,7 +145,7 @@ def lone_row_exact(packed: torch.Tensor, in_features: int) -> bool:
 
 
 def pack_linears(layers: nn.Module) -> int:
-    """Gives every nn.Linear inside ``layers`` a ``packed_weight`` (:class:`PackedWeight`); returns how many."""
+    """Gives every nn.Linear inside ``layers`` a ``packed_weight`` (pack_weight); returns how many."""
     count = 0
     for module in layers.modules():
         if isinstance(module, nn.Linear):
@@ -142,5 +164,5 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return packed(x)
 
 
-__all__ = ["PackedWeight", "in_buckets", "linear", "pack_linears", "pack_weight", "use_packed_linears",
-           "onednn_linear_available"]
+__all__ = ["OneDNNWeight", "PackedWeight", "in_buckets", "linear", "pack_linears", "pack_weight",
+           "packing_available", "use_packed_linears", "onednn_linear_available"]

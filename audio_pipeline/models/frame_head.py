@@ -24,6 +24,8 @@ from torch import nn
 
 from audio_pipeline.models.cpu_linear import PackedWeight, linear, pack_linears, pack_weight
 from audio_pipeline.models.llama import RMSNorm
+from audio_pipeline.models.native_layers import native_block_call
+from audio_pipeline_kernels.native_decode import native_decode
 
 CONFIG_KEY = "frame_head"
 
@@ -112,16 +114,22 @@ class _Block(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        #: The gate and up weights side by side, packed for oneDNN (:meth:`pack`), else None.
+        #: The gate and up weights side by side, packed (:meth:`pack`), else None.
         self.packed_gate_up: PackedWeight | None = None
+        #: The whole block as one call of the native decode kernels (where they packed it), else None.
+        self.native = None
 
     def pack(self) -> int:
         """One packed product for gate and up (fewer calls; the same bits as two separate ones, checked
         by tests/test_cpu_linear.py), one for down; returns the weights packed."""
         self.packed_gate_up = pack_weight(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
-        return 1 + pack_linears(self.down_proj)
+        count = 1 + pack_linears(self.down_proj)
+        self.native = native_block_call(self.packed_gate_up, self.down_proj.packed_weight, native_decode())
+        return count
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native(x, self.norm)
         y = self.norm(x)
         if self.packed_gate_up is not None:
             gate, up = self.packed_gate_up(y).chunk(2, dim=-1)
@@ -138,12 +146,12 @@ class DepthHead(nn.Module):
         self.head = head
         self.blocks = nn.ModuleList(_Block(hidden, head.intermediate_size, eps) for _ in range(head.num_layers))
         self.norm = RMSNorm(hidden, eps)
-        #: The readout's rows (the depth column's codebook of the tied embedding) packed for oneDNN
+        #: The readout's rows (the depth column's codebook of the tied embedding) packed
         #: (:meth:`pack`), else None: the plain product.
         self.packed_readout: PackedWeight | None = None
 
     def pack(self, embedding: nn.Embedding) -> int:
-        """The blocks' products and the readout on oneDNN-packed weights (model.packed_linears), so a
+        """The blocks' products and the readout on packed weights (model.packed_linears), so a
         row's depth logits are the same bits whatever the batch; returns the weights packed."""
         start = self.head.code_offsets[self.head.depth_column]
         self.packed_readout = pack_weight(embedding.weight[start:start + self.head.codebook_size])

@@ -234,8 +234,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        #: The layer on the native decode kernels (models/native_layers.py), where it runs there.
+        self.native = None
 
     def forward(self, x, cos, sin, batch):
+        if self.native is not None:
+            return self.native(x, cos, sin, batch)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
         return x + self.mlp(self.post_attention_layernorm(x), getattr(batch, "prompt_rows", ()))
 

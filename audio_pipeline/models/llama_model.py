@@ -14,9 +14,11 @@ from audio_pipeline.models.interface import KVCacheParams, PipelineModel
 from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
 from audio_pipeline.models.cpu_linear import PackedWeight, pack_linears, pack_weight, use_packed_linears
+from audio_pipeline.models.native_layers import attach_native_layers
 from audio_pipeline.models.prompt_precision import add_prompt_weights, resolve_prompt_dtype
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention
+from audio_pipeline_kernels.native_decode import native_decode
 
 if TYPE_CHECKING:
     from audio_pipeline.config import KVCacheConfig, PipelineConfig
@@ -73,25 +75,29 @@ class LlamaPipelineModel(PipelineModel):
         self.model.eval()
         if quantization == "int8":
             self._quantize_int8()
-        #: Whether decode steps multiply by oneDNN-packed weights (model.packed_linears).
+        #: Whether decode steps multiply by packed, row-stable weights (model.packed_linears).
         self.packed_linears = use_packed_linears(pipeline_config.model.packed_linears, self.backbone_layers(), dtype,
                                                  self.devices[0], quantized=quantization == "int8",
                                                  compiled=pipeline_config.model.compile)
-        # On the CPU fusing pays with packed weights only: oneDNN's fixed cost per call (about 10 us)
-        # is what fusing saves, and its fused products are the separate ones' bits (test_cpu_linear).
+        # On the CPU fusing pays with packed weights only (fewer calls, and oneDNN's fixed cost per
+        # call, about 10 us, where it serves): their fused products are the separate ones' bits
+        # (test_cpu_linear), the BLAS's are not.
         if pipeline_config.model.fuse_layers and (self.devices[0].type == "cuda" or self.packed_linears):
             fuse_layers(self.model)
-        #: The output projection's candidate ranges packed for oneDNN, by (first id, width): the
+        #: The output projection's candidate ranges packed (cpu_linear.pack_weight), by (first id, width): the
         #: layout's, packed as the model runner starts (pack_candidate_ranges; model.packed_linears).
         self._packed_ranges: dict[tuple[int, int], PackedWeight] = {}
         if self.packed_linears:
             layers, depth = pack_linears(self.backbone_layers()), self._pack_sampling_products()
             packed = [m.packed_weight for m in self.model.modules()
                       if isinstance(getattr(m, "packed_weight", None), PackedWeight)]
-            logger.info("decode steps' products on oneDNN-packed weights (model.packed_linears): %d in the decoder "
+            kernel = native_decode()
+            native = 0 if kernel is None else attach_native_layers(self.backbone_layers(), kernel)
+            logger.info("decode steps' products on %s packed weights (model.packed_linears): %d in the decoder "
                         "layers, %d in the depth head, the candidate logits' ranges as the runner starts; %d of "
-                        "them padded to two rows for a lone row (another kernel there)", layers, depth,
-                        sum(not weight.lone_exact for weight in packed))
+                        "them padded to two rows for a lone row (another kernel there); %d of %d decoder layers "
+                        "on the native kernels", "the native kernel's" if kernel is not None else "oneDNN's", layers,
+                        depth, sum(not weight.lone_exact for weight in packed), native, len(self.backbone_layers()))
         #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
         self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
                                                  quantized=quantization == "int8")
@@ -251,7 +257,7 @@ class LlamaPipelineModel(PipelineModel):
 
     def _range_product(self, hidden: torch.Tensor, start: int, width: int) -> torch.Tensor:
         """``hidden @ lm_head.weight[start:start + width].T``; with model.packed_linears on that range
-        packed for oneDNN, so a row's logits do not depend on its batch."""
+        packed (cpu_linear.pack_weight), so a row's logits do not depend on its batch."""
         if not self.packed_linears:
             return hidden @ self.model.lm_head.weight[start:start + width].T
         packed = self._packed_ranges.get((start, width))

@@ -1,0 +1,110 @@
+"""Decoder layers and depth-head blocks on the native decode kernels (models/native_layers.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from audio_pipeline.engine import TTSEngine
+from audio_pipeline_kernels.native_decode import native_decode
+from conftest import make_config
+
+pytestmark = pytest.mark.skipif(native_decode() is None, reason="the native decode kernels cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    """The tiny Llama's engine with its defaults: packed, so its layers run natively."""
+    return TTSEngine(make_config(tiny_model_dir))
+
+
+def _prefill(engine, request_id: str, ids: list[int]):
+    kv = engine.model.kv_manager
+    kv.claim(request_id)
+    kv.block_manager.alloc(request_id, len(ids) + 1)
+    batch = kv.batch([request_id], [0], [len(ids)])
+    engine.model.forward(torch.tensor(ids), torch.arange(len(ids)), batch)
+
+
+def _step(engine, items, prompt_rows=()):
+    """Hidden states of one step: ``items`` are (request id, start, ids)."""
+    kv = engine.model.kv_manager
+    batch = kv.batch([r for r, _, _ in items], [s for _, s, _ in items], [len(ids) for _, _, ids in items])
+    batch = dataclasses.replace(batch, prompt_rows=prompt_rows)
+    tokens = torch.tensor([t for _, _, ids in items for t in ids])
+    positions = torch.cat([torch.arange(s, s + len(ids)) for _, s, ids in items])
+    return engine.model.forward(tokens, positions, batch)
+
+
+def test_every_decoder_layer_of_a_packed_llama_runs_natively(engine, tiny_model_dir):
+    assert all(layer.native is not None for layer in engine.model.backbone_layers())
+    plain = TTSEngine(make_config(tiny_model_dir, model={"packed_linears": False}))
+    assert all(layer.native is None for layer in plain.model.backbone_layers())
+
+
+def test_a_decode_rows_bits_are_the_same_in_a_step_with_a_prompt_beside_it(engine):
+    # A step with prompt positions runs the layer's operations one by one (its products split by
+    # position: bfloat16 prompt rows where the CPU has them); a decode row must come out with the bits
+    # the fused calls give it, or a stream's speech would depend on others' arrivals.
+    kv = engine.model.kv_manager
+    vocab = engine.model.model.config.vocab_size
+    first, second = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(0)).tolist(), \
+        torch.randint(0, vocab, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    try:
+        with torch.inference_mode():
+            _prefill(engine, "a", first)
+            kv.claim("b")
+            kv.block_manager.alloc("b", len(second))
+            alone = _step(engine, [("a", len(first), [5])])
+            for prompt_rows in (((1, 1 + len(second)),), ()):  # bfloat16 prompt rows (where native), float32
+                mixed = _step(engine, [("a", len(first), [5]), ("b", 0, second)], prompt_rows)
+                assert torch.equal(mixed[:1], alone), prompt_rows
+    finally:
+        kv.release("a")
+        kv.release("b")
+
+
+def test_native_layers_compute_what_the_torch_form_computes(engine):
+    # The same packed products either way; the norms, rotation and SiLU round their own way.
+    vocab = engine.model.model.config.vocab_size
+    ids = torch.randint(0, vocab, (15,), generator=torch.Generator().manual_seed(2)).tolist()
+    layers = engine.model.backbone_layers()
+    native = [layer.native for layer in layers]
+    kv = engine.model.kv_manager
+    results = {}
+    try:
+        with torch.inference_mode():
+            for name in ("native", "torch"):
+                for layer, call in zip(layers, native):
+                    layer.native = call if name == "native" else None
+                _prefill(engine, name, ids[:-1])
+                results[name] = (_step(engine, [(name, len(ids) - 1, ids[-1:])]),
+                                 _step(engine, [(name, 0, ids)], ((0, len(ids)),)))
+    finally:
+        for layer, call in zip(layers, native):
+            layer.native = call
+        kv.release("native")
+        kv.release("torch")
+    for fused, plain in zip(results["native"], results["torch"]):
+        torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_the_depth_heads_native_blocks_compute_what_the_torch_form_computes():
+    from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+
+    voice = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu",
+                                                                                 "model_path": DEFAULT_MODEL}))
+    blocks = voice.model.model.depth.blocks
+    assert all(block.native is not None for block in blocks)
+    x = torch.randn(5, voice.model.model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        for block in blocks:
+            native = block.native(x, block.norm)
+            block.native, call = None, block.native
+            try:
+                torch.testing.assert_close(native, block(x), atol=1e-5, rtol=1e-5)
+                assert torch.equal(call(x[2:3], block.norm), native[2:3])  # a row alone: the same bits
+            finally:
+                block.native = call
