@@ -91,16 +91,23 @@ def test_native_layers_compute_what_the_torch_form_computes(engine):
         torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
 
 
-def test_the_depth_heads_native_blocks_compute_what_the_torch_form_computes():
+@pytest.fixture(scope="module")
+def voice():
+    """The default (frame) voice's engine, not started."""
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 
-    voice = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu",
-                                                                                 "model_path": DEFAULT_MODEL}))
-    blocks = voice.model.model.depth.blocks
-    assert all(block.native is not None for block in blocks)
-    x = torch.randn(5, voice.model.model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    return TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu",
+                                                                                "model_path": DEFAULT_MODEL}))
+
+
+def test_the_depth_head_and_its_blocks_natively_compute_what_the_torch_form_computes(voice):
+    depth, embedding = voice.model.model.depth, voice.model.model.model.embed_tokens
+    assert depth.native is not None and all(block.native is not None for block in depth.blocks)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(5, voice.model.model.config.hidden_size, generator=generator)
+    codes = torch.tensor([0, 17, 1023, 500, -2302])  # the last: a stop id below the codebook (id 2)
     with torch.inference_mode():
-        for block in blocks:
+        for block in depth.blocks:
             native = block.native(x, block.norm)
             block.native, call = None, block.native
             try:
@@ -108,3 +115,32 @@ def test_the_depth_heads_native_blocks_compute_what_the_torch_form_computes():
                 assert torch.equal(call(x[2:3], block.norm), native[2:3])  # a row alone: the same bits
             finally:
                 block.native = call
+        native = depth(x, codes, embedding)
+        depth.native, call = None, depth.native
+        try:
+            torch.testing.assert_close(native, depth(x, codes, embedding), atol=1e-4, rtol=1e-5)
+        finally:
+            depth.native = call
+        assert torch.equal(depth(x[4:], codes[4:], embedding), native[4:])
+        with pytest.raises(RuntimeError, match="out of the vocabulary"):
+            depth(x[:1], torch.tensor([10 ** 6]), embedding)
+
+
+def test_frame_embeddings_natively_equal_the_torch_form(voice):
+    model = voice.model.model
+    head = model.frame_head
+    assert model.native_embed is not None
+    base, size = int(head.fold["base"]), int(head.fold["sizes"][0]) * int(head.fold["sizes"][1])
+    ids = torch.tensor([3, 300, base, base + 7, base + size - 1, 2400, 5])  # plain, folded and code ids
+    frames = torch.tensor([[-1, -1, -1, -1], [5, 9, 300, -1], [-1, 2, -1, 1023], [0, 0, 0, 0],
+                           [1023, -1, 7, 3], [-1, -1, -1, -1], [4, 4, -1, 4]])
+    with torch.inference_mode():
+        for inputs in ((ids, frames), (ids, None)):
+            native = model.embed(*inputs)
+            model.native_embed, call = None, model.native_embed
+            try:
+                torch.testing.assert_close(native, model.embed(*inputs), atol=1e-6, rtol=1e-6)
+            finally:
+                model.native_embed = call
+        with pytest.raises(RuntimeError, match="out of the vocabulary"):
+            model.embed(torch.tensor([-5]))

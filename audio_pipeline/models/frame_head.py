@@ -24,7 +24,7 @@ from torch import nn
 
 from audio_pipeline.models.cpu_linear import PackedWeight, linear, pack_linears, pack_weight
 from audio_pipeline.models.llama import RMSNorm
-from audio_pipeline.models.native_layers import native_block_call
+from audio_pipeline.models.native_layers import native_block_call, native_head_call
 from audio_pipeline_kernels.native_decode import native_decode
 
 CONFIG_KEY = "frame_head"
@@ -149,16 +149,23 @@ class DepthHead(nn.Module):
         #: The readout's rows (the depth column's codebook of the tied embedding) packed
         #: (:meth:`pack`), else None: the plain product.
         self.packed_readout: PackedWeight | None = None
+        #: The head as one call of the native decode kernels (:meth:`pack`), else None.
+        self.native = None
 
     def pack(self, embedding: nn.Embedding) -> int:
         """The blocks' products and the readout on packed weights (model.packed_linears), so a
-        row's depth logits are the same bits whatever the batch; returns the weights packed."""
+        row's depth logits are the same bits whatever the batch; returns the weights packed. Where
+        they are the native kernel's, the whole head runs as one native call (``self.native``)."""
         start = self.head.code_offsets[self.head.depth_column]
         self.packed_readout = pack_weight(embedding.weight[start:start + self.head.codebook_size])
-        return sum(block.pack() for block in self.blocks) + 1
+        count = sum(block.pack() for block in self.blocks) + 1
+        self.native = native_head_call(self, embedding, native_decode())
+        return count
 
     def forward(self, hidden: torch.Tensor, token_codes: torch.Tensor, embedding: nn.Embedding) -> torch.Tensor:
         """[..., codebook] logits of the depth column (hidden [..., H], token_codes [...])."""
+        if self.native is not None and hidden.dim() == 2:
+            return self.native(hidden, token_codes)
         head = self.head
         x = hidden + embedding(token_codes + head.code_offsets[head.token_column])
         for block in self.blocks:

@@ -28,10 +28,26 @@ class FrameLlamaForCausalLM(LlamaForCausalLM):
         self.codes_per_token = self.frame_head.codes
         #: Input ids at or past this stand for a pair of ids (a folded prompt); None: none do.
         self.fold_base = int(self.frame_head.fold["base"]) if self.frame_head.fold else None
+        #: :meth:`embed` as one call of the native decode kernels (:meth:`use_native`), else None.
+        self.native_embed = None
+
+    def use_native(self, kernel) -> None:
+        """Embeds (ids and frames in one call) and runs the depth head's final norm on the native
+        decode ``kernel`` (audio_pipeline_kernels/native_decode.py; its blocks: DepthHead.pack)."""
+        head, weight = self.frame_head, self.model.embed_tokens.weight
+        fold = (-1, 0, 0, 1)
+        if head.fold:
+            fold = (int(head.fold["base"]), *map(int, head.fold["offsets"]), int(head.fold["sizes"][1]))
+        offsets = list(head.code_offsets)
+        self.native_embed = lambda ids, frames: kernel.frame_embed(ids, frames, weight, *fold, offsets,
+                                                                   head.token_column)
+        self.depth.norm.native = kernel.rms_norm
 
     def embed(self, input_ids: torch.Tensor, frames: torch.Tensor | None = None) -> torch.Tensor:
         """Input embeddings of ``input_ids`` ([T]; a fold's pair ids included) with their ``frames``
         ([T, C], -1 where a column holds nothing)."""
+        if self.native_embed is not None:
+            return self.native_embed(input_ids, frames)
         x = token_embeddings(self.model.embed_tokens, input_ids, self.frame_head)
         if frames is not None:
             x = x + frame_embeddings(self.model.embed_tokens, frames, self.frame_head)
@@ -53,3 +69,9 @@ class FrameLlamaPipelineModel(DepthPipelineModel):
     """LlamaPipelineModel over a FrameLlamaForCausalLM: ``forward(tokens, positions, batch, frames=...)``."""
 
     module_class = FrameLlamaForCausalLM
+
+    def _attach_native(self, kernel) -> int:
+        layers = super()._attach_native(kernel)
+        if layers and self.model.model.embed_tokens.weight.dtype == torch.float32:
+            self.model.use_native(kernel)
+        return layers

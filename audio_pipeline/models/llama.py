@@ -36,8 +36,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         #: torch's rms_norm (one kernel on CUDA) instead of the spelled-out form (see fuse_layers).
         self.fused = False
+        #: The native decode kernels' rms_norm, where they run this norm (models/native_layers.py).
+        self.native = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         if self.fused:

@@ -92,7 +92,7 @@ class LlamaPipelineModel(PipelineModel):
             packed = [m.packed_weight for m in self.model.modules()
                       if isinstance(getattr(m, "packed_weight", None), PackedWeight)]
             kernel = native_decode()
-            native = 0 if kernel is None else attach_native_layers(self.backbone_layers(), kernel)
+            native = 0 if kernel is None else self._attach_native(kernel)
             logger.info("decode steps' products on %s packed weights (model.packed_linears): %d in the decoder "
                         "layers, %d in the depth head, the candidate logits' ranges as the runner starts; %d of "
                         "them padded to two rows for a lone row (another kernel there); %d of %d decoder layers "
@@ -124,6 +124,12 @@ class LlamaPipelineModel(PipelineModel):
         else:
             load_safetensors_into(model, model_dir, dtype, device)
         return model
+
+    def _attach_native(self, kernel) -> int:
+        """Runs what can run on the native decode ``kernel`` there (models/native_layers.py): the
+        decoder layers and the backbone's final norm; returns how many layers."""
+        return attach_native_layers(self.backbone_layers(), kernel, getattr(getattr(self.model, "model", None), "norm",
+                                                                            None))
 
     def _pack_sampling_products(self) -> int:
         """Packs what a step's sampling multiplies beside the output projection (a frame model's

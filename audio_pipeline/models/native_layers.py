@@ -20,6 +20,10 @@ from audio_pipeline.models.prompt_precision import project
 from audio_pipeline_kernels.native_decode import NativeWeight
 
 
+#: KV cache dtypes the fused call stores into (else the batch's own write: fp8 caches).
+STORED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _native_weight(module) -> NativeWeight | None:
     packed = getattr(module, "packed_weight", None)
     return packed if isinstance(packed, NativeWeight) else None
@@ -56,11 +60,21 @@ class NativeDecoderLayer:
         rows = getattr(batch, "prompt_rows", ())
         rotated = self.heads + self.kv_heads
         norm = self.input_norm
+        if not rows and hasattr(batch, "stored_kv"):
+            caches = batch.stored_kv(self.index)
+            if caches[0].dtype in STORED_DTYPES and caches[0].device.type == "cpu":
+                # The keys and values go into the cache inside the call (as write_paged_kv would put them).
+                qkv = kernel.layer_pre(x, norm.weight, norm.eps, *self.qkv, cos, sin, rotated, self.head_dim, *caches,
+                                       self.split[1])
+                query = qkv[:, :self.split[0]].view(tokens, self.heads, self.head_dim)
+                out = batch.attend_stored(self.index, query).reshape(tokens, self.split[0])
+                return kernel.layer_post(x, out, *self.post)
         if rows:  # the same per-row operations one by one: the products split by position
             qkv = project(self.attn.qkv_proj, kernel.rms_norm(x, norm.weight, norm.eps), rows)
             kernel.rotate_(qkv, cos, sin, rotated, self.head_dim)
         else:
-            qkv = kernel.layer_pre(x, norm.weight, norm.eps, *self.qkv, cos, sin, rotated, self.head_dim)
+            qkv = kernel.layer_pre(x, norm.weight, norm.eps, *self.qkv, cos, sin, rotated, self.head_dim, None, None,
+                                   None, 0)
         q, k, v = qkv.split(self.split, dim=-1)
         out = batch.attend(self.index, q.view(tokens, self.heads, self.head_dim),
                            k.view(tokens, self.kv_heads, self.head_dim), v.view(tokens, self.kv_heads, self.head_dim))
@@ -73,9 +87,10 @@ class NativeDecoderLayer:
         return summed + project(self.mlp.down_proj, kernel.silu_mul(gate_up), rows)
 
 
-def attach_native_layers(layers, kernel) -> int:
+def attach_native_layers(layers, kernel, final_norm=None) -> int:
     """Gives every DecoderLayer in ``layers`` that can run on the native ``kernel`` its
-    :class:`NativeDecoderLayer` (``layer.native``); returns how many."""
+    :class:`NativeDecoderLayer` (``layer.native``), and where any does, the backbone's
+    ``final_norm`` (an RMSNorm) the kernel's rms_norm; returns how many layers."""
     from audio_pipeline.models.llama import DecoderLayer
 
     count = 0
@@ -83,6 +98,8 @@ def attach_native_layers(layers, kernel) -> int:
         if isinstance(layer, DecoderLayer) and NativeDecoderLayer.applies(layer):
             layer.native = NativeDecoderLayer(layer, kernel)
             count += 1
+    if count and final_norm is not None and final_norm.weight.dtype == torch.float32:
+        final_norm.native = kernel.rms_norm
     return count
 
 
@@ -94,3 +111,24 @@ def native_block_call(gate_up, down, kernel):
         return None
     weights = (gate_up.panels, gate_up.out_features, gate_up.bias, down.panels, down.out_features, down.bias)
     return lambda x, norm: kernel.mlp_block(x, norm.weight, norm.eps, *weights)
+
+
+def native_head_call(depth, embedding, kernel):
+    """A frame model's DepthHead (models/frame_head.py) as one native call over its packed blocks
+    and readout, or None where they are not all the native kernel's: ``call(hidden, token_codes)``."""
+    blocks = list(depth.blocks)
+    if kernel is None or any(block.native is None for block in blocks) or \
+            not isinstance(depth.packed_readout, NativeWeight) or embedding.weight.dtype != torch.float32:
+        return None
+    head = depth.head
+    norms = [block.norm.weight for block in blocks]
+    gate_ups = [block.packed_gate_up.panels for block in blocks]
+    downs = [block.down_proj.packed_weight.panels for block in blocks]
+    if len({block.norm.eps for block in blocks} | {depth.norm.eps}) != 1:
+        return None  # one eps for every norm is what the call takes
+    gate_up_n, down_n = blocks[0].packed_gate_up.out_features, blocks[0].down_proj.packed_weight.out_features
+    readout = depth.packed_readout
+    offset = head.code_offsets[head.token_column]
+    return lambda hidden, codes: kernel.depth_head(hidden, codes, embedding.weight, offset, norms, depth.norm.eps,
+                                                   gate_ups, gate_up_n, downs, down_n, depth.norm.weight,
+                                                   readout.panels, readout.out_features)

@@ -251,6 +251,24 @@ void residual_mlp(float* x, int64_t M, int64_t H, const float* norm_weight, floa
   add_rows(x, d.data(), M * H);
 }
 
+// Rows [M] of keys and values (at columns k0 and v0 of each `row`-wide qkv row) stored at the cache
+// slots (a cache seen as [slots, kv_heads * D]), converted as torch's .to() converts (round to
+// nearest even), so the cache holds what write_paged_kv would have put there.
+template <typename T>
+void store_rows(const float* qkv, int64_t M, int64_t row, int64_t k0, int64_t v0, int64_t width, const int64_t* slots,
+                T* keys, T* values) {
+  for (int64_t r = 0; r < M; ++r) {
+    const float* k = qkv + r * row + k0;
+    const float* v = qkv + r * row + v0;
+    T* kd = keys + slots[r] * width;
+    T* vd = values + slots[r] * width;
+    for (int64_t i = 0; i < width; ++i) {
+      kd[i] = static_cast<T>(k[i]);
+      vd[i] = static_cast<T>(v[i]);
+    }
+  }
+}
+
 torch::Tensor contiguous_float(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == torch::kFloat, what, ": float32 only");
   return t.contiguous();
@@ -321,10 +339,14 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor d, torch:
 }
 
 // A decoder layer up to the attention: rotate(qkv(norm(x))) -> [M, q + k + v columns], the queries
-// and keys rotated (the attention's heads and the keys' heads, `rotated` of them).
+// and keys rotated (the attention's heads and the keys' heads, `rotated` of them). With caches and
+// slots, the step's keys and values (the `kv_width` columns after the queries', then the next) are
+// also stored in the caches ([blocks, page, kv_heads, D]: float32, float16 or bfloat16) at their slots.
 torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm_weight, double eps, torch::Tensor qkv_panels, int64_t qkv_n,
                         c10::optional<torch::Tensor> qkv_bias, torch::Tensor cos, torch::Tensor sin, int64_t rotated,
-                        int64_t head_dim) {
+                        int64_t head_dim, c10::optional<torch::Tensor> key_cache,
+                        c10::optional<torch::Tensor> value_cache, c10::optional<torch::Tensor> slots,
+                        int64_t kv_width) {
   x = contiguous_float(x, "layer_pre");
   norm_weight = contiguous_float(norm_weight, "layer_pre norm");
   cos = contiguous_float(cos, "layer_pre cos");
@@ -333,17 +355,145 @@ torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm_weight, double eps, 
   const int64_t M = x.size(0), H = x.size(1);
   TORCH_CHECK(qkv.K == H && norm_weight.numel() == H && rotated * head_dim <= qkv_n && cos.numel() == M * head_dim &&
               sin.numel() == cos.numel(), "layer_pre: shapes");
+  const bool store = key_cache.has_value();
+  torch::Tensor slot_rows;
+  if (store) {
+    TORCH_CHECK(value_cache.has_value() && slots.has_value(), "layer_pre: both caches and the slots");
+    TORCH_CHECK(key_cache->is_contiguous() && value_cache->is_contiguous() &&
+                key_cache->scalar_type() == value_cache->scalar_type() && key_cache->sizes() == value_cache->sizes() &&
+                key_cache->dim() == 4 && key_cache->size(2) * key_cache->size(3) == kv_width, "layer_pre: caches");
+    TORCH_CHECK(qkv_n >= 2 * kv_width, "layer_pre: key/value columns");
+    slot_rows = slots->to(torch::kLong).contiguous();
+    TORCH_CHECK(slot_rows.numel() == M, "layer_pre: a slot per row");
+    const int64_t limit = key_cache->size(0) * key_cache->size(1);
+    const int64_t* sp = slot_rows.data_ptr<int64_t>();
+    for (int64_t r = 0; r < M; ++r) TORCH_CHECK(sp[r] >= 0 && sp[r] < limit, "layer_pre: slot out of the cache");
+  }
   auto out = torch::empty({M, qkv_n}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = norm_weight.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
+  const float* snp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  {
+    pybind11::gil_scoped_release no_gil;
+    std::vector<float> h(M * H);
+    norm_rows(xp, M, H, wp, float(eps), h.data());
+    product(h.data(), M, qkv, op);
+    rotate_rows(op, M, qkv_n, rotated, head_dim, cp, snp);
+  }
+  if (store) {
+    const int64_t k0 = qkv_n - 2 * kv_width, v0 = qkv_n - kv_width;
+    const int64_t* sp = slot_rows.data_ptr<int64_t>();
+    switch (key_cache->scalar_type()) {
+      case torch::kFloat:
+        store_rows(op, M, qkv_n, k0, v0, kv_width, sp, key_cache->data_ptr<float>(), value_cache->data_ptr<float>());
+        break;
+      case torch::kHalf:
+        store_rows(op, M, qkv_n, k0, v0, kv_width, sp, key_cache->data_ptr<c10::Half>(),
+                   value_cache->data_ptr<c10::Half>());
+        break;
+      case torch::kBFloat16:
+        store_rows(op, M, qkv_n, k0, v0, kv_width, sp, key_cache->data_ptr<c10::BFloat16>(),
+                   value_cache->data_ptr<c10::BFloat16>());
+        break;
+      default:
+        TORCH_CHECK(false, "layer_pre: float32, float16 or bfloat16 caches only");
+    }
+  }
+  return out;
+}
+
+// A frame model's depth head (models/frame_head.py) in one call: x = hidden + weight[token_offset +
+// code] (a code may be negative: a stop id below the codebook); through each SwiGLU block (norm, gate/up, SiLU, down, residual); norm; readout ->
+// [M, readout_n] logits.
+torch::Tensor depth_head(torch::Tensor hidden, torch::Tensor codes, torch::Tensor weight, int64_t token_offset,
+                         std::vector<torch::Tensor> norms, double eps, std::vector<torch::Tensor> gate_ups,
+                         int64_t gate_up_n, std::vector<torch::Tensor> downs, int64_t down_n, torch::Tensor final_norm,
+                         torch::Tensor readout_panels, int64_t readout_n) {
+  hidden = contiguous_float(hidden, "depth_head");
+  weight = contiguous_float(weight, "depth_head embedding");
+  final_norm = contiguous_float(final_norm, "depth_head norm");
+  codes = codes.to(torch::kLong).contiguous();
+  const int64_t M = hidden.size(0), H = hidden.size(1), V = weight.size(0), blocks = int64_t(norms.size());
+  TORCH_CHECK(weight.size(1) == H && codes.numel() == M && final_norm.numel() == H && int64_t(gate_ups.size()) == blocks &&
+              int64_t(downs.size()) == blocks, "depth_head: shapes");
+  std::vector<Weight> gu, dn;
+  for (int64_t b = 0; b < blocks; ++b) {
+    norms[b] = contiguous_float(norms[b], "depth_head block norm");
+    TORCH_CHECK(norms[b].numel() == H, "depth_head: block norms of ", H);
+    gu.push_back(weight_of(gate_ups[b], gate_up_n, c10::nullopt));
+    dn.push_back(weight_of(downs[b], down_n, c10::nullopt));
+    TORCH_CHECK(gu.back().K == H && dn.back().K * 2 == gate_up_n && down_n == H, "depth_head: block shapes");
+  }
+  const Weight readout = weight_of(readout_panels, readout_n, c10::nullopt);
+  TORCH_CHECK(readout.K == H, "depth_head: readout of ", H, " inputs");
+  const int64_t* cp = codes.data_ptr<int64_t>();
+  for (int64_t r = 0; r < M; ++r)
+    TORCH_CHECK(token_offset + cp[r] >= 0 && token_offset + cp[r] < V, "depth_head: id ", token_offset + cp[r],
+                " out of the vocabulary");
+  auto out = torch::empty({M, readout_n}, hidden.options());
+  const float* hp = hidden.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  const float* fn = final_norm.data_ptr<float>();
+  std::vector<const float*> np;
+  for (auto& t : norms) np.push_back(t.data_ptr<float>());
   float* op = out.data_ptr<float>();
   pybind11::gil_scoped_release no_gil;
-  std::vector<float> h(M * H);
-  norm_rows(xp, M, H, wp, float(eps), h.data());
-  product(h.data(), M, qkv, op);
-  rotate_rows(op, M, qkv_n, rotated, head_dim, cp, sp);
+  std::vector<float> x(M * H), h(M * H);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* e = w + (token_offset + cp[r]) * H;
+    for (int64_t i = 0; i < H; ++i) x[r * H + i] = hp[r * H + i] + e[i];
+  }
+  for (int64_t b = 0; b < blocks; ++b) residual_mlp(x.data(), M, H, np[b], float(eps), gu[b], dn[b]);
+  norm_rows(x.data(), M, H, fn, float(eps), h.data());
+  product(h.data(), M, readout, op);
+  return out;
+}
+
+// Input embeddings of a frame model's positions (models/frame_head.py): each id's row of `weight`
+// ([V, H]; an id at or past fold_base, when that is >= 0, the sum of the rows fold_first + i and
+// fold_second + j of its pair i, j = divmod(id - fold_base, fold_size)), plus, with frames ([M, C]),
+// the rows of every column's code but the token column's (-1: none), added in column order.
+torch::Tensor frame_embed(torch::Tensor ids, c10::optional<torch::Tensor> frames, torch::Tensor weight,
+                          int64_t fold_base, int64_t fold_first, int64_t fold_second, int64_t fold_size,
+                          std::vector<int64_t> offsets, int64_t token_column) {
+  ids = ids.to(torch::kLong).contiguous();
+  weight = contiguous_float(weight, "frame_embed weight");
+  const int64_t M = ids.numel(), V = weight.size(0), H = weight.size(1), C = int64_t(offsets.size());
+  torch::Tensor codes;
+  if (frames.has_value()) {
+    codes = frames->to(torch::kLong).contiguous();
+    TORCH_CHECK(codes.dim() == 2 && codes.size(0) == M && codes.size(1) == C, "frame_embed: frames of ", C, " columns");
+  }
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  const int64_t* cp = frames.has_value() ? codes.data_ptr<int64_t>() : nullptr;
+  const float* w = weight.data_ptr<float>();
+  auto out = torch::empty({M, H}, weight.options());
+  float* op = out.data_ptr<float>();
+  std::vector<float> sum(H);
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t id = ip[r];
+    float* o = op + r * H;
+    if (fold_base >= 0 && id >= fold_base) {
+      const int64_t pair = id - fold_base, a = fold_first + pair / fold_size, b = fold_second + pair % fold_size;
+      TORCH_CHECK(a < V && b < V, "frame_embed: folded id ", id, " out of the vocabulary");
+      for (int64_t i = 0; i < H; ++i) o[i] = w[a * H + i] + w[b * H + i];
+    } else {
+      TORCH_CHECK(id >= 0 && id < V, "frame_embed: id ", id, " out of the vocabulary (", V, ")");
+      std::memcpy(o, w + id * H, sizeof(float) * H);
+    }
+    if (cp == nullptr) continue;
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t code = cp[r * C + c];
+      if (c == token_column || code < 0) continue;
+      const int64_t row = offsets[c] + code;
+      TORCH_CHECK(row < V, "frame_embed: code ", code, " of column ", c, " out of the vocabulary");
+      for (int64_t i = 0; i < H; ++i) sum[i] = sum[i] + w[row * H + i];
+    }
+    for (int64_t i = 0; i < H; ++i) o[i] = o[i] + sum[i];
+  }
   return out;
 }
 
@@ -400,7 +550,7 @@ def build_native_decode(target_flags: list[str] | None = None):
     cflags = ["-O3", "-ffp-contract=off", *(_target_flags() if target_flags is None else target_flags)]
     return load_inline(f"audio_pipeline_linear_{_build_tag(cflags, _SOURCE)}", cpp_sources=_SOURCE,
                        functions=["pack", "linear", "panel_width", "rms_norm", "rotate_", "silu_mul", "add_rms_norm",
-                                  "layer_pre", "layer_post", "mlp_block"], extra_cflags=cflags, verbose=False)
+                                  "layer_pre", "layer_post", "mlp_block", "frame_embed", "depth_head"], extra_cflags=cflags, verbose=False)
 
 
 #: The compiled kernel's module, or None where it cannot be built (then oneDNN's packed products serve).

@@ -69,6 +69,16 @@ class PagedBatch:
         write_paged_kv(key_cache, value_cache, keys, values, self.slot_mapping)
         return self.plan.attend(query, key_cache, value_cache)
 
+    def stored_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``layer``'s key and value caches and the step's slot mapping, for a caller that stores the
+        new tokens' keys/values itself (as write_paged_kv would: models/native_layers.py) and then
+        calls :meth:`attend_stored`."""
+        return self.cache.keys[layer], self.cache.values[layer], self.slot_mapping
+
+    def attend_stored(self, layer: int, query: torch.Tensor) -> torch.Tensor:
+        """:meth:`attend` for a step whose new keys/values of ``layer`` are in the cache already."""
+        return self.plan.attend(query, self.cache.keys[layer], self.cache.values[layer])
+
 
 class PagedKVCacheManager:
     """The block manager plus the cache tensors it indexes and the attention backend that reads them."""
