@@ -58,9 +58,14 @@ def test_a_decode_rows_bits_are_the_same_in_a_step_with_a_prompt_beside_it(engin
             kv.claim("b")
             kv.block_manager.alloc("b", len(second))
             alone = _step(engine, [("a", len(first), [5])])
+            # What the fused call stored in the cache for the row (keys and values, every layer).
+            slot = int(kv.batch(["a"], [len(first)], [1]).slot_mapping[0])
+            stored = [cache.view(-1, *cache.shape[2:])[slot].clone() for cache in [*kv.cache.keys, *kv.cache.values]]
             for prompt_rows in (((1, 1 + len(second)),), ()):  # bfloat16 prompt rows (where native), float32
                 mixed = _step(engine, [("a", len(first), [5]), ("b", 0, second)], prompt_rows)
                 assert torch.equal(mixed[:1], alone), prompt_rows
+                again = [cache.view(-1, *cache.shape[2:])[slot] for cache in [*kv.cache.keys, *kv.cache.values]]
+                assert all(torch.equal(a, b) for a, b in zip(stored, again)), prompt_rows
     finally:
         kv.release("a")
         kv.release("b")

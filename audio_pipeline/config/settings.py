@@ -180,8 +180,8 @@ class ModelConfig(BaseModel):
         "projections as one matrix product and the MLP's gate/up projections as another (their weights "
         "concatenated at load), and RMSNorm as torch's rms_norm. The same results up to float rounding; false "
         "runs the checkpoint's layers one by one (for comparison). On the CPU it applies with model.packed_linears "
-        "(where the fused products are the separate ones' bits and save oneDNN's fixed cost per call); with the "
-        "BLAS the CPU runs them one by one.")
+        "(where the fused products are the separate ones' bits, save calls, and the native layer calls need them); "
+        "with the BLAS the CPU runs them one by one.")
 
     @field_validator("quantization", mode="before")
     @classmethod
