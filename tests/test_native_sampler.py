@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline_kernels.native_sampler import PREFIX
 from audio_pipeline_kernels.native_sampler import native_sampler
 from conftest import complete_all
 
@@ -30,7 +31,8 @@ def random_rows(generator: np.random.Generator, batch: int, codebook: int, extra
     else:
         floats[3] = 1.0
     floats[6] = np.where(floats[0] > 0, generator.random(batch), 0.0)
-    top_k = generator.choice([1, 5, NUCLEUS_PREFIX, NUCLEUS_PREFIX + 36, width, width], batch).astype(np.int64)
+    top_k = generator.choice([1, 5, PREFIX, PREFIX + 4, NUCLEUS_PREFIX, NUCLEUS_PREFIX + 36, width, width],
+                             batch).astype(np.int64)
     blocked = np.zeros((batch, width), dtype=bool)
     blocked[:, codebook:] = generator.random((batch, extra)) < 0.5
     blocked[:, :codebook] = generator.random((batch, codebook)) < 0.05

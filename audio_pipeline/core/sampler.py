@@ -232,7 +232,7 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
     scores = scores.float()
     host = not sync_free and scores.device.type == "cpu"  # reading the scores back is free
     if host and native:
-        from audio_pipeline_kernels.native_sampler import native_sampler
+        from audio_pipeline_kernels.native_sampler import PREFIX, native_sampler
 
         kernel = native_sampler()
         if kernel is not None:
@@ -240,7 +240,7 @@ def sample_rows(scores: torch.Tensor, rows: SamplingRows, device_rows: DeviceSam
                           counts.float().contiguous() if rows.penalized else scores.new_empty(0),
                           device_rows.floats.contiguous(), device_rows.top_k.contiguous(),
                           device_rows.starts.contiguous(), device_rows.extra_ids.contiguous(), codebook,
-                          rows.penalized, rows.any_sampling, NUCLEUS_PREFIX)
+                          rows.penalized, rows.any_sampling, PREFIX)
     if rows.penalized:  # the penalties act on the codebook's columns; stop ids are never counted
         codes = scores[:, :codebook]
         seen = counts > 0

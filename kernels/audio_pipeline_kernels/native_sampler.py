@@ -90,13 +90,14 @@ int64_t nucleus(const std::vector<float>& scaled, std::vector<float>& values, st
   };
   if (n < width) {
     // The n best: first the columns within a margin of the best (widened until they number at
-    // least n; a count is one vectorized pass), then the n-th best value among those, then the
-    // columns above it and, in column order, those equal to it: what a full ranking puts first.
+    // least n; a count is one vectorized pass, so starting narrow and doubling costs less than
+    // selecting among hundreds), then the n-th best value among those, then the columns above it
+    // and, in column order, those equal to it: what a full ranking puts first.
     float top = scaled[0];
     for (int64_t j = 1; j < width; ++j) top = std::max(top, scaled[j]);
     const float* x = scaled.data();
-    float margin = 16.0f, low = -kInf;
-    for (;; margin *= 4.0f) {
+    float margin = 1.0f, low = -kInf;
+    for (;; margin *= 2.0f) {
       low = margin > 1e30f ? -kInf : top - margin;
       int32_t count = 0;
       for (int64_t j = 0; j < width; ++j) count += x[j] >= low ? 1 : 0;
@@ -267,6 +268,12 @@ def build_native_sampler():
     return load_inline(f"audio_pipeline_sampler_{_build_tag(cflags, _SOURCE)}", cpp_sources=_SOURCE,
                        functions=["sample_rows"], extra_cflags=cflags, verbose=False).sample_rows
 
+
+#: The best candidates a row's nucleus is first tried over (then four times as many, while its kept
+#: mass may reach past them): the built-in voice's rows keep 95 % of their mass within 7 (frame
+#: codes) and 33 (depth codes) candidates at its default temperature, so 16 mostly suffice and a
+#: draw ranks few (one draw of 1,025 candidates 3.7 us against 8.9 with 64).
+PREFIX = 16
 
 #: The compiled kernel's ``sample_rows``, or None where it cannot be built (then the torch form serves).
 native_sampler = LazyKernel(build_native_sampler, "the native CPU sampler", "sampling runs as torch operations")
