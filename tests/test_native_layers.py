@@ -149,3 +149,24 @@ def test_frame_embeddings_natively_equal_the_torch_form(voice):
                 model.native_embed = call
         with pytest.raises(RuntimeError, match="out of the vocabulary"):
             model.embed(torch.tensor([-5]))
+
+
+def test_without_the_native_kernels_the_layers_run_as_torch_operations_on_onednns_products(tiny_model_dir, monkeypatch):
+    # Where no C++ compiler builds the extension, the engine packs for oneDNN and runs the torch form.
+    from audio_pipeline.models.cpu_linear import OneDNNWeight, onednn_linear_available
+    from conftest import complete_all
+
+    if not onednn_linear_available():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(native_decode, "kernel", None)
+    monkeypatch.setattr(native_decode, "tried", True)
+    engine = TTSEngine(make_config(tiny_model_dir))
+    layers = engine.model.backbone_layers()
+    assert engine.model.packed_linears and all(layer.native is None for layer in layers)
+    assert all(isinstance(layer.self_attn.qkv_proj.packed_weight, OneDNNWeight) for layer in layers)
+    engine.start()
+    try:
+        [context] = complete_all(engine, [engine.create_context("Without the native kernels.", temperature=0.0)])
+        assert context.generated
+    finally:
+        engine.stop()
