@@ -38,9 +38,10 @@ def layers(*shapes: tuple[int, int]) -> nn.ModuleList:
 
 def test_a_rows_packed_product_is_the_same_at_any_number_of_rows(kernel):
     # The built-in voice's shapes: attention (192 -> 192), MLP (192 -> 576 -> 192), a wider readout;
-    # and one whose columns do not fill the last panel (100), with a bias.
-    modules = layers((192, 192), (192, 576), (576, 192), (192, 1024), (48, 100))
-    assert pack_linears(modules) == 5
+    # one whose columns do not fill the last panel (100), with a bias; and one wide enough that a
+    # few rows' product splits its columns over threads (many rows split by rows).
+    modules = layers((192, 192), (192, 576), (576, 192), (192, 1024), (48, 100), (256, 8192))
+    assert pack_linears(modules) == 6
     expected = NativeWeight if kernel == "native" else OneDNNWeight
     assert all(isinstance(m.packed_weight, expected) for m in modules)
     before = torch.get_num_threads()

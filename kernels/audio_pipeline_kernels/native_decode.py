@@ -35,14 +35,17 @@ from __future__ import annotations
 
 import torch
 
-from audio_pipeline_kernels.native_paged_attention import LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
+from audio_pipeline_kernels.native_paged_attention import (THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path,
+                                                            _target_flags)
 
-_SOURCE = r"""
+_SOURCE = THREADS_SOURCE + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <thread>
 #include <vector>
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -150,18 +153,19 @@ void compute(const float* x, int64_t ldx, int64_t M, int64_t K, const float* pac
   }
 }
 
-// y = x @ W.T (+ bias) on the calling thread or, where the product is large enough to pay for
-// waking them (~2M multiply-adds a thread), on torch's intra-op threads, which split the panels.
+// y = x @ W.T (+ bias), on more threads where the product is large enough (threads_for): a
+// prompt step's rows split in blocks of six (the tile's height), a few rows' columns by panels.
 void product(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed, int64_t panels, int64_t n,
              const float* bias, float* y) {
   if (M == 0) return;
-  const int64_t work = M * K * panels * P;
-  const int64_t threads = std::min<int64_t>({int64_t(at::get_num_threads()), panels, std::max<int64_t>(1, work >> 21)});
-  if (threads <= 1 || at::in_parallel_region()) {
-    compute(x, ldx, M, K, packed, n, bias, y, 0, panels);
+  const int64_t threads = threads_for(M * K * panels * P);
+  if (threads > 1 && M >= 12 * threads) {
+    in_threads((M + 5) / 6, threads, [&](int64_t b0, int64_t b1) {
+      const int64_t r0 = b0 * 6, r1 = std::min(M, b1 * 6);
+      compute(x + r0 * ldx, ldx, r1 - r0, K, packed, n, bias, y + r0 * n, 0, panels);
+    });
   } else {
-    at::parallel_for(0, panels, (panels + threads - 1) / threads,
-                     [&](int64_t p0, int64_t p1) { compute(x, ldx, M, K, packed, n, bias, y, p0, p1); });
+    in_threads(panels, threads, [&](int64_t p0, int64_t p1) { compute(x, ldx, M, K, packed, n, bias, y, p0, p1); });
   }
 }
 
@@ -193,46 +197,88 @@ void product(const float* x, int64_t M, const Weight& w, float* y) {
 // fixed order (no contraction, no reassociation: -ffp-contract=off, no fast-math), so the fused
 // layer below and the piecewise calls of a step with prompt positions give a row the same bits.
 
-// y = weight * (x * (1 / sqrt(mean(x^2) + eps))), the mean's sum in double.
+// Rows [begin, end) of a per-row operation fn(begin, end), on more threads where there are enough
+// rows (a prompt step's thousands; rows are independent, so the split changes no bit).
+template <typename F>
+void over_rows(int64_t M, int64_t row_cost, const F& fn) {
+  in_threads(M, threads_for(M * row_cost), fn);
+}
+
+// y = weight * (x * (1 / sqrt(mean(x^2) + eps))); the squares summed in 16 lanes (one vector
+// register's worth, so the loop vectorizes), the lanes then in order: the same order for every row.
 void norm_rows(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y) {
-  for (int64_t r = 0; r < M; ++r) {
-    const float* xr = x + r * H;
-    double sum = 0.0;
-    for (int64_t i = 0; i < H; ++i) sum += double(xr[i]) * double(xr[i]);
-    const float inv = 1.0f / std::sqrt(float(sum / double(H)) + eps);
-    float* yr = y + r * H;
-    for (int64_t i = 0; i < H; ++i) yr[i] = weight[i] * (xr[i] * inv);
-  }
+  over_rows(M, 4 * H, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * H;
+      float lanes[16] = {0.0f};
+      int64_t i = 0;
+      for (; i + 16 <= H; i += 16) {
+        for (int l = 0; l < 16; ++l) lanes[l] = lanes[l] + xr[i + l] * xr[i + l];
+      }
+      for (; i < H; ++i) lanes[i % 16] = lanes[i % 16] + xr[i] * xr[i];
+      float sum = 0.0f;
+      for (int l = 0; l < 16; ++l) sum = sum + lanes[l];
+      const float inv = 1.0f / std::sqrt(sum / float(H) + eps);
+      float* yr = y + r * H;
+      for (int64_t j = 0; j < H; ++j) yr[j] = weight[j] * (xr[j] * inv);
+    }
+  });
 }
 
 // RoPE in place on the first `rotated` heads of each row (the queries', then the keys'), in the
 // torch form's order: x * cos + rotate_half(x) * sin, each product and the sum rounded.
 void rotate_rows(float* qkv, int64_t M, int64_t row, int64_t rotated, int64_t D, const float* cos, const float* sin) {
   const int64_t half = D / 2;
-  for (int64_t r = 0; r < M; ++r) {
-    const float* c = cos + r * D;
-    const float* s = sin + r * D;
-    for (int64_t h = 0; h < rotated; ++h) {
-      float* v = qkv + r * row + h * D;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        const float first = a * c[i], first_turn = -b * s[i];
-        const float second = b * c[i + half], second_turn = a * s[i + half];
-        v[i] = first + first_turn;
-        v[i + half] = second + second_turn;
+  over_rows(M, 3 * rotated * D, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* c = cos + r * D;
+      const float* s = sin + r * D;
+      for (int64_t h = 0; h < rotated; ++h) {
+        float* v = qkv + r * row + h * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          const float first = a * c[i], first_turn = -b * s[i];
+          const float second = b * c[i + half], second_turn = a * s[i + half];
+          v[i] = first + first_turn;
+          v[i + half] = second + second_turn;
+        }
       }
     }
-  }
+  });
+}
+
+// exp(x) in plain arithmetic the compiler vectorizes (no call, no branch): 2^k times a degree-6
+// polynomial of the remainder (relative error about 2e-7, a float's rounding); 0 below -87.3 and
+// infinity above 88.7, as expf, and exp(88) between 88 and 88.7 (for SiLU, where exp(-g) only
+// needs to be huge there, that changes nothing: g / (1 + exp(-g)) is -0 either way).
+inline float exp_any(float x) {
+  const float clamped = std::min(std::max(x, -87.0f), 88.0f);
+  const float k = (clamped * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  const float r = (clamped - k * 0.693145752f) - k * 1.42860677e-6f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t exponent = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &exponent, sizeof(scale));
+  const float value = p * scale;
+  return x < -87.3f ? 0.0f : (x > 88.7f ? std::numeric_limits<float>::infinity() : value);
 }
 
 // act = silu(gate) * up, gate and up side by side in each row of gu ([M, 2I]).
 void silu_mul_rows(const float* gu, int64_t M, int64_t I, float* act) {
-  for (int64_t r = 0; r < M; ++r) {
-    const float* g = gu + r * 2 * I;
-    const float* u = g + I;
-    float* a = act + r * I;
-    for (int64_t i = 0; i < I; ++i) a[i] = (g[i] / (1.0f + std::exp(-g[i]))) * u[i];
-  }
+  over_rows(M, 8 * I, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* g = gu + r * 2 * I;
+      const float* u = g + I;
+      float* a = act + r * I;
+      for (int64_t i = 0; i < I; ++i) a[i] = (g[i] / (1.0f + exp_any(-g[i]))) * u[i];
+    }
+  });
 }
 
 void add_rows(float* x, const float* d, int64_t count) {

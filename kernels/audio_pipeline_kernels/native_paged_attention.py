@@ -25,7 +25,42 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = r"""
+#: C++ both native kernels include: run a loop's parts on plain threads. torch's extension builder
+#: compiles without OpenMP, so at::parallel_for (whose OpenMP form is a pragma in ATen's header)
+#: runs serially in an extension; a prompt step's large loops (on model.prefill_threads) start
+#: plain threads instead, a few microseconds each against milliseconds of work.
+THREADS_SOURCE = r"""
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+// fn(begin, end) over [0, count) in `threads` contiguous parts, the first on the calling thread.
+template <typename F>
+void in_threads(int64_t count, int64_t threads, const F& fn) {
+  threads = std::max<int64_t>(1, std::min(threads, count));
+  if (threads == 1) {
+    fn(int64_t(0), count);
+    return;
+  }
+  const int64_t part = (count + threads - 1) / threads;
+  std::vector<std::thread> helpers;
+  for (int64_t t = 1; t < threads; ++t) {
+    const int64_t begin = t * part, end = std::min(count, begin + part);
+    if (begin < end) helpers.emplace_back([&fn, begin, end] { fn(begin, end); });
+  }
+  fn(int64_t(0), std::min(count, part));
+  for (auto& helper : helpers) helper.join();
+}
+
+// Threads for `work` multiply-adds (or like operations): torch's intra-op setting, at most one a
+// ~4M of work.
+inline int64_t threads_for(int64_t work) {
+  return std::min<int64_t>(int64_t(at::get_num_threads()), std::max<int64_t>(1, work >> 22));
+}
+"""
+
+_SOURCE = THREADS_SOURCE + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -275,7 +310,10 @@ static void attend_step(const float* q, const T* kc, const T* vc, const int32_t*
                         const int32_t* idx, const int32_t* lens, int64_t batch, int64_t heads, int64_t dim,
                         int64_t page_size, int64_t kv_heads, float scale, float* o) {
   const int64_t group = heads / kv_heads;
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  // More threads for a prompt step (its queries times its keys, roughly), split by sequence.
+  if (batch == 0) return;
+  const int64_t work = static_cast<int64_t>(qo[batch]) * heads * dim * 2 * std::max<int32_t>(1, lens[batch - 1]);
+  in_threads(batch, threads_for(work), [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc, wide;
     for (int64_t b = begin; b < end; ++b) {
       const int64_t nq = qo[b + 1] - qo[b];
