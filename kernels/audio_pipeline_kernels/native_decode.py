@@ -355,7 +355,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   const int64_t H = x.size(-1), M = x.numel() / std::max<int64_t>(H, 1);
   TORCH_CHECK(weight.numel() == H, "rms_norm: a weight of ", H);
   auto y = torch::empty_like(x);
-  norm_rows(x.data_ptr<float>(), M, H, weight.data_ptr<float>(), float(eps), y.data_ptr<float>());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  pybind11::gil_scoped_release no_gil;  // a prompt step's rows take milliseconds: other threads run
+  norm_rows(xp, M, H, wp, float(eps), yp);
   return y;
 }
 
@@ -366,15 +370,22 @@ void rotate_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t ro
   sin = contiguous_float(sin, "rotate_ sin");
   TORCH_CHECK(rotated * head_dim <= qkv.size(1) && cos.numel() == qkv.size(0) * head_dim && sin.numel() == cos.numel(),
               "rotate_: shapes");
-  rotate_rows(qkv.data_ptr<float>(), qkv.size(0), qkv.size(1), rotated, head_dim, cos.data_ptr<float>(),
-              sin.data_ptr<float>());
+  float* qp = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t M = qkv.size(0), row = qkv.size(1);
+  pybind11::gil_scoped_release no_gil;
+  rotate_rows(qp, M, row, rotated, head_dim, cp, sp);
 }
 
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   gate_up = contiguous_float(gate_up, "silu_mul");
   const int64_t I = gate_up.size(-1) / 2, M = gate_up.numel() / std::max<int64_t>(2 * I, 1);
   auto act = torch::empty({M, I}, gate_up.options());
-  silu_mul_rows(gate_up.data_ptr<float>(), M, I, act.data_ptr<float>());
+  const float* gp = gate_up.data_ptr<float>();
+  float* ap = act.data_ptr<float>();
+  pybind11::gil_scoped_release no_gil;
+  silu_mul_rows(gp, M, I, ap);
   return act;
 }
 
