@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 THREADS_SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -47,7 +48,12 @@ void in_threads(int64_t count, int64_t threads, const F& fn) {
   std::vector<std::thread> helpers;
   for (int64_t t = 1; t < threads; ++t) {
     const int64_t begin = t * part, end = std::min(count, begin + part);
-    if (begin < end) helpers.emplace_back([&fn, begin, end] { fn(begin, end); });
+    if (begin >= end) continue;
+    try {
+      helpers.emplace_back([&fn, begin, end] { fn(begin, end); });
+    } catch (const std::system_error&) {  // no thread to be had (a process limit): this part here
+      fn(begin, end);
+    }
   }
   fn(int64_t(0), std::min(count, part));
   for (auto& helper : helpers) helper.join();
