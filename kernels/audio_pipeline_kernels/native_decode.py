@@ -19,8 +19,7 @@ fast-math). Where it cannot be built, ``native_decode()`` is None, oneDNN's pack
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_paged_attention import (THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path,
-                                                            _target_flags)
+from audio_pipeline_kernels.native_build import THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
 from audio_pipeline_kernels.native_products import PRODUCTS_SOURCE, NativeWeight
 
 #: The layers' C++ (after the products', whose helpers it uses).

@@ -19,7 +19,7 @@ torch form serves.
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_paged_attention import LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
+from audio_pipeline_kernels.native_build import LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
 
 _SOURCE = r"""
 #include <torch/extension.h>

@@ -1,0 +1,119 @@
+"""What the native CPU kernels share: building on first use (LazyKernel, the build flags and
+fingerprint) and the C++ they all include (THREADS_SOURCE, EXP_SOURCE).
+
+Each kernel (paged attention, the sampler, the decode step's products and layers) is compiled with
+torch's C++ extension builder the first time it is used, for this CPU, and cached in torch's
+extension folder under a fingerprint of its source, flags and CPU; where it cannot be built (no
+compiler, no ninja), its LazyKernel answers None and a torch form serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+
+logger = logging.getLogger(__name__)
+
+#: C++ the native kernels include: run a loop's parts on plain threads. torch's extension builder
+#: compiles without OpenMP, so at::parallel_for (whose OpenMP form is a pragma in ATen's header)
+#: runs serially in an extension; a prompt step's large loops (on model.prefill_threads) start
+#: plain threads instead, a few microseconds each against milliseconds of work.
+THREADS_SOURCE = r"""
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+// fn(begin, end) over [0, count) in `threads` contiguous parts, the first on the calling thread.
+template <typename F>
+void in_threads(int64_t count, int64_t threads, const F& fn) {
+  threads = std::max<int64_t>(1, std::min(threads, count));
+  if (threads == 1) {
+    fn(int64_t(0), count);
+    return;
+  }
+  const int64_t part = (count + threads - 1) / threads;
+  std::vector<std::thread> helpers;
+  for (int64_t t = 1; t < threads; ++t) {
+    const int64_t begin = t * part, end = std::min(count, begin + part);
+    if (begin >= end) continue;
+    try {
+      helpers.emplace_back([&fn, begin, end] { fn(begin, end); });
+    } catch (const std::system_error&) {  // no thread to be had (a process limit): this part here
+      fn(begin, end);
+    }
+  }
+  fn(int64_t(0), std::min(count, part));
+  for (auto& helper : helpers) helper.join();
+}
+
+// Threads for `work` multiply-adds (or like operations): torch's intra-op setting, at most one a
+// ~4M of work.
+inline int64_t threads_for(int64_t work) {
+  return std::min<int64_t>(int64_t(at::get_num_threads()), std::max<int64_t>(1, work >> 22));
+}
+"""
+
+def _put_ninja_on_path() -> None:
+    """torch's builder runs the ``ninja`` command; the ``ninja`` package installs it beside this
+    interpreter (a virtual environment's bin/, not on PATH unless activated)."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _target_flags() -> list[str]:
+    """On x86-64, this CPU's instruction set (AVX-512, or AVX2 with FMA and F16C, where present: the
+    kernel's vector loads); elsewhere (ARM) the compiler's default target, whose baseline has the
+    vectors and half-precision conversions the portable loops compile to (and not every ARM compiler
+    takes -march=native)."""
+    import platform
+
+    return ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else []
+
+
+def _build_tag(cflags: list[str], source: str) -> str:
+    """A short fingerprint of a kernel's ``source``, its flags and this CPU's model and instruction-set
+    flags: a changed kernel gets a build of its own, and a cache folder shared with another kind of
+    CPU never serves a build made for this one."""
+    import hashlib
+    import platform
+
+    identity = source + " ".join(cflags) + platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags"))]
+        identity += "".join(sorted(set(lines)))
+    except OSError:  # not Linux: the processor string is what there is
+        identity += platform.processor()
+    return hashlib.sha1(identity.encode()).hexdigest()[:10]
+
+
+class LazyKernel:
+    """A kernel built on its first call (under a lock, once): ``build()``'s result, or None where it
+    cannot be built (no compiler, no ninja, ...), after a warning naming ``what`` and ``fallback``."""
+
+    def __init__(self, build, what: str, fallback: str):
+        self.build, self.what, self.fallback = build, what, fallback
+        self.kernel = None
+        self.tried = False
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            if not self.tried:
+                self.tried = True
+                try:
+                    self.kernel = self.build()
+                except Exception as exc:  # noqa: BLE001 - the torch form serves instead
+                    logger.warning("%s could not be built (%s); %s", self.what,
+                                   str(exc).splitlines()[0] if str(exc) else type(exc).__name__, self.fallback)
+                    self.kernel = None
+            return self.kernel
