@@ -19,7 +19,8 @@ fast-math). Where it cannot be built, ``native_decode()`` is None, oneDNN's pack
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
+from audio_pipeline_kernels.native_build import (EXP_SOURCE, THREADS_SOURCE, LazyKernel, _build_tag,
+                                                  _put_ninja_on_path, _target_flags)
 from audio_pipeline_kernels.native_products import PRODUCTS_SOURCE, NativeWeight
 
 #: The layers' C++ (after the products', whose helpers it uses).
@@ -80,25 +81,11 @@ void rotate_rows(float* qkv, int64_t M, int64_t row, int64_t rotated, int64_t D,
   });
 }
 
-// exp(x) in plain arithmetic the compiler vectorizes (no call, no branch): 2^k times a degree-6
-// polynomial of the remainder (relative error about 2e-7, a float's rounding); 0 below -87.3 and
-// infinity above 88.7, as expf, and exp(88) between 88 and 88.7 (for SiLU, where exp(-g) only
-// needs to be huge there, that changes nothing: g / (1 + exp(-g)) is -0 either way).
+// exp(x) (EXP_SOURCE's exp_in_range): 0 below -87.3 and infinity above 88.7, as expf, and exp(88)
+// between 88 and 88.7 (for SiLU, where exp(-g) only needs to be huge there, that changes nothing:
+// g / (1 + exp(-g)) is -0 either way).
 inline float exp_any(float x) {
-  const float clamped = std::min(std::max(x, -87.0f), 88.0f);
-  const float k = (clamped * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  const float r = (clamped - k * 0.693145752f) - k * 1.42860677e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t exponent = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &exponent, sizeof(scale));
-  const float value = p * scale;
+  const float value = exp_in_range(std::min(std::max(x, -87.0f), 88.0f));
   return x < -87.3f ? 0.0f : (x > 88.7f ? std::numeric_limits<float>::infinity() : value);
 }
 
@@ -380,7 +367,7 @@ torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor o_pa
   float* op = out.data_ptr<float>();
   pybind11::gil_scoped_release no_gil;
   product(ap, M, o, op);
-  for (int64_t i = 0; i < M * H; ++i) op[i] = xp[i] + op[i];
+  add_rows(op, xp, M * H);
   residual_mlp(op, M, H, wp, float(eps), gate_up, down);
   return out;
 }
@@ -402,7 +389,7 @@ torch::Tensor mlp_block(torch::Tensor x, torch::Tensor norm_weight, double eps, 
 }
 """
 
-_SOURCE = THREADS_SOURCE + PRODUCTS_SOURCE + LAYERS_SOURCE
+_SOURCE = THREADS_SOURCE + EXP_SOURCE + PRODUCTS_SOURCE + LAYERS_SOURCE
 
 
 def build_native_decode(target_flags: list[str] | None = None):

@@ -16,7 +16,8 @@ the first time it is used and cached in torch's extension folder; where that fai
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
+from audio_pipeline_kernels.native_build import (THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path,
+                                                  _target_flags)
 
 _SOURCE = THREADS_SOURCE + r"""
 #include <torch/extension.h>

@@ -19,9 +19,9 @@ torch form serves.
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
+from audio_pipeline_kernels.native_build import EXP_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
 
-_SOURCE = r"""
+_SOURCE = EXP_SOURCE + r"""
 #include <torch/extension.h>
 #include <algorithm>
 #include <cmath>
@@ -43,24 +43,11 @@ inline float finite_or_excluded(float x) {
   return x;
 }
 
-// exp(x) for x <= 0 in plain arithmetic the compiler vectorizes (no call, no branch): 2^k times a
-// degree-6 polynomial of the remainder (relative error ~2e-7, a float's rounding); 0 below -87,
-// where a whole row's sum (at least 1: its best term) cannot notice the term.
+// exp(x) for x <= 0 (EXP_SOURCE's exp_in_range); 0 below -87, where a whole row's sum (at least 1:
+// its best term) cannot notice the term.
 inline float exp_nonpositive(float x) {
   const float clamped = x < -87.0f ? -87.0f : x;
-  const float k = (clamped * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  const float r = (clamped - k * 0.693145752f) - k * 1.42860677e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t exponent = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &exponent, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
+  return x < -87.0f ? 0.0f : exp_in_range(clamped);
 }
 
 // The sum over a whole row of exp(x - best) (the whole-row rule's denominator): the terms into
