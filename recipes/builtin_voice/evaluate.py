@@ -66,14 +66,24 @@ def evaluate(sentences: Sequence[str], synthesize: Callable[[str], tuple[np.ndar
     closed = _decoder(jsgf=grammar_file)
     open_set = _decoder()
     correct = errors = words = 0
+    missed = []
     for text in sentences:
         pcm = _pcm16(*synthesize(text))
-        if _words(_recognise(closed, pcm)) == _words(text):
+        heard = _recognise(closed, pcm)
+        if _words(heard) == _words(text):
             correct += 1
+        else:
+            missed.append((text, heard))
         e, n = word_errors(text, _recognise(open_set, pcm))
         errors, words = errors + e, words + n
     return {"identified": correct, "sentences": len(sentences), "accuracy": correct / len(sentences),
-            "wer": errors / max(words, 1)}
+            "wer": errors / max(words, 1), "missed": missed}
+
+
+def print_missed(result: dict) -> None:
+    """Each sentence the closed set did not identify, and what it heard instead."""
+    for text, heard in result["missed"]:
+        print(f"  missed: {' '.join(_words(text))!r}\n   heard: {' '.join(_words(heard)) or '(nothing)'!r}")
 
 
 def engine_synthesizer(model_dir: str, *, temperature: float | None = None, flags: Sequence[str] = ()):
@@ -114,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="held-out: the 40 sentences the first generations were measured on; validation or "
                              "test: the fourth generation's fixed splits (corpus.py split_of; validation chooses "
                              "checkpoints, test is reported once)")
+    parser.add_argument("--show-missed", action="store_true",
+                        help="list each sentence the closed set did not identify, with what it heard")
     parser.add_argument("--write", help="write the first sentence's audio here (WAV; the first model's)")
     args = parser.parse_args(argv)
     if not args.espeak and not args.model:
@@ -146,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"{label}: closed-set identification {result['identified']}/{result['sentences']} "
                      f"({result['accuracy']:.0%}), WER {result['wer']:.1%}")
         print(lines[-1], flush=True)
+        if args.show_missed:
+            print_missed(result)
     if len(lines) > 1:
         print("\n".join(["side by side:", *lines]))
     return 0

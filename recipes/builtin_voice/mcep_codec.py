@@ -180,10 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     fit.add_argument("--size", type=int, default=1024, help="codebook entries")
     fit.add_argument("--workers", type=int, default=2)
     fit.add_argument("--out", required=True, help="the decoder directory to write")
-    evaluate_command = commands.add_parser("evaluate", help="held-out intelligibility: teacher and round trip")
+    evaluate_command = commands.add_parser("evaluate", help="intelligibility of the teacher and of its round trip through the codec")
     evaluate_command.add_argument("--decoder", required=True, help="a decoder directory written by fit")
     evaluate_command.add_argument("--count", type=int, default=40)
-    evaluate_command.add_argument("--work", default="/tmp/bv2/held-out", help="where the teacher's speech goes")
+    evaluate_command.add_argument("--split", default="held-out", choices=["held-out", "validation", "test"],
+                                  help="which sentences (as in evaluate.py): the first generations' 40 held-out "
+                                       "ones, or the fourth generation's validation or test split")
+    evaluate_command.add_argument("--work", help="where the teacher's speech goes (default /tmp/bv2/SPLIT)")
+    evaluate_command.add_argument("--show-missed", action="store_true",
+                                  help="list each sentence the closed set did not identify, with what it heard")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -204,12 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     import soundfile as sf
 
     from audio_pipeline.decoders import load_audio_decoder
-    from recipes.builtin_voice.corpus import held_out
-    from recipes.builtin_voice.evaluate import evaluate
+    from recipes.builtin_voice.corpus import evaluation_texts
+    from recipes.builtin_voice.evaluate import evaluate, print_missed
     from recipes.builtin_voice.teacher import synthesize as teacher_speak
 
-    texts = held_out(args.count)
-    utterances = {u.text: u for u in teacher_speak(list(enumerate(texts)), Path(args.work))}
+    texts = evaluation_texts(args.split, args.count)
+    work = Path(args.work or f"/tmp/bv2/{args.split}")
+    utterances = {u.text: u for u in teacher_speak(list(enumerate(texts)), work)}
     decoder = load_audio_decoder("mcep", args.decoder)
     quantizer = Quantizer.load(args.decoder)
 
@@ -225,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
                               ("codec round trip (analysis, quantization, mcep decoder)", coded)):
         with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
             result = evaluate(texts, synthesize, grammar.name)
-        print(f"{label}: closed set {result['identified']}/{result['sentences']}, WER {100 * result['wer']:.1f} %")
+        print(f"{label}: closed set {result['identified']}/{result['sentences']}, WER {100 * result['wer']:.1f} %",
+              flush=True)
+        if args.show_missed:
+            print_missed(result)
     return 0
 
 
