@@ -25,9 +25,10 @@ WORDS = {
 INVENTORY = ["pau", "dh", "ax0", "k", "ae1", "t", "s", "aa1", "n", "m", "jh", "eh1", "w", "l", "ow1", "f", "ih0", "z"]
 
 
-def prosody(frames_per_unit=3.0, pause_frames=10.0, break_before=("on",)):
+def prosody(frames_per_unit=3.0, pause_frames=10.0, break_before=("on",), comma_unpaused=None):
     """A hand-made model: every phone lasts ``frames_per_unit``, every pause ``pause_frames``; a
-    break before the words of ``break_before``."""
+    break before the words of ``break_before``; no pause after the one-word openings of
+    ``comma_unpaused`` (None: the key absent, as in older voices)."""
     inventory = {u: i for i, u in enumerate(INVENTORY)}
     size = duration_input_size(len(inventory))
     w1 = np.zeros((size, 2))
@@ -38,8 +39,11 @@ def prosody(frames_per_unit=3.0, pause_frames=10.0, break_before=("on",)):
     vocabulary = list(break_before)
     weights = np.full(len(vocabulary) + 1 + 16, 0.0)
     weights[:len(vocabulary)] = 10.0
-    return ProsodyModel({"break_words": vocabulary, "break_weights": weights.tolist(), "break_bias": -5.0,
-                         "inventory": INVENTORY, "w1": w1.tolist(), "b1": b1.tolist(), "w2": w2.tolist(), "b2": 0.0})
+    data = {"break_words": vocabulary, "break_weights": weights.tolist(), "break_bias": -5.0,
+            "inventory": INVENTORY, "w1": w1.tolist(), "b1": b1.tolist(), "w2": w2.tolist(), "b2": 0.0}
+    if comma_unpaused is not None:
+        data["comma_unpaused_words"] = list(comma_unpaused)
+    return ProsodyModel(data)
 
 
 @pytest.fixture
@@ -174,3 +178,51 @@ def test_a_manifest_names_a_known_front_end(tiny_lexicon_voice, tmp_path):
     (copy / MANIFEST_NAME).write_text(json.dumps({**manifest, "front_end": "festival"}))
     with pytest.raises(ValueError, match="unknown front_end 'festival'"):
         ModelManifest.read(copy)
+
+
+def test_a_one_word_opening_the_teacher_runs_on_from_keeps_no_pause_at_its_comma(lexicon):
+    """The teacher said "Wow, David..." without a pause (0 of 98 in its training speech): a voice
+    whose prosody.json lists such openings runs on past their comma, as the model learned it.
+    Only a phrase of that one word: the same word later in a phrase, and other openings, pause
+    at their comma; and a voice without the list pauses at every comma."""
+    def pauses(model, text):
+        units, _ = LexiconFrontEnd(lexicon, model).units(text)
+        return [u.kind for u in units if u.name == "pau"]
+
+    learned = prosody(break_before=(), comma_unpaused=["well"])
+    assert pauses(learned, "Well, the cat sat.") == ["start", "end"]
+    assert pauses(learned, "WELL, the cat sat.") == ["start", "end"]
+    assert pauses(learned, "The cat sat well, the mat.") == ["start", ",", "end"]  # "well" ends a phrase here
+    assert pauses(learned, "The cat, well, the mat.") == ["start", ",", "end"]  # after a pause it opens one
+    assert pauses(learned, "Jess, the cat sat.") == ["start", ",", "end"]
+    assert pauses(learned, "The mat. Well, the cat sat.") == ["start", ".", "end"]  # it opens a sentence
+    older = prosody(break_before=())
+    assert pauses(older, "Well, the cat sat.") == ["start", ",", "end"]
+
+
+def test_the_recipe_learns_which_openings_run_on_from_the_teachers_pauses(lexicon):
+    """recipes/builtin_voice/prosody.py: each comma after a one-word phrase, and whether the
+    teacher paused there, read from its segments; the openings it paused after less than half the
+    time (seen often enough) are the ones a voice runs on from."""
+    from recipes.builtin_voice.prosody import comma_openings, unpaused_comma_words
+
+    def record(opening, opening_phones, paused):
+        segments, t = [["pau", 0.2, 0, ""]], 0.2
+        for word, phones in ((opening, opening_phones), ("the", ["dh", "ax"]), ("cat", ["k", "ae", "t"]),
+                             ("sat", ["s", "ae", "t"])):
+            for phone in phones:
+                t += 0.06
+                segments.append([phone, round(t, 3), int(phone in ("eh", "ae")), word])
+            if word == opening and paused:
+                t += 0.1
+                segments.append(["pau", round(t, 3), 0, ""])
+        segments.append(["pau", round(t + 0.2, 3), 0, ""])
+        return {"text": f"{opening.capitalize()}, the cat sat.", "segments": segments}
+
+    phonemizer = Phonemizer(lexicon)
+    assert comma_openings(record("well", ["w", "eh", "l"], False), phonemizer) == [("well", False)]
+    assert comma_openings(record("jess", ["jh", "eh", "s"], True), phonemizer) == [("jess", True)]
+    assert comma_openings({"text": "The cat sat, the mat.", "segments": record("well", ["w", "eh", "l"], True)[
+        "segments"]}, phonemizer) == []  # a comma after three words is no one-word opening
+    openings = [("well", False)] * 5 + [("jess", True)] * 5 + [("mat", False)] * 4 + [("cat", False), ("cat", True)] * 3
+    assert unpaused_comma_words(openings) == ["well"]  # "mat" seen too rarely, "cat" paused half the time

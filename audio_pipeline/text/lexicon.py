@@ -259,8 +259,9 @@ class LexiconFrontEnd:
             if index == len(words) - 1:
                 break
             if index in marks:
-                units.append(Unit(PAUSE, -1, marks[index]))
-                since = 0
+                if marks[index] != "," or self.prosody.pauses_at_comma(text[word.start:word.end], since):
+                    units.append(Unit(PAUSE, -1, marks[index]))
+                    since = 0
                 continue
             following = text[words[index + 1].start:words[index + 1].end]
             if self.prosody.is_break(following, since, words_to_punctuation(index, len(words), marks)):

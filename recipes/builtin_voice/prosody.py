@@ -68,8 +68,10 @@ def align(ours: list[str], theirs: list[str]) -> list[int | None]:
     return out
 
 
-def examples(record: dict, phonemizer: Phonemizer):
-    """(break examples [(features..., label)], duration examples [(units, frames)]) of one utterance."""
+def _matched(record: dict, phonemizer: Phonemizer):
+    """Our words and punctuation for the record's text, the teacher's units and frames, and which of
+    our words each of the teacher's units belongs to (by unit index; pauses and unmatched phones
+    absent or None)."""
     items = phonemizer.words(record["text"])
     words = [w for w in items if isinstance(w, Word)]
     marks = punctuation_after(items)  # as the run-time front end reads them
@@ -81,12 +83,22 @@ def examples(record: dict, phonemizer: Phonemizer):
     phone_positions = [i for i, u in enumerate(units) if u.name != PAUSE]
     mapping = align(our_phones, [units[i].name for i in phone_positions])
     word_of_unit = {position: (our_word[k] if k is not None else None) for position, k in zip(phone_positions, mapping)}
+    return words, marks, units, frames, word_of_unit
+
+
+def _word_before(index: int, word_of_unit: dict) -> int | None:
+    return next((word_of_unit[i] for i in range(index - 1, -1, -1) if word_of_unit.get(i) is not None), None)
+
+
+def examples(record: dict, phonemizer: Phonemizer):
+    """(break examples [(features..., label)], duration examples [(units, frames)]) of one utterance."""
+    words, marks, units, frames, word_of_unit = _matched(record, phonemizer)
     # Pauses: what caused each, and which of our word boundaries hold one.
     paused_after: set[int] = set()
     for index, u in enumerate(units):
         if u.name != PAUSE:
             continue
-        before = next((word_of_unit[i] for i in range(index - 1, -1, -1) if word_of_unit.get(i) is not None), None)
+        before = _word_before(index, word_of_unit)
         if index == 0 or before is None:
             u.kind = "start"
         elif index == len(units) - 1:
@@ -107,6 +119,33 @@ def examples(record: dict, phonemizer: Phonemizer):
         if label:
             since = 0
     return breaks, (units, frames)
+
+
+def comma_openings(record: dict, phonemizer: Phonemizer) -> list[tuple[str, bool]]:
+    """(word, paused) for each comma after a one-word phrase (the text's first word, or the first
+    after a pause) in one utterance: whether the teacher paused there."""
+    words, marks, units, _, word_of_unit = _matched(record, phonemizer)
+    paused_after = {before for index, u in enumerate(units[1:-1], 1) if u.name == PAUSE
+                    for before in [_word_before(index, word_of_unit)] if before is not None}
+    out, since = [], 0
+    for index in range(len(words) - 1):
+        since += 1
+        if marks.get(index) == "," and since == 1:
+            out.append((record["text"][words[index].start:words[index].end].lower(), index in paused_after))
+        if index in marks or index in paused_after:
+            since = 0
+    return out
+
+
+def unpaused_comma_words(openings: list[tuple[str, bool]], min_count: int = 5) -> list[str]:
+    """The one-word openings the teacher paused after less than half the time (seen at least
+    ``min_count`` times)."""
+    seen: dict[str, list[int]] = {}
+    for word, paused in openings:
+        seen.setdefault(word, [0, 0])
+        seen[word][0] += 1
+        seen[word][1] += paused
+    return sorted(w for w, (n, p) in seen.items() if n >= min_count and p < n / 2)
 
 
 def train_breaks(data, vocabulary: dict[str, int], text_of) -> tuple[np.ndarray, float]:
@@ -174,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lexicon", required=True, help="the run-time lexicon (lexicon.py build)")
     parser.add_argument("--out", required=True, help="prosody.json to write")
     parser.add_argument("--count", type=int, default=8000)
+    parser.add_argument("--commas-only", action="store_true",
+                        help="only learn which one-word openings run on past their comma, and add them to "
+                             "the existing --out (its break and duration models stay as they are); "
+                             "a v4 teacher folder's training split learns, its validation split measures")
     args = parser.parse_args(argv)
     phonemizer = Phonemizer(Lexicon.load(args.lexicon))
     records = [json.loads(line) for line in open(Path(args.teacher) / "index.jsonl")][:args.count]
+    if args.commas_only:
+        return _learn_commas(records, phonemizer, Path(args.out))
     held = max(1, len(records) // 10)
     train, test = records[:-held], records[-held:]
 
@@ -189,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         return breaks, durations
 
     train_breaks_data, train_durations_data = collect(train)
+    unpaused = unpaused_comma_words([o for record in train for o in comma_openings(record, phonemizer)])
     test_breaks_data, test_durations_data = collect(test)
 
     # Words are known by their text: keep the texts of next words that break at all often.
@@ -203,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     w1, b1, w2, b2 = train_durations(train_durations_data, inventory)
     model_data = {"break_words": list(vocabulary), "break_weights": weights.tolist(), "break_bias": bias,
                   "inventory": list(inventory), "w1": w1.round(5).tolist(), "b1": b1.round(5).tolist(),
-                  "w2": w2.round(5).tolist(), "b2": round(b2, 5)}
+                  "w2": w2.round(5).tolist(), "b2": round(b2, 5), "comma_unpaused_words": unpaused}
     Path(args.out).write_text(json.dumps(model_data))
     model = ProsodyModel(model_data)
 
@@ -233,6 +279,29 @@ def main(argv: list[str] | None = None) -> int:
           f"accuracy {100 * accuracy:.1f} %, precision {100 * precision:.1f} %, recall {100 * recall:.1f} %")
     print(f"durations (held out, {len(errors)} units): RMSE {rmse:.2f} frames ({20 * rmse:.0f} ms), "
           f"mean absolute {np.mean(np.abs(errors)):.2f} frames; each unit's mean duration: RMSE {base_rmse:.2f} frames")
+    return 0
+
+
+def _learn_commas(records: list[dict], phonemizer: Phonemizer, out: Path) -> int:
+    from audio_pipeline.text.prosody import ProsodyModel
+
+    by_split = {"train": [], "validation": []}
+    for record in records:
+        if record.get("split") in by_split:
+            by_split[record["split"]] += comma_openings(record, phonemizer)
+    if not by_split["train"]:
+        raise SystemExit(f"no training-split utterances among {len(records)} (a v4 teacher folder is needed)")
+    words = unpaused_comma_words(by_split["train"])
+    data = json.loads(out.read_text())
+    data["comma_unpaused_words"] = words
+    out.write_text(json.dumps(data))
+    model = ProsodyModel(data)
+    held = by_split["validation"]
+    always = sum(paused for _, paused in held)
+    learned = sum(model.pauses_at_comma(word, 1) == paused for word, paused in held)
+    print(f"one-word openings before a comma: {len(by_split['train'])} in training, runs on after {words} -> {out}")
+    print(f"validation ({len(held)} such commas): the teacher's pause placed right {learned}/{len(held)}, "
+          f"against {always}/{len(held)} pausing at every comma")
     return 0
 
 
