@@ -9,6 +9,7 @@ compiler, no ninja), its LazyKernel answers None and a torch form serves.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -16,12 +17,24 @@ import threading
 
 logger = logging.getLogger(__name__)
 
+#: What every kernel's C++ includes, in place of torch/extension.h (torch's whole C++ API: about 50 s
+#: of parsing per build on a 2-core machine, against about 20 s for these): tensors, the operators
+#: the kernels call, the thread setting, and pybind11 with torch's tensor conversions.
+PRELUDE = r"""
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
+"""
+
 #: C++ the native kernels include: run a loop's parts on plain threads. torch's extension builder
 #: compiles without OpenMP, so at::parallel_for (whose OpenMP form is a pragma in ATen's header)
 #: runs serially in an extension; a prompt step's large loops (on model.prefill_threads) start
 #: plain threads instead, a few microseconds each against milliseconds of work.
 THREADS_SOURCE = r"""
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <system_error>
 #include <thread>
@@ -121,6 +134,36 @@ def _build_tag(cflags: list[str], source: str) -> str:
     except OSError:  # not Linux: the processor string is what there is
         identity += platform.processor()
     return hashlib.sha1(identity.encode()).hexdigest()[:10]
+
+
+def _bindings(functions: list[str]) -> str:
+    """The module's pybind11 definitions. A failed check (c10::Error) reaches Python as a
+    RuntimeError with its message and without the C++ backtrace, as torch's own bindings give."""
+    defs = "\n".join(f'  m.def("{name}", &{name});' for name in functions)
+    return r"""
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::register_local_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised) std::rethrow_exception(raised);
+    } catch (const c10::Error& error) {
+      PyErr_SetString(PyExc_RuntimeError, error.what_without_backtrace());
+    }
+  });
+""" + defs + "\n}\n"
+
+
+def build_extension(kind: str, source: str, functions: list[str], cflags: list[str]):
+    """Compiles ``source`` (after PRELUDE) with ``cflags`` into a module exposing ``functions``, or
+    finds it built in torch's extension folder (under ``audio_pipeline_<kind>_<fingerprint>``);
+    raises where it cannot be built."""
+    from torch.utils.cpp_extension import load_inline
+
+    _put_ninja_on_path()
+    full = PRELUDE + source + _bindings(functions)
+    # torch's builder puts torch/extension.h first unless told not to (torch 2.5 and later).
+    lean = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
+    return load_inline(f"audio_pipeline_{kind}_{_build_tag(cflags, full)}", cpp_sources=full, extra_cflags=cflags,
+                       verbose=False, **lean)
 
 
 class LazyKernel:

@@ -19,8 +19,8 @@ fast-math). Where it cannot be built, ``native_decode()`` is None, oneDNN's pack
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import (EXP_SOURCE, THREADS_SOURCE, LazyKernel, _build_tag,
-                                                  _put_ninja_on_path, _target_flags)
+from audio_pipeline_kernels.native_build import (EXP_SOURCE, THREADS_SOURCE, LazyKernel, _target_flags,
+                                                  build_extension)
 from audio_pipeline_kernels.native_products import PRODUCTS_SOURCE, NativeWeight
 
 #: The layers' C++ (after the products', whose helpers it uses).
@@ -135,19 +135,19 @@ void store_rows(const float* qkv, int64_t M, int64_t row, int64_t k0, int64_t v0
   }
 }
 
-torch::Tensor contiguous_float(const torch::Tensor& t, const char* what) {
-  TORCH_CHECK(t.scalar_type() == torch::kFloat, what, ": float32 only");
+at::Tensor contiguous_float(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat, what, ": float32 only");
   return t.contiguous();
 }
 
 }  // namespace
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   x = contiguous_float(x, "rms_norm");
   weight = contiguous_float(weight, "rms_norm weight");
   const int64_t H = x.size(-1), M = x.numel() / std::max<int64_t>(H, 1);
   TORCH_CHECK(weight.numel() == H, "rms_norm: a weight of ", H);
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -157,8 +157,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // RoPE in place on qkv's first `rotated` heads of `head_dim` (qkv [M, row], contiguous; cos, sin [M, head_dim]).
-void rotate_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t rotated, int64_t head_dim) {
-  TORCH_CHECK(qkv.scalar_type() == torch::kFloat && qkv.is_contiguous() && qkv.dim() == 2, "rotate_: contiguous 2-D float32");
+void rotate_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t rotated, int64_t head_dim) {
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.is_contiguous() && qkv.dim() == 2, "rotate_: contiguous 2-D float32");
   cos = contiguous_float(cos, "rotate_ cos");
   sin = contiguous_float(sin, "rotate_ sin");
   TORCH_CHECK(rotated * head_dim <= qkv.size(1) && cos.numel() == qkv.size(0) * head_dim && sin.numel() == cos.numel(),
@@ -171,10 +171,10 @@ void rotate_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t ro
   rotate_rows(qp, M, row, rotated, head_dim, cp, sp);
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   gate_up = contiguous_float(gate_up, "silu_mul");
   const int64_t I = gate_up.size(-1) / 2, M = gate_up.numel() / std::max<int64_t>(2 * I, 1);
-  auto act = torch::empty({M, I}, gate_up.options());
+  auto act = at::empty({M, I}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
   float* ap = act.data_ptr<float>();
   pybind11::gil_scoped_release no_gil;
@@ -183,8 +183,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }
 
 // (x + d, rms_norm(x + d)): the residual sum and the next block's input.
-std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor weight, double eps) {
-  auto sum = contiguous_float(x, "add_rms_norm") + contiguous_float(d, "add_rms_norm");
+std::vector<at::Tensor> add_rms_norm(at::Tensor x, at::Tensor d, at::Tensor weight, double eps) {
+  auto sum = at::add(contiguous_float(x, "add_rms_norm"), contiguous_float(d, "add_rms_norm"));
   return {sum, rms_norm(sum, weight, eps)};
 }
 
@@ -192,11 +192,11 @@ std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor d, torch:
 // and keys rotated (the attention's heads and the keys' heads, `rotated` of them). With caches and
 // slots, the step's keys and values (the `kv_width` columns after the queries', then the next) are
 // also stored in the caches ([blocks, page, kv_heads, D]: float32, float16 or bfloat16) at their slots.
-torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm_weight, double eps, torch::Tensor qkv_panels, int64_t qkv_n,
-                        c10::optional<torch::Tensor> qkv_bias, torch::Tensor cos, torch::Tensor sin, int64_t rotated,
-                        int64_t head_dim, c10::optional<torch::Tensor> key_cache,
-                        c10::optional<torch::Tensor> value_cache, c10::optional<torch::Tensor> slots,
-                        int64_t kv_width) {
+at::Tensor layer_pre(at::Tensor x, at::Tensor norm_weight, double eps, at::Tensor qkv_panels, int64_t qkv_n,
+                     c10::optional<at::Tensor> qkv_bias, at::Tensor cos, at::Tensor sin, int64_t rotated,
+                     int64_t head_dim, c10::optional<at::Tensor> key_cache,
+                     c10::optional<at::Tensor> value_cache, c10::optional<at::Tensor> slots,
+                     int64_t kv_width) {
   x = contiguous_float(x, "layer_pre");
   norm_weight = contiguous_float(norm_weight, "layer_pre norm");
   cos = contiguous_float(cos, "layer_pre cos");
@@ -206,20 +206,20 @@ torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm_weight, double eps, 
   TORCH_CHECK(qkv.K == H && norm_weight.numel() == H && rotated * head_dim <= qkv_n && cos.numel() == M * head_dim &&
               sin.numel() == cos.numel(), "layer_pre: shapes");
   const bool store = key_cache.has_value();
-  torch::Tensor slot_rows;
+  at::Tensor slot_rows;
   if (store) {
     TORCH_CHECK(value_cache.has_value() && slots.has_value(), "layer_pre: both caches and the slots");
     TORCH_CHECK(key_cache->is_contiguous() && value_cache->is_contiguous() &&
                 key_cache->scalar_type() == value_cache->scalar_type() && key_cache->sizes() == value_cache->sizes() &&
                 key_cache->dim() == 4 && key_cache->size(2) * key_cache->size(3) == kv_width, "layer_pre: caches");
     TORCH_CHECK(qkv_n >= 2 * kv_width, "layer_pre: key/value columns");
-    slot_rows = slots->to(torch::kLong).contiguous();
+    slot_rows = slots->to(at::kLong).contiguous();
     TORCH_CHECK(slot_rows.numel() == M, "layer_pre: a slot per row");
     const int64_t limit = key_cache->size(0) * key_cache->size(1);
     const int64_t* sp = slot_rows.data_ptr<int64_t>();
     for (int64_t r = 0; r < M; ++r) TORCH_CHECK(sp[r] >= 0 && sp[r] < limit, "layer_pre: slot out of the cache");
   }
-  auto out = torch::empty({M, qkv_n}, x.options());
+  auto out = at::empty({M, qkv_n}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = norm_weight.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
@@ -236,14 +236,14 @@ torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm_weight, double eps, 
     const int64_t k0 = qkv_n - 2 * kv_width, v0 = qkv_n - kv_width;
     const int64_t* sp = slot_rows.data_ptr<int64_t>();
     switch (key_cache->scalar_type()) {
-      case torch::kFloat:
+      case at::kFloat:
         store_rows(op, M, qkv_n, k0, v0, kv_width, sp, key_cache->data_ptr<float>(), value_cache->data_ptr<float>());
         break;
-      case torch::kHalf:
+      case at::kHalf:
         store_rows(op, M, qkv_n, k0, v0, kv_width, sp, key_cache->data_ptr<c10::Half>(),
                    value_cache->data_ptr<c10::Half>());
         break;
-      case torch::kBFloat16:
+      case at::kBFloat16:
         store_rows(op, M, qkv_n, k0, v0, kv_width, sp, key_cache->data_ptr<c10::BFloat16>(),
                    value_cache->data_ptr<c10::BFloat16>());
         break;
@@ -257,14 +257,14 @@ torch::Tensor layer_pre(torch::Tensor x, torch::Tensor norm_weight, double eps, 
 // A frame model's depth head (models/frame_head.py) in one call: x = hidden + weight[token_offset +
 // code] (a code may be negative: a stop id below the codebook); through each SwiGLU block (norm, gate/up, SiLU, down, residual); norm; readout ->
 // [M, readout_n] logits.
-torch::Tensor depth_head(torch::Tensor hidden, torch::Tensor codes, torch::Tensor weight, int64_t token_offset,
-                         std::vector<torch::Tensor> norms, double eps, std::vector<torch::Tensor> gate_ups,
-                         int64_t gate_up_n, std::vector<torch::Tensor> downs, int64_t down_n, torch::Tensor final_norm,
-                         torch::Tensor readout_panels, int64_t readout_n) {
+at::Tensor depth_head(at::Tensor hidden, at::Tensor codes, at::Tensor weight, int64_t token_offset,
+                      std::vector<at::Tensor> norms, double eps, std::vector<at::Tensor> gate_ups,
+                      int64_t gate_up_n, std::vector<at::Tensor> downs, int64_t down_n, at::Tensor final_norm,
+                      at::Tensor readout_panels, int64_t readout_n) {
   hidden = contiguous_float(hidden, "depth_head");
   weight = contiguous_float(weight, "depth_head embedding");
   final_norm = contiguous_float(final_norm, "depth_head norm");
-  codes = codes.to(torch::kLong).contiguous();
+  codes = codes.to(at::kLong).contiguous();
   const int64_t M = hidden.size(0), H = hidden.size(1), V = weight.size(0), blocks = int64_t(norms.size());
   TORCH_CHECK(weight.size(1) == H && codes.numel() == M && final_norm.numel() == H && int64_t(gate_ups.size()) == blocks &&
               int64_t(downs.size()) == blocks, "depth_head: shapes");
@@ -282,7 +282,7 @@ torch::Tensor depth_head(torch::Tensor hidden, torch::Tensor codes, torch::Tenso
   for (int64_t r = 0; r < M; ++r)
     TORCH_CHECK(token_offset + cp[r] >= 0 && token_offset + cp[r] < V, "depth_head: id ", token_offset + cp[r],
                 " out of the vocabulary");
-  auto out = torch::empty({M, readout_n}, hidden.options());
+  auto out = at::empty({M, readout_n}, hidden.options());
   const float* hp = hidden.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   const float* fn = final_norm.data_ptr<float>();
@@ -305,21 +305,21 @@ torch::Tensor depth_head(torch::Tensor hidden, torch::Tensor codes, torch::Tenso
 // ([V, H]; an id at or past fold_base, when that is >= 0, the sum of the rows fold_first + i and
 // fold_second + j of its pair i, j = divmod(id - fold_base, fold_size)), plus, with frames ([M, C]),
 // the rows of every column's code but the token column's (-1: none), added in column order.
-torch::Tensor frame_embed(torch::Tensor ids, c10::optional<torch::Tensor> frames, torch::Tensor weight,
-                          int64_t fold_base, int64_t fold_first, int64_t fold_second, int64_t fold_size,
-                          std::vector<int64_t> offsets, int64_t token_column) {
-  ids = ids.to(torch::kLong).contiguous();
+at::Tensor frame_embed(at::Tensor ids, c10::optional<at::Tensor> frames, at::Tensor weight,
+                       int64_t fold_base, int64_t fold_first, int64_t fold_second, int64_t fold_size,
+                       std::vector<int64_t> offsets, int64_t token_column) {
+  ids = ids.to(at::kLong).contiguous();
   weight = contiguous_float(weight, "frame_embed weight");
   const int64_t M = ids.numel(), V = weight.size(0), H = weight.size(1), C = int64_t(offsets.size());
-  torch::Tensor codes;
+  at::Tensor codes;
   if (frames.has_value()) {
-    codes = frames->to(torch::kLong).contiguous();
+    codes = frames->to(at::kLong).contiguous();
     TORCH_CHECK(codes.dim() == 2 && codes.size(0) == M && codes.size(1) == C, "frame_embed: frames of ", C, " columns");
   }
   const int64_t* ip = ids.data_ptr<int64_t>();
   const int64_t* cp = frames.has_value() ? codes.data_ptr<int64_t>() : nullptr;
   const float* w = weight.data_ptr<float>();
-  auto out = torch::empty({M, H}, weight.options());
+  auto out = at::empty({M, H}, weight.options());
   float* op = out.data_ptr<float>();
   std::vector<float> sum(H);
   for (int64_t r = 0; r < M; ++r) {
@@ -348,10 +348,10 @@ torch::Tensor frame_embed(torch::Tensor ids, c10::optional<torch::Tensor> frames
 }
 
 // A decoder layer after the attention: x + o(attn), then + down(silu_mul(gate_up(norm(...)))).
-torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor o_panels, int64_t o_n,
-                         c10::optional<torch::Tensor> o_bias, torch::Tensor norm_weight, double eps,
-                         torch::Tensor gate_up_panels, int64_t gate_up_n, c10::optional<torch::Tensor> gate_up_bias,
-                         torch::Tensor down_panels, int64_t down_n, c10::optional<torch::Tensor> down_bias) {
+at::Tensor layer_post(at::Tensor x, at::Tensor attn, at::Tensor o_panels, int64_t o_n,
+                      c10::optional<at::Tensor> o_bias, at::Tensor norm_weight, double eps,
+                      at::Tensor gate_up_panels, int64_t gate_up_n, c10::optional<at::Tensor> gate_up_bias,
+                      at::Tensor down_panels, int64_t down_n, c10::optional<at::Tensor> down_bias) {
   x = contiguous_float(x, "layer_post");
   attn = contiguous_float(attn, "layer_post attention");
   norm_weight = contiguous_float(norm_weight, "layer_post norm");
@@ -360,7 +360,7 @@ torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor o_pa
   const int64_t M = x.size(0), H = x.size(1);
   TORCH_CHECK(attn.size(0) == M && attn.size(1) == o.K && o_n == H && gate_up.K == H && down.K * 2 == gate_up_n &&
               down_n == H && norm_weight.numel() == H, "layer_post: shapes");
-  auto out = torch::empty({M, H}, x.options());
+  auto out = at::empty({M, H}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* ap = attn.data_ptr<float>();
   const float* wp = norm_weight.data_ptr<float>();
@@ -373,9 +373,9 @@ torch::Tensor layer_post(torch::Tensor x, torch::Tensor attn, torch::Tensor o_pa
 }
 
 // x + down(silu_mul(gate_up(norm(x)))): a SwiGLU block with its residual (the depth head's).
-torch::Tensor mlp_block(torch::Tensor x, torch::Tensor norm_weight, double eps, torch::Tensor gate_up_panels,
-                        int64_t gate_up_n, c10::optional<torch::Tensor> gate_up_bias, torch::Tensor down_panels,
-                        int64_t down_n, c10::optional<torch::Tensor> down_bias) {
+at::Tensor mlp_block(at::Tensor x, at::Tensor norm_weight, double eps, at::Tensor gate_up_panels,
+                     int64_t gate_up_n, c10::optional<at::Tensor> gate_up_bias, at::Tensor down_panels,
+                     int64_t down_n, c10::optional<at::Tensor> down_bias) {
   norm_weight = contiguous_float(norm_weight, "mlp_block norm");
   const Weight gate_up = weight_of(gate_up_panels, gate_up_n, gate_up_bias), down = weight_of(down_panels, down_n, down_bias);
   auto out = contiguous_float(x, "mlp_block").clone();
@@ -397,14 +397,10 @@ def build_native_decode(target_flags: list[str] | None = None):
     module (the products' ``pack``, ``linear``, ``panel_width``; the layers' calls); raises where
     it cannot be built. ``target_flags`` choose the instruction set, this machine's by default (the
     tests build the portable loops)."""
-    from torch.utils.cpp_extension import load_inline
-
-    _put_ninja_on_path()
     cflags = ["-O3", "-ffp-contract=off", *(_target_flags() if target_flags is None else target_flags)]
     functions = ["pack", "linear", "panel_width", "rms_norm", "rotate_", "silu_mul", "add_rms_norm", "layer_pre",
                  "layer_post", "mlp_block", "frame_embed", "depth_head"]
-    return load_inline(f"audio_pipeline_decode_{_build_tag(cflags, _SOURCE)}", cpp_sources=_SOURCE,
-                       functions=functions, extra_cflags=cflags, verbose=False)
+    return build_extension("decode", _SOURCE, functions, cflags)
 
 
 #: The compiled kernel's module, or None where it cannot be built (then oneDNN's packed products serve).

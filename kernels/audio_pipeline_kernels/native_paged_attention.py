@@ -16,12 +16,9 @@ the first time it is used and cached in torch's extension folder; where that fai
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import (THREADS_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path,
-                                                  _target_flags)
+from audio_pipeline_kernels.native_build import THREADS_SOURCE, LazyKernel, _target_flags, build_extension
 
 _SOURCE = THREADS_SOURCE + r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -292,19 +289,19 @@ static void attend_step(const float* q, const T* kc, const T* vc, const int32_t*
 // query [T, H, D] float32; caches [pages, page_size, Hkv, D], float32, float16 or bfloat16 (both
 // alike); qo_indptr, kv_indptr [B + 1], kv_indices, seq_lens [B] (int32: the step metadata's page
 // lists, see paged_layout.py). The output is float32.
-torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                              torch::Tensor qo_indptr, torch::Tensor kv_indptr, torch::Tensor kv_indices,
-                              torch::Tensor seq_lens, double scale) {
+at::Tensor paged_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
+                           at::Tensor qo_indptr, at::Tensor kv_indptr, at::Tensor kv_indices,
+                           at::Tensor seq_lens, double scale) {
   const auto cache_type = key_cache.scalar_type();
-  TORCH_CHECK(query.scalar_type() == torch::kFloat, "float32 queries only");
-  TORCH_CHECK(cache_type == torch::kFloat || cache_type == torch::kHalf || cache_type == torch::kBFloat16,
+  TORCH_CHECK(query.scalar_type() == at::kFloat, "float32 queries only");
+  TORCH_CHECK(cache_type == at::kFloat || cache_type == at::kHalf || cache_type == at::kBFloat16,
               "float32, float16 or bfloat16 caches only");
   TORCH_CHECK(value_cache.scalar_type() == cache_type, "keys and values in one dtype");
-  TORCH_CHECK(kv_indices.scalar_type() == torch::kInt && kv_indptr.scalar_type() == torch::kInt &&
-              qo_indptr.scalar_type() == torch::kInt && seq_lens.scalar_type() == torch::kInt, "int32 metadata");
+  TORCH_CHECK(kv_indices.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
+              qo_indptr.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt, "int32 metadata");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "contiguous caches");
   query = query.contiguous();
-  auto out = torch::empty_like(query);
+  auto out = at::empty_like(query);
   const int64_t heads = query.size(1), dim = query.size(2);
   const int64_t page_size = key_cache.size(1), kv_heads = key_cache.size(2), batch = seq_lens.size(0);
   const float* q = query.data_ptr<float>();
@@ -319,8 +316,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor key_cache, torc
   switch (cache_type) {
 #define STEP(T) attend_step<T>(q, key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), qo, kvp, idx, lens, batch, \
                               heads, dim, page_size, kv_heads, fscale, o); break;
-    case torch::kHalf: STEP(c10::Half)
-    case torch::kBFloat16: STEP(c10::BFloat16)
+    case at::kHalf: STEP(c10::Half)
+    case at::kBFloat16: STEP(c10::BFloat16)
     default: STEP(float)
 #undef STEP
   }
@@ -333,12 +330,8 @@ def build_native_attention(target_flags: list[str] | None = None):
     """Compiles the kernel (or finds it built, in torch's extension folder) and returns its
     ``paged_attention``; raises where it cannot be built. ``target_flags`` choose the instruction
     set, this machine's by default; the tests build the portable loops with a baseline x86-64."""
-    from torch.utils.cpp_extension import load_inline
-
-    _put_ninja_on_path()
     cflags = ["-O3", "-ffast-math", *(_target_flags() if target_flags is None else target_flags)]
-    return load_inline(f"audio_pipeline_paged_attention_{_build_tag(cflags, _SOURCE)}", cpp_sources=_SOURCE,
-                       functions=["paged_attention"], extra_cflags=cflags, verbose=False).paged_attention
+    return build_extension("paged_attention", _SOURCE, ["paged_attention"], cflags).paged_attention
 
 
 #: The compiled kernel's ``paged_attention`` function, or None where it cannot be built.

@@ -26,8 +26,6 @@ import torch
 #: The products' C++: packing, the tiled kernel, ``linear``; and the helpers the layer operations
 #: use (``Weight``, ``product``). Needs THREADS_SOURCE before it.
 PRODUCTS_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -163,13 +161,13 @@ struct Weight {
   const float* bias;
 };
 
-Weight weight_of(const torch::Tensor& panels, int64_t n, const c10::optional<torch::Tensor>& bias) {
+Weight weight_of(const at::Tensor& panels, int64_t n, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(panels.dim() == 3 && panels.size(2) == P && panels.is_contiguous() &&
-              panels.scalar_type() == torch::kFloat, "a weight packed by pack()");
+              panels.scalar_type() == at::kFloat, "a weight packed by pack()");
   TORCH_CHECK(n > 0 && n <= panels.size(0) * P, "columns out of the packed weight");
   const float* b = nullptr;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == panels.size(0) * P && bias->scalar_type() == torch::kFloat,
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == panels.size(0) * P && bias->scalar_type() == at::kFloat,
                 "a float32 bias padded to the panels");
     b = bias->data_ptr<float>();
   }
@@ -185,21 +183,21 @@ void product(const float* x, int64_t M, const Weight& w, float* y) {
 int64_t panel_width() { return P; }
 
 // [n, K] -> [panels, K, P], the last panel's missing columns zero.
-torch::Tensor pack(torch::Tensor weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat, "a 2-D float32 weight");
+at::Tensor pack(at::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "a 2-D float32 weight");
   const int64_t n = weight.size(0), K = weight.size(1), panels = (n + P - 1) / P;
-  auto padded = torch::zeros({panels * P, K}, weight.options());
+  auto padded = at::zeros({panels * P, K}, weight.options());
   padded.narrow(0, 0, n).copy_(weight);
   return padded.view({panels, P, K}).transpose(1, 2).contiguous();
 }
 
 // x [M, K] (rows may be strided) times the packed weight's n columns (+ its bias).
-torch::Tensor linear(torch::Tensor x, torch::Tensor panels, int64_t n, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "2-D float32 inputs");
+at::Tensor linear(at::Tensor x, at::Tensor panels, int64_t n, c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "2-D float32 inputs");
   const Weight w = weight_of(panels, n, bias);
   TORCH_CHECK(x.size(1) == w.K, "inputs of ", w.K, " features, got ", x.size(1));
   if (x.stride(1) != 1 || x.stride(0) < x.size(1)) x = x.contiguous();
-  auto y = torch::empty({x.size(0), n}, x.options());
+  auto y = at::empty({x.size(0), n}, x.options());
   if (x.size(0) == 0) return y;
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();

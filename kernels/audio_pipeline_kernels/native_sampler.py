@@ -19,10 +19,9 @@ torch form serves.
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import EXP_SOURCE, LazyKernel, _build_tag, _put_ninja_on_path, _target_flags
+from audio_pipeline_kernels.native_build import EXP_SOURCE, LazyKernel, _target_flags, build_extension
 
 _SOURCE = EXP_SOURCE + r"""
-#include <torch/extension.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -160,22 +159,22 @@ int64_t nucleus(const std::vector<float>& scaled, std::vector<float>& values, st
 // row with its settings: blocked [B, W] bool, counts [B, codebook] float32 (read when penalized),
 // floats [7, B] float32 (temperature, top_p, min_p, repetition, frequency and presence penalties,
 // the uniform draw), top_k [B] int64 (W where unlimited), starts [B] and extra_ids [B, E] int64.
-torch::Tensor sample_rows(torch::Tensor scores, torch::Tensor blocked, torch::Tensor counts, torch::Tensor floats,
-                          torch::Tensor top_k, torch::Tensor starts, torch::Tensor extra_ids, int64_t codebook,
-                          bool penalized, bool any_sampling, int64_t prefix) {
-  TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == torch::kFloat && scores.is_contiguous(), "scores");
+at::Tensor sample_rows(at::Tensor scores, at::Tensor blocked, at::Tensor counts, at::Tensor floats,
+                       at::Tensor top_k, at::Tensor starts, at::Tensor extra_ids, int64_t codebook,
+                       bool penalized, bool any_sampling, int64_t prefix) {
+  TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == at::kFloat && scores.is_contiguous(), "scores");
   const int64_t rows = scores.size(0), width = scores.size(1), extra = width - codebook;
-  TORCH_CHECK(blocked.scalar_type() == torch::kBool && blocked.is_contiguous() && blocked.size(0) == rows &&
+  TORCH_CHECK(blocked.scalar_type() == at::kBool && blocked.is_contiguous() && blocked.size(0) == rows &&
               blocked.size(1) == width, "blocked");
-  TORCH_CHECK(floats.scalar_type() == torch::kFloat && floats.is_contiguous() && floats.size(0) == 7 &&
+  TORCH_CHECK(floats.scalar_type() == at::kFloat && floats.is_contiguous() && floats.size(0) == 7 &&
               floats.size(1) == rows, "floats");
-  TORCH_CHECK(top_k.scalar_type() == torch::kLong && top_k.is_contiguous() && top_k.numel() == rows, "top_k");
-  TORCH_CHECK(starts.scalar_type() == torch::kLong && starts.is_contiguous() && starts.numel() == rows, "starts");
-  TORCH_CHECK(extra_ids.scalar_type() == torch::kLong && extra_ids.is_contiguous() && extra_ids.size(0) == rows &&
+  TORCH_CHECK(top_k.scalar_type() == at::kLong && top_k.is_contiguous() && top_k.numel() == rows, "top_k");
+  TORCH_CHECK(starts.scalar_type() == at::kLong && starts.is_contiguous() && starts.numel() == rows, "starts");
+  TORCH_CHECK(extra_ids.scalar_type() == at::kLong && extra_ids.is_contiguous() && extra_ids.size(0) == rows &&
               extra_ids.size(1) == extra && extra >= 0, "extra_ids");
-  TORCH_CHECK(!penalized || (counts.scalar_type() == torch::kFloat && counts.is_contiguous() &&
+  TORCH_CHECK(!penalized || (counts.scalar_type() == at::kFloat && counts.is_contiguous() &&
                              counts.size(0) == rows && counts.size(1) == codebook), "counts");
-  auto out = torch::empty({rows}, torch::kLong);
+  auto out = at::empty({rows}, at::kLong);
   const float* score = scores.data_ptr<float>();
   const bool* block = blocked.data_ptr<bool>();
   const float* setting = floats.data_ptr<float>();
@@ -248,12 +247,8 @@ torch::Tensor sample_rows(torch::Tensor scores, torch::Tensor blocked, torch::Te
 def build_native_sampler():
     """Compiles the kernel (or finds it built, in torch's extension folder) and returns its
     ``sample_rows``; raises where it cannot be built."""
-    from torch.utils.cpp_extension import load_inline
-
-    _put_ninja_on_path()
     cflags = ["-O3", "-ffp-contract=off", *_target_flags()]
-    return load_inline(f"audio_pipeline_sampler_{_build_tag(cflags, _SOURCE)}", cpp_sources=_SOURCE,
-                       functions=["sample_rows"], extra_cflags=cflags, verbose=False).sample_rows
+    return build_extension("sampler", _SOURCE, ["sample_rows"], cflags).sample_rows
 
 
 #: The best candidates a row's nucleus is first tried over (then four times as many, while its kept
