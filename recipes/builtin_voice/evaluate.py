@@ -22,24 +22,33 @@ def _words(text: str) -> list[str]:
     return re.sub(r"[^a-z' ]", " ", text.lower()).split()
 
 
-def _decoder(**kwargs):
+def recogniser(**kwargs) -> Callable[[bytes], str]:
+    """``recognise(pcm)``: pocketsphinx's words for one utterance of 16 kHz 16-bit PCM.
+
+    The decoder's feature computation (its live cepstral mean normalisation) adapts from each
+    utterance to the next, so one sentence's result would depend on the sentences heard before it (a
+    sentence missed in a run was identified by a fresh decoder). Each utterance starts from fresh
+    features instead (``reinit_feat``, a tenth of a millisecond; setting the mean back with
+    ``set_cmn`` is not enough): the result is a fresh decoder's, in any order."""
     from pocketsphinx import Decoder
 
-    return Decoder(loglevel="FATAL", **kwargs)
+    decoder = Decoder(loglevel="FATAL", **kwargs)
+
+    def recognise(pcm: bytes) -> str:
+        decoder.reinit_feat()
+        decoder.start_utt()
+        decoder.process_raw(pcm, full_utt=True)
+        decoder.end_utt()
+        hypothesis = decoder.hyp()
+        return hypothesis.hypstr if hypothesis else ""
+
+    return recognise
 
 
 def _pcm16(samples: np.ndarray, rate: int) -> bytes:
     if rate != RATE:
         samples = soxr.resample(samples.astype(np.float32), rate, RATE)
     return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
-
-
-def _recognise(decoder, pcm: bytes) -> str:
-    decoder.start_utt()
-    decoder.process_raw(pcm, full_utt=True)
-    decoder.end_utt()
-    hypothesis = decoder.hyp()
-    return hypothesis.hypstr if hypothesis else ""
 
 
 def jsgf_grammar(sentences: Sequence[str]) -> str:
@@ -63,18 +72,18 @@ def evaluate(sentences: Sequence[str], synthesize: Callable[[str], tuple[np.ndar
     ``synthesize`` on ``sentences``."""
     with open(grammar_file, "w") as f:
         f.write(jsgf_grammar(candidates or sentences))
-    closed = _decoder(jsgf=grammar_file)
-    open_set = _decoder()
+    closed = recogniser(jsgf=grammar_file)
+    open_set = recogniser()
     correct = errors = words = 0
     missed = []
     for text in sentences:
         pcm = _pcm16(*synthesize(text))
-        heard = _recognise(closed, pcm)
+        heard = closed(pcm)
         if _words(heard) == _words(text):
             correct += 1
         else:
             missed.append((text, heard))
-        e, n = word_errors(text, _recognise(open_set, pcm))
+        e, n = word_errors(text, open_set(pcm))
         errors, words = errors + e, words + n
     return {"identified": correct, "sentences": len(sentences), "accuracy": correct / len(sentences),
             "wer": errors / max(words, 1), "missed": missed}
