@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +70,8 @@ def align(ours: list[str], theirs: list[str]) -> list[int | None]:
 
 
 def _matched(record: dict, phonemizer: Phonemizer):
-    """Our words and punctuation for the record's text, the teacher's units and frames, and which of
-    our words each of the teacher's units belongs to (by unit index; pauses and unmatched phones
-    absent or None)."""
+    """Our words and punctuation for the record's text, the teacher's units (each pause given its
+    kind) and frames, and the indices of our words the teacher paused after."""
     items = phonemizer.words(record["text"])
     words = [w for w in items if isinstance(w, Word)]
     marks = punctuation_after(items)  # as the run-time front end reads them
@@ -83,22 +83,12 @@ def _matched(record: dict, phonemizer: Phonemizer):
     phone_positions = [i for i, u in enumerate(units) if u.name != PAUSE]
     mapping = align(our_phones, [units[i].name for i in phone_positions])
     word_of_unit = {position: (our_word[k] if k is not None else None) for position, k in zip(phone_positions, mapping)}
-    return words, marks, units, frames, word_of_unit
-
-
-def _word_before(index: int, word_of_unit: dict) -> int | None:
-    return next((word_of_unit[i] for i in range(index - 1, -1, -1) if word_of_unit.get(i) is not None), None)
-
-
-def examples(record: dict, phonemizer: Phonemizer):
-    """(break examples [(features..., label)], duration examples [(units, frames)]) of one utterance."""
-    words, marks, units, frames, word_of_unit = _matched(record, phonemizer)
-    # Pauses: what caused each, and which of our word boundaries hold one.
+    # Pauses: what caused each (their kinds), and which of our word boundaries hold one.
     paused_after: set[int] = set()
     for index, u in enumerate(units):
         if u.name != PAUSE:
             continue
-        before = _word_before(index, word_of_unit)
+        before = next((word_of_unit[i] for i in range(index - 1, -1, -1) if word_of_unit.get(i) is not None), None)
         if index == 0 or before is None:
             u.kind = "start"
         elif index == len(units) - 1:
@@ -106,6 +96,12 @@ def examples(record: dict, phonemizer: Phonemizer):
         else:
             u.kind = marks.get(before, "break")
             paused_after.add(before)
+    return words, marks, units, frames, paused_after
+
+
+def examples(record: dict, phonemizer: Phonemizer):
+    """(break examples [(features..., label)], duration examples [(units, frames)]) of one utterance."""
+    words, marks, units, frames, paused_after = _matched(record, phonemizer)
     breaks = []
     since = 0
     for index in range(len(words) - 1):
@@ -124,9 +120,7 @@ def examples(record: dict, phonemizer: Phonemizer):
 def comma_openings(record: dict, phonemizer: Phonemizer) -> list[tuple[str, bool]]:
     """(word, paused) for each comma after a one-word phrase (the text's first word, or the first
     after a pause) in one utterance: whether the teacher paused there."""
-    words, marks, units, _, word_of_unit = _matched(record, phonemizer)
-    paused_after = {before for index, u in enumerate(units[1:-1], 1) if u.name == PAUSE
-                    for before in [_word_before(index, word_of_unit)] if before is not None}
+    words, marks, _, _, paused_after = _matched(record, phonemizer)
     out, since = [], 0
     for index in range(len(words) - 1):
         since += 1
@@ -140,12 +134,8 @@ def comma_openings(record: dict, phonemizer: Phonemizer) -> list[tuple[str, bool
 def unpaused_comma_words(openings: list[tuple[str, bool]], min_count: int = 5) -> list[str]:
     """The one-word openings the teacher paused after less than half the time (seen at least
     ``min_count`` times)."""
-    seen: dict[str, list[int]] = {}
-    for word, paused in openings:
-        seen.setdefault(word, [0, 0])
-        seen[word][0] += 1
-        seen[word][1] += paused
-    return sorted(w for w, (n, p) in seen.items() if n >= min_count and p < n / 2)
+    seen, paused = Counter(word for word, _ in openings), Counter(word for word, p in openings if p)
+    return sorted(w for w, n in seen.items() if n >= min_count and paused[w] < n / 2)
 
 
 def train_breaks(data, vocabulary: dict[str, int], text_of) -> tuple[np.ndarray, float]:
