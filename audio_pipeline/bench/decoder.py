@@ -6,6 +6,9 @@ streams; and the time to first audio of chunked streaming against one-shot decod
 
 Without ``--weights`` it writes a randomly initialised decoder of the published architecture (SNAC
 24 kHz, the causal-conv test decoder) to a temporary directory: speed does not depend on the weights.
+With ``--weights`` any decoder runs, e.g. the default voice's vocoder: ``--decoder mcep --weights
+audio_pipeline/builtin/slt-en-v4/decoder --chunk 160 --chunk-size 32,160 --block-causal`` (its
+streams decode 40-frame blocks). Codes are drawn at random within each frame position's limit.
 Every figure is the best of ``--repeats`` runs; ratios compare runs of this one invocation.
 """
 
@@ -39,8 +42,11 @@ def best_seconds(run: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def random_codes(count: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 4096, (count,), generator=torch.Generator().manual_seed(seed))
+def random_codes(decoder: AudioDecoder, count: int, seed: int) -> torch.Tensor:
+    """``count`` codes (whole frames), each drawn within its frame position's limit."""
+    limits = torch.tensor(decoder.code_limits())
+    draws = torch.rand(count // decoder.tokens_per_frame, len(limits), generator=torch.Generator().manual_seed(seed))
+    return (draws * limits).long().reshape(-1)
 
 
 def audio_seconds(decoder: AudioDecoder, codes: int) -> float:
@@ -51,7 +57,7 @@ def throughput(decoder: AudioDecoder, streams: int, chunk: int, block_causal: bo
                repeats: int) -> tuple[float, float]:
     """Audio seconds per second for one ``chunk``-code chunk of each of ``streams`` streams:
     (all in one decode_windows call, one call per stream)."""
-    codes = [random_codes(chunk, seed) for seed in range(streams)]
+    codes = [random_codes(decoder, chunk, seed) for seed in range(streams)]
 
     def jobs():
         out = []
@@ -83,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.decoder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decoder", default="snac",
-                        help="snac (default) or causal-conv: decoders of 4096-value codes, fed random codes")
+                        help="snac (default), causal-conv (random weights unless --weights) or any decoder "
+                             "with --weights; fed random codes within the decoder's code_limits()")
     parser.add_argument("--weights", help="decoder weights (default: random weights of the real architecture)")
     parser.add_argument("--streams", default="1,8,32", help="stream counts for the throughput table")
     parser.add_argument("--chunk", type=int, default=28, help="codes per stream in the throughput runs")
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             weights, origin = str(save(Path(scratch) / args.decoder)), "random weights, default size"
         decoder = load_audio_decoder(args.decoder, weights, device=args.device)
     frame = decoder.tokens_per_frame
-    utterance = random_codes(round(args.seconds * decoder.sample_rate / decoder.samples_per_frame) * frame, 99)
+    utterance = random_codes(decoder, round(args.seconds * decoder.sample_rate / decoder.samples_per_frame) * frame, 99)
     first_chunk(decoder, utterance, chunk_size, args.block_causal)  # warm-up
 
     mode = "block-causal" if args.block_causal else "windows"

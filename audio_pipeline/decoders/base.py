@@ -108,6 +108,12 @@ class AudioDecoder(ABC):
                 raise ValueError(f"a {self.name} stream state must come from init_state or decode_blocks, "
                                  f"got {type(state).__name__}")
 
+    def code_limits(self) -> list[int]:
+        """For each position in a frame, the exclusive upper bound of its codes (codes start at
+        0): what a benchmark or fuzzer may draw. Every decoder here has one ``codebook_size``
+        unless it says otherwise."""
+        return [int(getattr(self, "codebook_size"))] * self.tokens_per_frame
+
     def check_code_values(self, codes: torch.Tensor, codebook_size: int, where=None) -> None:
         """Raises ValueError unless ``codes`` is an integer tensor of whole frames (check_codes)
         with every code in [0, codebook_size); ``where(position)`` names a bad code's place."""

@@ -71,12 +71,19 @@ class CodebookVocoder(AudioDecoder):
     def _check(self, codes: torch.Tensor) -> np.ndarray:
         self.check_codes(codes)
         frames = codes.detach().cpu().numpy().astype(np.int64).reshape(-1, self.tokens_per_frame)
-        limits = {2: self.codebook_size, 3: (self.f0_levels + 1) * self.gain_levels}
-        for column, limit in limits.items():
+        for column, limit in enumerate(self.code_limits()):
+            if column < 2:
+                continue  # the alignment codes: the language model's, any value
             values = frames[:, column]
             if values.size and (values.min() < 0 or values.max() >= limit):
                 raise ValueError(f"code out of range at frame position {column}: must be in [0, {limit})")
         return frames
+
+    def code_limits(self) -> list[int]:
+        """The alignment codes take any value (bounded here by the envelope codebook's size, for
+        whoever draws codes); the envelope is a codebook entry; the prosody code is ``f0 *
+        gain_levels + gain`` with f0 0 (unvoiced) to f0_levels."""
+        return [self.codebook_size] * 3 + [(self.f0_levels + 1) * self.gain_levels]
 
     def prosody(self, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(F0 level, 0 for unvoiced; gain level) of each frame's prosody code."""
