@@ -24,6 +24,7 @@ import multiprocessing
 import time
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -161,11 +162,49 @@ class Quantizer:
         return cls(np.load(path / "envelope_codebook.npy").astype(np.float64), config)
 
 
-def round_trip(decoder, quantizer: Quantizer, samples: np.ndarray, rate: int) -> np.ndarray:
-    """Speech through analysis, quantization and the decoder."""
+#: What ``--exact`` leaves unquantized, and how (see exact_codec).
+EXACT_PARTS = {"none": (), "envelope": ("envelope",), "prosody": ("prosody",), "both": ("envelope", "prosody")}
+
+
+def exact_codec(quantizer: Quantizer, analysis: tuple[np.ndarray, np.ndarray, np.ndarray], parts: Sequence[str]):
+    """(decoder, quantizer) for one utterance that skip the quantization of ``parts``: the
+    envelope as analysed (the utterance's own frames are the codebook), the prosody in 1,024 F0
+    and gain levels (within the fitted ranges). What each quantization costs the round trip."""
+    from audio_pipeline.decoders.mcep import MCEPDecoder
+
+    config, codebook = dict(quantizer.config), quantizer.codebook
+    if "prosody" in parts:
+        config.update(f0_levels=1024, gain_levels=1024)
+    if "envelope" in parts:
+        cepstrum, bands, _ = analysis
+        codebook = np.concatenate([cepstrum[:, 1:], bands], 1)
+    return MCEPDecoder(config, codebook), Quantizer(codebook, config)
+
+
+def world_resynthesis(samples: np.ndarray, rate: int, hold: int = 1) -> np.ndarray:
+    """The speech through WORLD alone: its 5 ms analysis (as Analyzer's) and its own synthesis,
+    with each parameter held over ``hold`` analysis steps (4: one analysis per 20 ms frame, the
+    codec's rate). No mel-cepstrum, bands or quantization: what the analysis itself keeps."""
+    import soxr
+
+    pyworld = _pyworld()
+    x = samples.astype(np.float64)
+    if rate != RATE:
+        x = soxr.resample(x, rate, RATE)
+    f0, times = pyworld.harvest(x, RATE, frame_period=ANALYSIS_MS, f0_floor=70, f0_ceil=400)
+    sp = pyworld.cheaptrick(x, f0, times, RATE, fft_size=DEFAULT_CONFIG["fft_size"])
+    ap = pyworld.d4c(x, f0, times, RATE, fft_size=DEFAULT_CONFIG["fft_size"])
+    index = np.minimum(np.arange(len(f0)) // hold * hold + hold // 2, len(f0) - 1)
+    return pyworld.synthesize(f0[index], np.ascontiguousarray(sp[index]), np.ascontiguousarray(ap[index]),
+                              RATE, ANALYSIS_MS).astype(np.float32)
+
+
+def round_trip(decoder, quantizer: Quantizer, samples: np.ndarray, rate: int,
+               analysis: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Speech through analysis (or the ``analysis`` given), quantization and the decoder."""
     import torch
 
-    codes = quantizer.encode(*Analyzer(quantizer.config).analyze(samples, rate))
+    codes = quantizer.encode(*(analysis or Analyzer(quantizer.config).analyze(samples, rate)))
     frames = np.zeros((len(codes), 4), dtype=np.int64)
     frames[:, 2:] = codes
     return decoder.decode(torch.from_numpy(frames.reshape(-1))).numpy()
@@ -189,6 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     evaluate_command.add_argument("--work", help="where the teacher's speech goes (default /tmp/bv2/SPLIT)")
     evaluate_command.add_argument("--show-missed", action="store_true",
                                   help="list each sentence the closed set did not identify, with what it heard")
+    evaluate_command.add_argument("--exact", action="append", choices=sorted(EXACT_PARTS),
+                                  help="a round trip that leaves this part unquantized (repeat for several "
+                                       "round trips in one run; default: none, the codec as it is): envelope "
+                                       "(each utterance's analysed frames as its codebook), prosody (F0 and gain "
+                                       "in 1,024 levels each) or both")
+    evaluate_command.add_argument("--world", action="store_true",
+                                  help="also WORLD's own resynthesis of the teacher, from its 5 ms analysis and "
+                                       "from one analysis per 20 ms frame (the codec's rate)")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -223,12 +270,30 @@ def main(argv: list[str] | None = None) -> int:
         samples, rate = sf.read(utterances[text].wav)
         return samples.astype(np.float32), rate
 
-    def coded(text):
-        samples, rate = sf.read(utterances[text].wav)
-        return round_trip(decoder, quantizer, samples, rate), decoder.sample_rate
+    analyses: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    for label, synthesize in (("teacher (Festival, cmu_us_slt_arctic_hts)", teacher),
-                              ("codec round trip (analysis, quantization, mcep decoder)", coded)):
+    def coded(parts):
+        def synthesize(text):
+            samples, rate = sf.read(utterances[text].wav)
+            if text not in analyses:
+                analyses[text] = Analyzer(quantizer.config).analyze(samples, rate)
+            codec = exact_codec(quantizer, analyses[text], parts) if parts else (decoder, quantizer)
+            return round_trip(*codec, samples, rate, analyses[text]), decoder.sample_rate
+        return synthesize
+
+    round_trips = [("codec round trip (analysis, quantization, mcep decoder)"
+                    + (f", {' and '.join(EXACT_PARTS[name])} unquantized" if EXACT_PARTS[name] else ""),
+                    coded(EXACT_PARTS[name])) for name in args.exact or ["none"]]
+    def world(hold):
+        def synthesize(text):
+            samples, rate = sf.read(utterances[text].wav)
+            return world_resynthesis(samples, rate, hold), RATE
+        return synthesize
+
+    if args.world:
+        round_trips += [("WORLD resynthesis (5 ms analysis)", world(1)),
+                        ("WORLD resynthesis (one analysis per 20 ms frame)", world(int(round(HOP / RATE * 1000 / ANALYSIS_MS))))]
+    for label, synthesize in [("teacher (Festival, cmu_us_slt_arctic_hts)", teacher)] + round_trips:
         with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
             result = evaluate(texts, synthesize, grammar.name)
         print(f"{label}: closed set {result['identified']}/{result['sentences']}, WER {100 * result['wer']:.1f} %",
