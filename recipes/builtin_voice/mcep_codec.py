@@ -181,19 +181,28 @@ def exact_codec(quantizer: Quantizer, analysis: tuple[np.ndarray, np.ndarray, np
     return MCEPDecoder(config, codebook), Quantizer(codebook, config)
 
 
-def world_resynthesis(samples: np.ndarray, rate: int, hold: int = 1) -> np.ndarray:
+def world_resynthesis(samples: np.ndarray, rate: int, hold: int = 1, f0_method: str = "harvest",
+                      periodic_voiced: bool = False) -> np.ndarray:
     """The speech through WORLD alone: its 5 ms analysis (as Analyzer's) and its own synthesis,
     with each parameter held over ``hold`` analysis steps (4: one analysis per 20 ms frame, the
-    codec's rate). No mel-cepstrum, bands or quantization: what the analysis itself keeps."""
+    codec's rate). No mel-cepstrum, bands or quantization: what the analysis itself keeps.
+    ``f0_method`` "dio": DIO with StoneMask's refinement instead of Harvest; ``periodic_voiced``:
+    no noise in voiced frames (the teacher's own excitation is pulses or noise, never both)."""
     import soxr
 
     pyworld = _pyworld()
     x = samples.astype(np.float64)
     if rate != RATE:
         x = soxr.resample(x, rate, RATE)
-    f0, times = pyworld.harvest(x, RATE, frame_period=ANALYSIS_MS, f0_floor=70, f0_ceil=400)
+    if f0_method == "dio":
+        f0, times = pyworld.dio(x, RATE, frame_period=ANALYSIS_MS, f0_floor=70, f0_ceil=400)
+        f0 = pyworld.stonemask(x, f0, times, RATE)
+    else:
+        f0, times = pyworld.harvest(x, RATE, frame_period=ANALYSIS_MS, f0_floor=70, f0_ceil=400)
     sp = pyworld.cheaptrick(x, f0, times, RATE, fft_size=DEFAULT_CONFIG["fft_size"])
     ap = pyworld.d4c(x, f0, times, RATE, fft_size=DEFAULT_CONFIG["fft_size"])
+    if periodic_voiced:
+        ap[f0 > 0] = 1e-4
     index = np.minimum(np.arange(len(f0)) // hold * hold + hold // 2, len(f0) - 1)
     return pyworld.synthesize(f0[index], np.ascontiguousarray(sp[index]), np.ascontiguousarray(ap[index]),
                               RATE, ANALYSIS_MS).astype(np.float32)
@@ -234,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "(each utterance's analysed frames as its codebook), prosody (F0 and gain "
                                        "in 1,024 levels each) or both")
     evaluate_command.add_argument("--world", action="store_true",
-                                  help="also WORLD's own resynthesis of the teacher, from its 5 ms analysis and "
-                                       "from one analysis per 20 ms frame (the codec's rate)")
+                                  help="also WORLD's own resynthesis of the teacher: from its 5 ms analysis, from "
+                                       "one analysis per 20 ms frame (the codec's rate), with F0 by DIO and "
+                                       "StoneMask, and with no noise in voiced frames")
     args = parser.parse_args(argv)
 
     if args.command == "fit":
@@ -284,15 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     round_trips = [("codec round trip (analysis, quantization, mcep decoder)"
                     + (f", {' and '.join(EXACT_PARTS[name])} unquantized" if EXACT_PARTS[name] else ""),
                     coded(EXACT_PARTS[name])) for name in args.exact or ["none"]]
-    def world(hold):
+    def world(**options):
         def synthesize(text):
             samples, rate = sf.read(utterances[text].wav)
-            return world_resynthesis(samples, rate, hold), RATE
+            return world_resynthesis(samples, rate, **options), RATE
         return synthesize
 
     if args.world:
-        round_trips += [("WORLD resynthesis (5 ms analysis)", world(1)),
-                        ("WORLD resynthesis (one analysis per 20 ms frame)", world(int(round(HOP / RATE * 1000 / ANALYSIS_MS))))]
+        round_trips += [("WORLD resynthesis (5 ms analysis)", world()),
+                        ("WORLD resynthesis (one analysis per 20 ms frame)",
+                         world(hold=int(round(HOP / RATE * 1000 / ANALYSIS_MS)))),
+                        ("WORLD resynthesis (5 ms), F0 by DIO and StoneMask", world(f0_method="dio")),
+                        ("WORLD resynthesis (5 ms), no noise in voiced frames", world(periodic_voiced=True))]
     for label, synthesize in [("teacher (Festival, cmu_us_slt_arctic_hts)", teacher)] + round_trips:
         with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
             result = evaluate(texts, synthesize, grammar.name)
