@@ -1,0 +1,51 @@
+"""The teacher's own vocoder parameters (recipes/builtin_voice/teacher_parameters.py): its
+mel-cepstra become the codec's frame parameters with the same spectrum and level; where Festival
+and hts_engine are installed (recipe-time Debian tools), one real utterance goes through them."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from recipes.builtin_voice.teacher_parameters import (SAMPLE_SCALE, TEACHER_ORDER, exact_synthesis, frame_parameters,
+                                                      teacher_log_amplitude)
+
+
+def test_teacher_mel_cepstra_become_the_codecs_spectrum_at_the_frame_centres():
+    from audio_pipeline.decoders.mcep import DEFAULT_CONFIG, mcep_basis
+
+    rng = np.random.default_rng(0)
+    steps = 40  # 5 ms each: ten 20 ms frames
+    mcep = rng.normal(0, 1, (steps, TEACHER_ORDER)) * 0.5 / np.arange(1, TEACHER_ORDER + 1) ** 1.5
+    mcep[:, 0] = np.log(SAMPLE_SCALE) + rng.uniform(-6, -2, steps)
+    lf0 = np.where(np.arange(steps) % 8 < 4, np.log(rng.uniform(120, 220, steps)), -1e10)
+    cepstrum, bands, f0 = frame_parameters(mcep, lf0, frame_ms=20)
+    assert cepstrum.shape == (10, DEFAULT_CONFIG["order"] + 1) and bands.shape == (10, 4)
+    centres = np.arange(2, steps, 4)
+    np.testing.assert_array_equal(f0 > 0, lf0[centres] > -1e9)
+    np.testing.assert_allclose(f0[f0 > 0], np.exp(lf0[centres][lf0[centres] > -1e9]))
+    # The codec's mel-cepstrum (alpha 0.42, 16 kHz) draws the teacher's curve (alpha 0.45, 32 kHz,
+    # below 8 kHz) less the 16 kHz recording's half power, in [-1, 1] units.
+    bins = DEFAULT_CONFIG["fft_size"] // 2 + 1
+    ours = cepstrum @ mcep_basis(bins, DEFAULT_CONFIG["order"], DEFAULT_CONFIG["alpha"]).T
+    theirs = teacher_log_amplitude(mcep[centres], np.linspace(0, 8000, bins)) + 0.5 * np.log(0.5)
+    assert np.abs(ours - theirs).max() < 0.05
+
+
+@pytest.mark.skipif(shutil.which("festival") is None or shutil.which("hts_engine") is None,
+                    reason="Festival and hts_engine are recipe-time tools (Debian), not installed here")
+def test_the_teachers_parameters_resound_at_the_teachers_level(tmp_path):
+    import soundfile as sf
+    import soxr
+
+    from recipes.builtin_voice.teacher_parameters import generate, read_parameters
+
+    files = generate([(7, "Paula touched my modern window after lunch.")], tmp_path)[7]
+    mcep, lf0 = read_parameters(files)
+    teacher, rate = sf.read(files["wav"])
+    assert rate == 32000 and mcep.shape == (len(lf0), TEACHER_ORDER) and len(teacher) == len(lf0) * 160
+    assert 0.3 < np.mean(lf0 > -1e9) < 0.9  # voiced and unvoiced steps
+    audio = exact_synthesis(*frame_parameters(mcep, lf0, 20), 20)
+    assert len(audio) == len(lf0) // 4 * 320
+    level = np.sqrt(np.mean(audio ** 2)) / np.sqrt(np.mean(soxr.resample(teacher, 32000, 16000) ** 2))
+    assert 0.8 < level < 1.25
