@@ -49,3 +49,12 @@ def test_the_teachers_parameters_resound_at_the_teachers_level(tmp_path):
     assert len(audio) == len(lf0) // 4 * 320
     level = np.sqrt(np.mean(audio ** 2)) / np.sqrt(np.mean(soxr.resample(teacher, 32000, 16000) ** 2))
     assert 0.8 < level < 1.25
+    # A codec fitted on such parameters quantizes them for the decoder as it is.
+    from audio_pipeline.decoders import load_audio_decoder
+    from recipes.builtin_voice.mcep_codec import Quantizer, coded_frames
+
+    parameters = frame_parameters(mcep, lf0, 20)
+    codec = Quantizer.fit([parameters], size=8).save(tmp_path / "codec")
+    decoder = load_audio_decoder("mcep", str(codec))
+    audio = decoder.decode(coded_frames(Quantizer.load(codec), parameters)).numpy()
+    assert len(audio) == len(lf0) // 4 * 320 and np.sqrt(np.mean(audio ** 2)) > 0.01

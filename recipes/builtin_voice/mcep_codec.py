@@ -211,12 +211,17 @@ def world_resynthesis(samples: np.ndarray, rate: int, hold: int = 1, f0_method: 
 def round_trip(decoder, quantizer: Quantizer, samples: np.ndarray, rate: int,
                analysis: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Speech through analysis (or the ``analysis`` given), quantization and the decoder."""
+    return decoder.decode(coded_frames(quantizer, analysis or Analyzer(quantizer.config).analyze(samples, rate))).numpy()
+
+
+def coded_frames(quantizer: Quantizer, analysis: tuple[np.ndarray, np.ndarray, np.ndarray]):
+    """The decoder's input for frame parameters: 4-code frames (alignment codes 0) as a 1-D tensor."""
     import torch
 
-    codes = quantizer.encode(*(analysis or Analyzer(quantizer.config).analyze(samples, rate)))
+    codes = quantizer.encode(*analysis)
     frames = np.zeros((len(codes), 4), dtype=np.int64)
     frames[:, 2:] = codes
-    return decoder.decode(torch.from_numpy(frames.reshape(-1))).numpy()
+    return torch.from_numpy(frames.reshape(-1))
 
 
 def main(argv: list[str] | None = None) -> int:

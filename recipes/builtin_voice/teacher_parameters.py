@@ -155,7 +155,32 @@ def main(argv: list[str] | None = None) -> int:
     evaluate_command.add_argument("--split", default="validation", choices=["held-out", "validation", "test"])
     evaluate_command.add_argument("--count", type=int, default=60)
     evaluate_command.add_argument("--work", help="where the files go (default /tmp/teacher-parameters/SPLIT)")
+    evaluate_command.add_argument("--decoder", help="also the round trip through this codec (a directory written "
+                                                    "by fit): the teacher's parameters quantized, then decoded")
+    fit_command = commands.add_parser("fit", help="fit the codec's codebook and levels on the teacher's parameters "
+                                                  "of training-split texts")
+    fit_command.add_argument("--count", type=int, default=400, help="training-split utterances to fit on")
+    fit_command.add_argument("--size", type=int, default=1024, help="codebook entries")
+    fit_command.add_argument("--work", default="/tmp/teacher-parameters/train", help="where the files go")
+    fit_command.add_argument("--out", required=True, help="the decoder directory to write")
     args = parser.parse_args(argv)
+
+    from recipes.builtin_voice.mcep_codec import Quantizer
+
+    if args.command == "fit":
+        import time
+
+        from audio_pipeline.text.normalize import normalize
+        from recipes.builtin_voice.corpus import v4_corpus
+
+        started = time.monotonic()
+        texts = [normalize(text).spoken for text, split in v4_corpus() if split == "train"][:args.count]
+        paths = generate(list(enumerate(texts)), Path(args.work))
+        analyses = [frame_parameters(*read_parameters(paths[index])) for index in range(len(texts))]
+        Quantizer.fit(analyses, args.size).save(args.out)
+        print(f"fitted on {len(texts)} utterances ({sum(len(f) for _, _, f in analyses)} frames) in "
+              f"{time.monotonic() - started:.0f} s -> {args.out}")
+        return 0
 
     import soundfile as sf
 
@@ -178,10 +203,22 @@ def main(argv: list[str] | None = None) -> int:
             return exact_synthesis(*parameters, frame_ms), 16000
         return synthesize
 
-    for label, synthesize in (("teacher (Festival)", recorded("wav")),
-                              ("teacher's parameters through hts_engine", recorded("hts.wav")),
-                              ("teacher's parameters, mcep decoder, 20 ms frames, unquantized", decoded(20)),
-                              ("teacher's parameters, mcep decoder, 5 ms frames, unquantized", decoded(5))):
+    runs = [("teacher (Festival)", recorded("wav")),
+            ("teacher's parameters through hts_engine", recorded("hts.wav")),
+            ("teacher's parameters, mcep decoder, 20 ms frames, unquantized", decoded(20)),
+            ("teacher's parameters, mcep decoder, 5 ms frames, unquantized", decoded(5))]
+    if args.decoder:
+        from audio_pipeline.decoders import load_audio_decoder
+        from recipes.builtin_voice.mcep_codec import coded_frames
+
+        decoder, quantizer = load_audio_decoder("mcep", args.decoder), Quantizer.load(args.decoder)
+
+        def quantized(text):
+            parameters = frame_parameters(*read_parameters(paths[index_of[text]]))
+            return decoder.decode(coded_frames(quantizer, parameters)).numpy(), decoder.sample_rate
+
+        runs.append((f"codec round trip (teacher's parameters quantized by {args.decoder}, mcep decoder)", quantized))
+    for label, synthesize in runs:
         with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
             result = evaluate(texts, synthesize, grammar.name)
         print(f"{label}: closed set {result['identified']}/{result['sentences']}, WER {100 * result['wer']:.1f} %",
