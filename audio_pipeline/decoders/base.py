@@ -112,7 +112,7 @@ class AudioDecoder(ABC):
         """For each position in a frame, the exclusive upper bound of its codes (codes start at
         0): what a benchmark or fuzzer may draw. Every decoder here has one ``codebook_size``
         unless it says otherwise."""
-        return [int(getattr(self, "codebook_size"))] * self.tokens_per_frame
+        return [int(self.codebook_size)] * self.tokens_per_frame  # type: ignore[attr-defined]
 
     def check_code_values(self, codes: torch.Tensor, codebook_size: int, where=None) -> None:
         """Raises ValueError unless ``codes`` is an integer tensor of whole frames (check_codes)

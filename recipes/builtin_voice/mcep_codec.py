@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     round_trips = [("codec round trip (analysis, quantization, mcep decoder)"
                     + (f", {' and '.join(EXACT_PARTS[name])} unquantized" if EXACT_PARTS[name] else ""),
                     coded(EXACT_PARTS[name])) for name in args.exact or ["none"]]
+
     def world(**options):
         def synthesize(text):
             samples, rate = sf.read(utterances[text].wav)
