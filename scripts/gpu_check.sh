@@ -17,7 +17,8 @@
 #   serve     python -m audio_pipeline.bench.serve --random-model orpheus-3b (streams holding real time)
 # STAGES picks stages (default all); STEP_ARGS and SERVE_ARGS replace each benchmark's arguments; CUDA_K
 # selects tests of tests/test_cuda.py (pytest -k), CUDA_LIMIT their time limit (default 140 s); SERVE2_ARGS adds a second serving run; PROFILE=1 records the
-# first with py-spy (a static py-spy binary at .gpukit/py-spy); BASE_TREE/BASE_ARGS run another tree's (below).
+# first with py-spy (a static py-spy binary at .gpukit/py-spy); BASE_TREE with BASE_ARGS / BASE_STEP_ARGS run
+# another tree's serving / decode-step benchmark (below).
 # Everything lands in $OUT (default /tmp/gpu-check): summary.txt first; at most 8 files.
 set -u
 cd "$(dirname "$0")/.."
@@ -89,7 +90,7 @@ want cuda && { stage cuda ${CUDA_LIMIT:-140} "$OUT/cuda.log" "${PYTEST[@]}" -s t
 want runner && { stage runner 120 "$OUT/runner.log" env AUDIO_PIPELINE_TEST_DEVICE=${TEST_DEVICE:-cuda} \
   AUDIO_PIPELINE_TEST_DTYPE=float32 "${PYTEST[@]}" tests/test_model_runner.py & pids+=($!); }
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
-for f in kernels cuda runner; do  # one file for the tests: $OUT returns at most 8 files
+for f in smoke kernels cuda runner; do  # one file for the checks: $OUT returns at most 8 files
   [ -f "$OUT/$f.log" ] && { echo "===== $f"; cat "$OUT/$f.log"; rm "$OUT/$f.log"; } >> "$OUT/tests.log"
 done
 
@@ -99,6 +100,10 @@ want decoder && stage decoder 90 "$OUT/decoder.log" "$PY" -m audio_pipeline.benc
 want step && stage step 100 "$OUT/step.log" "$PY" -m audio_pipeline.bench.decode_step \
   ${STEP_ARGS:---batches 1,128,256 --context 300 --steps 30 --variants graphs,unfused,eager,fp8 --profile 128 --trace /tmp/step-trace.json}
 [ -f /tmp/step-trace.json ] && gzip -c /tmp/step-trace.json > "$OUT/step-trace.json.gz"
+# BASE_TREE and BASE_STEP_ARGS: the decode-step benchmark of another tree, right after this tree's.
+want step && [ -n "${BASE_TREE:-}" ] && [ -n "${BASE_STEP_ARGS:-}" ] && stage basestep 100 "$OUT/basestep.log" \
+  env PYTHONPATH="/tmp/site:$BASE_TREE:$BASE_TREE/kernels:$BASE_TREE/clients" \
+  bash -c "cd '$BASE_TREE' && exec '$PY' -m audio_pipeline.bench.decode_step $BASE_STEP_ARGS"
 # PROFILE=1 with a py-spy binary at .gpukit/py-spy: the first serve stage runs under it (as its parent: a
 # container's ptrace rules let a parent read its children), raw stacks of every thread into pyspy.txt.
 SPY=(); [ -n "${PROFILE:-}" ] && [ -x "$KIT/py-spy" ] && \

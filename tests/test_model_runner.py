@@ -266,6 +266,8 @@ def test_a_large_prompt_step_runs_on_the_prefill_threads_and_gives_the_same_toke
     from audio_pipeline.core.model_runner import PREFILL_THREADS_MIN_TOKENS
 
     engine = TTSEngine(make_config(tiny_model_dir))
+    if engine.model.devices[0].type != "cpu":
+        pytest.skip("prefill_threads are the CPU's intra-op threads for a prompt step; CUDA has none")
     seen: list[tuple[int, int]] = []
     hook = engine.model.model.register_forward_pre_hook(
         lambda module, args: seen.append((args[0].shape[0], torch.get_num_threads())))

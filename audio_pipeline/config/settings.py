@@ -178,7 +178,8 @@ class ModelConfig(BaseModel):
     fuse_layers: bool = Field(
         True, description="On CUDA, run each Llama block with fewer, larger kernels: the query/key/value "
         "projections as one matrix product and the MLP's gate/up projections as another (their weights "
-        "concatenated at load), and RMSNorm as torch's rms_norm. The same results up to float rounding; false "
+        "concatenated at load), the queries and keys rotated together, and RMSNorm as torch's rms_norm with its "
+        "weight (one kernel each). The same results up to float rounding; false "
         "runs the checkpoint's layers one by one (for comparison). On the CPU it applies with model.packed_linears "
         "(where the fused products are the separate ones' bits, save calls, and the native layer calls need them); "
         "with the BLAS the CPU runs them one by one.")
