@@ -13,6 +13,23 @@ os.environ.setdefault("AUDIO_PIPELINE_CACHE", os.path.join(os.environ.get("TMPDI
 #: Small enough to keep tests fast, large enough for several chunks.
 TEST_MAX_TOKENS = 140
 
+#: The longest modules on a 2-core machine (pytest --durations, 2026-11-27: Ray's two replicas, the
+#: native kernels' builds for other instruction sets, real servers and whole voices), longest first.
+LONG_MODULES = ("test_ray_serve", "test_kernels", "test_serve_bench", "test_builtin_voice", "test_neutts",
+                "test_cpu_linear", "test_cli", "test_reliability", "test_model_settings", "test_metrics")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long modules run first: xdist's ``--dist loadfile`` hands modules to its workers in this
+    order, and a long module handed out last keeps one worker busy while the others have finished."""
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+
+    def module_rank(item) -> int:
+        module = getattr(item, "module", None)
+        return rank.get(module.__name__.rpartition(".")[2] if module else "", len(LONG_MODULES))
+
+    items.sort(key=module_rank)
+
 
 @pytest.fixture(scope="module")
 def one_thread():
