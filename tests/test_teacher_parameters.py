@@ -58,3 +58,34 @@ def test_the_teachers_parameters_resound_at_the_teachers_level(tmp_path):
     decoder = load_audio_decoder("mcep", str(codec))
     audio = decoder.decode(coded_frames(Quantizer.load(codec), parameters)).numpy()
     assert len(audio) == len(lf0) // 4 * 320 and np.sqrt(np.mean(audio ** 2)) > 0.01
+
+
+@pytest.mark.skipif(shutil.which("festival") is None or shutil.which("hts_engine") is None,
+                    reason="Festival and hts_engine are recipe-time tools (Debian), not installed here")
+def test_a_dataset_coded_from_the_teachers_parameters_keeps_its_alignment(tmp_path):
+    """teacher_dataset --parameters: each utterance's codes are the fitted codec's codes of the
+    teacher's own parameters (not of an analysis of its audio), as many frames as its units span."""
+    import json
+
+    from recipes.builtin_voice.mcep_codec import Quantizer
+    from recipes.builtin_voice.teacher import VOICE, _batch
+    from recipes.builtin_voice.teacher_dataset import build
+    from recipes.builtin_voice.teacher_parameters import generate, read_parameters
+
+    texts = [(0, "Paula touched my modern window after lunch."), (1, "Is it nine or ten?")]
+    teacher = tmp_path / "teacher"
+    records = _batch((texts, str(teacher), VOICE, {}))
+    (teacher / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    reference = generate(texts, tmp_path / "reference", audio=False)
+    parameters = [frame_parameters(*read_parameters(reference[index])) for index, _ in texts]
+    codec = Quantizer.fit(parameters, size=16).save(tmp_path / "codec")
+    data = build(teacher, 10, workers=1, fit=0, decoder_out=None, codec=codec, parameters=True)
+    assert not (teacher / "analysis").exists()  # no WORLD analysis of the audio
+    assert sorted(p.name for p in (teacher / "parameters").iterdir())[:3] == ["00000.lab", "00000.lf0", "00000.mcp"]
+    quantizer = Quantizer.load(codec)
+    for codes, durations, analysis in zip(data["codes"], data["durations"], parameters):
+        assert len(codes) == int(durations.sum())
+        expected = quantizer.encode(*analysis)
+        shared = min(len(codes), len(expected))
+        assert 0 <= len(codes) - len(expected) <= 1  # the segments' rounding, padded with the last frame
+        np.testing.assert_array_equal(codes[:shared], expected[:shared])

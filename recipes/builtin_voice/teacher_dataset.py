@@ -4,6 +4,10 @@ mcep codec, with the teacher's own units and durations as the explicit alignment
     python -m recipes.builtin_voice.teacher_dataset --teacher /tmp/bv3/teacher --out /tmp/bv3/train.npz \
         --decoder-out /tmp/bv3/mcep [--count 8000] [--workers 2] [--split train]
 
+``--parameters`` codes the teacher's own vocoder parameters (teacher_parameters.py) instead of
+WORLD's analysis of its audio, with a codec fitted on them (``--codec``, from ``teacher_parameters.py
+fit``).
+
 A larger run that continues an earlier model keeps that model's codes and unit ids:
 ``--codec /tmp/bv3/mcep`` reuses the fitted codec instead of fitting one, and ``--inventory
 RUN/phonemes.json`` keeps the run's unit order (units it lacks are appended, so ids stay put).
@@ -44,8 +48,24 @@ def _analyze(args: tuple[dict, str]) -> tuple[dict, tuple]:
     return record, (cepstrum, bands, f0)
 
 
+#: Utterances per Festival run when the frames come from the teacher's own parameters.
+PARAMETER_BATCH = 50
+
+
+def _parameters(args: tuple[list[dict], str]) -> list[tuple[dict, tuple]]:
+    """A batch of utterances' frame parameters from the teacher's own vocoder parameters
+    (teacher_parameters.py: Festival's labels of the same text, hts_engine's mel-cepstra and log F0,
+    kept in ``parameters/``) instead of WORLD's analysis of its audio."""
+    from recipes.builtin_voice.teacher_parameters import frame_parameters, generate, read_parameters
+
+    records, folder = args
+    paths = generate([(r["id"], r["text"]) for r in records], Path(folder) / "parameters", audio=False)
+    return [(r, frame_parameters(*read_parameters(paths[r["id"]]))) for r in records]
+
+
 def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path | None,
-          codec: Path | None = None, inventory: list[str] | None = None, split: str | None = None) -> dict:
+          codec: Path | None = None, inventory: list[str] | None = None, split: str | None = None,
+          parameters: bool = False) -> dict:
     started = time.time()
     records = [json.loads(line) for line in open(folder / "index.jsonl")]
     if split is not None:
@@ -56,7 +76,12 @@ def build(folder: Path, count: int, *, workers: int, fit: int, decoder_out: Path
     records = records[:count]
     analysed = []
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        for i, item in enumerate(pool.imap(_analyze, [(r, str(folder)) for r in records], chunksize=8)):
+        if parameters:
+            batches = [(records[i:i + PARAMETER_BATCH], str(folder)) for i in range(0, len(records), PARAMETER_BATCH)]
+            items = (item for batch in pool.imap(_parameters, batches) for item in batch)
+        else:
+            items = pool.imap(_analyze, [(r, str(folder)) for r in records], chunksize=8)
+        for i, item in enumerate(items):
             analysed.append(item)
             if (i + 1) % 500 == 0:
                 print(f"  {i + 1}/{len(records)} analysed, {time.time() - started:.0f} s", flush=True)
@@ -108,13 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--split", choices=["train", "validation", "test"],
                         help="only the records of this split (a teacher run with --corpus v4)")
+    parser.add_argument("--parameters", action="store_true",
+                        help="code the teacher's own vocoder parameters (teacher_parameters.py: Festival's labels "
+                             "and Debian's hts_engine, about 0.5 s an utterance) instead of WORLD's analysis of its "
+                             "audio; use with a codec fitted on them (teacher_parameters.py fit)")
     args = parser.parse_args(argv)
     if args.codec is None and args.decoder_out is None:
         parser.error("give --decoder-out (fit a codec) or --codec (reuse one)")
     started = time.time()
     inventory = json.loads(args.inventory.read_text()) if args.inventory else None
     data = build(args.teacher, args.count, workers=args.workers, fit=args.fit, decoder_out=args.decoder_out,
-                 codec=args.codec, inventory=inventory, split=args.split)
+                 codec=args.codec, inventory=inventory, split=args.split, parameters=args.parameters)
     save(data, args.out)
     frames = sum(len(c) for c in data["codes"])
     print(f"wrote {args.out}: {len(data['codes'])} utterances, {frames} frames ({frames / 50 / 3600:.2f} h), "

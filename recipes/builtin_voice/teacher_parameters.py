@@ -58,9 +58,10 @@ def _tool(name: str, package: str) -> str:
     return path
 
 
-def generate(texts: list[tuple[int, str]], out_dir: Path) -> dict[int, dict[str, Path]]:
+def generate(texts: list[tuple[int, str]], out_dir: Path, *, audio: bool = True) -> dict[int, dict[str, Path]]:
     """For each ``(index, text)``: Festival's audio and labels, and hts_engine's mel-cepstra, log F0
-    and audio from those labels (files NNNNN.{wav,lab,mcp,lf0,hts.wav} in ``out_dir``; made once)."""
+    and audio from those labels (files NNNNN.{wav,lab,mcp,lf0,hts.wav} in ``out_dir``; made once).
+    ``audio=False`` skips hts_engine's audio (a dataset needs only the parameters)."""
     festival = _tool("festival", "festival festvox-us-slt-hts")
     engine = _tool("hts_engine", "htsengine")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,8 +84,9 @@ def generate(texts: list[tuple[int, str]], out_dir: Path) -> dict[int, dict[str,
             raise RuntimeError(f"festival failed (exit {done.returncode}): {done.stderr[-500:]}")
         for index, _ in missing:
             files = paths[index]
+            wave = ["-ow", str(files["hts.wav"])] if audio else []
             subprocess.run([engine, "-m", str(VOICE_FILE), "-vp", "-b", "0.0", "-u", "0.5", "-om", str(files["mcp"]),
-                            "-of", str(files["lf0"]), "-ow", str(files["hts.wav"]), str(files["lab"])],
+                            "-of", str(files["lf0"]), *wave, str(files["lab"])],
                            check=True, capture_output=True, timeout=600)
     return paths
 
@@ -155,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate_command.add_argument("--split", default="validation", choices=["held-out", "validation", "test"])
     evaluate_command.add_argument("--count", type=int, default=60)
     evaluate_command.add_argument("--work", help="where the files go (default /tmp/teacher-parameters/SPLIT)")
-    evaluate_command.add_argument("--decoder", help="also the round trip through this codec (a directory written "
-                                                    "by fit): the teacher's parameters quantized, then decoded")
+    evaluate_command.add_argument("--decoder", action="append", default=[],
+                                  help="also the round trip through this codec (a directory written by fit): the "
+                                       "teacher's parameters quantized, then decoded (repeatable: one line each)")
     fit_command = commands.add_parser("fit", help="fit the codec's codebook and levels on the teacher's parameters "
                                                   "of training-split texts")
     fit_command.add_argument("--count", type=int, default=400, help="training-split utterances to fit on")
@@ -207,17 +210,19 @@ def main(argv: list[str] | None = None) -> int:
             ("teacher's parameters through hts_engine", recorded("hts.wav")),
             ("teacher's parameters, mcep decoder, 20 ms frames, unquantized", decoded(20)),
             ("teacher's parameters, mcep decoder, 5 ms frames, unquantized", decoded(5))]
-    if args.decoder:
-        from audio_pipeline.decoders import load_audio_decoder
-        from recipes.builtin_voice.mcep_codec import coded_frames
+    from audio_pipeline.decoders import load_audio_decoder
+    from recipes.builtin_voice.mcep_codec import coded_frames
 
-        decoder, quantizer = load_audio_decoder("mcep", args.decoder), Quantizer.load(args.decoder)
+    def quantized(directory):
+        decoder, quantizer = load_audio_decoder("mcep", directory), Quantizer.load(directory)
 
-        def quantized(text):
+        def synthesize(text):
             parameters = frame_parameters(*read_parameters(paths[index_of[text]]))
             return decoder.decode(coded_frames(quantizer, parameters)).numpy(), decoder.sample_rate
+        return synthesize
 
-        runs.append((f"codec round trip (teacher's parameters quantized by {args.decoder}, mcep decoder)", quantized))
+    runs += [(f"codec round trip (teacher's parameters quantized by {directory}, mcep decoder)", quantized(directory))
+             for directory in args.decoder]
     for label, synthesize in runs:
         with tempfile.NamedTemporaryFile(suffix=".jsgf") as grammar:
             result = evaluate(texts, synthesize, grammar.name)
