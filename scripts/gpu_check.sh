@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # The project's GPU check, one time-boxed command for a GPU machine with no network (README: "GPU").
-# From the repository root, with the GPU kit copied to .gpukit/ (site312.tar.xz, its espeak extra, prebuild.py,
-# smoke.py) and a transformers the project takes (>= 5.24; the GPU machine has 5.17): a wheel, e.g.
-#     pip download transformers==5.24.0 --no-deps -d .gpukit
-# or, a quarter of the size, the wheel's contents as .gpukit/extra-transformers-site312.tar.xz (unpacked
-# like the espeak extra) (the tree and .gpukit together must stay under the 64 MiB a GPU call carries):
+# From the repository root, with .gpukit/ made by scripts/gpu_kit.sh (the GPU kit, its espeak extra, a
+# transformers the project takes, >= 5.24 where the GPU machine has 5.17; optionally another tree's Python and
+# py-spy), sent with the tree (carry: [".gpukit"]; together under the 64 MiB a GPU call carries):
 #     bash scripts/gpu_check.sh [BUDGET_S, default 540]
 # Phase A runs the correctness checks side by side (they share the GPU; no timing is read from them):
 #   smoke     FlashInfer against the reference at Orpheus-3B's shape, eager and in a re-planned CUDA graph
@@ -46,6 +44,9 @@ for k in "$KIT"/site312.tar.xz "$KIT"/extra-*-site312.tar.xz; do
   [ -f "$k" ] && { tar -xJf "$k" -C /tmp/site || { say "unpack of $k failed"; exit 1; }; }
 done
 for w in "$KIT"/*.whl; do [ -f "$w" ] && "$PY" -m zipfile -e "$w" /tmp/site; done
+# What scripts/gpu_kit.sh adds: another tree's Python (--base) and a compressed py-spy (--py-spy).
+[ -f "$KIT/base.tar.xz" ] && { mkdir -p /tmp/base && tar -xJf "$KIT/base.tar.xz" -C /tmp/base; }
+[ -f "$KIT/py-spy.xz" ] && [ ! -x "$KIT/py-spy" ] && xz -dc "$KIT/py-spy.xz" > "$KIT/py-spy" && chmod +x "$KIT/py-spy"
 export PYTHONPATH=/tmp/site:$PWD:$PWD/kernels:$PWD/clients PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-16}
 export AUDIO_PIPELINE_CACHE=/tmp/ap-cache

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Assembles .gpukit/ for scripts/gpu_check.sh, from the repository root, on the CPU machine:
+#     bash scripts/gpu_kit.sh [--base REV] [--py-spy]
+# - the shared GPU kit (KIT_SRC, default ../shared/gpu): FlashInfer with its prebuilt kernels and the
+#   project's other dependencies for the GPU machine's Python 3.12, the espeak extra (the built-in
+#   voices' front end), prebuild.py and smoke.py;
+# - transformers from .venv (the project needs 5.24 or newer; the GPU machine has 5.17), pure Python,
+#   cut to what travels: every model's configuration (a config lookup by model type reads them all)
+#   and the whole code of the families the project and its tests use;
+# - --base REV: that commit's Python (audio_pipeline, kernels, clients; no weights) as base.tar.xz,
+#   which gpu_check.sh unpacks to /tmp/base: BASE_TREE=/tmp/base with BASE_ARGS / BASE_STEP_ARGS
+#   measures it beside the working tree in the same call;
+# - --py-spy: .venv's py-spy (static), compressed, for PROFILE=1.
+# A GPU call carries the tree and .gpukit, 64 MiB in all: the script says what it came to and fails
+# past it. The folder is ignored through .git/info/exclude.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KIT_SRC=${KIT_SRC:-../shared/gpu}
+base="" spy=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) base=$2; shift 2 ;;
+    --py-spy) spy=1; shift ;;
+    *) echo "gpu_kit: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -f "$KIT_SRC/site312.tar.xz" ] || { echo "gpu_kit: no GPU kit at $KIT_SRC (KIT_SRC)" >&2; exit 1; }
+rm -rf .gpukit && mkdir .gpukit
+cp "$KIT_SRC"/site312.tar.xz "$KIT_SRC"/extra-*-site312.tar.xz "$KIT_SRC"/prebuild.py "$KIT_SRC"/smoke.py .gpukit/
+chmod -R u+w .gpukit
+mkdir -p .git/info && { grep -qx '/.gpukit/' .git/info/exclude 2>/dev/null || echo '/.gpukit/' >> .git/info/exclude; }
+
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+version=$(.venv/bin/python -c 'import transformers; print(transformers.__version__)')
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+(
+  cd "$site"
+  tar -cf - --exclude=__pycache__ --exclude='transformers/models/*/*' transformers "transformers-$version.dist-info"
+) | tar -xf - -C "$work"
+# Families the project imports (models, decoders, tests) and what their modeling code imports.
+families="auto llama qwen2 qwen3 mimi csm neucodec xcodec2 dac wav2vec2_bert seamless_m4t encoder_decoder"
+for dir in "$site"/transformers/models/*/; do
+  name=$(basename "$dir"); [ "$name" = __pycache__ ] && continue
+  mkdir -p "$work/transformers/models/$name"
+  cp "$dir"/__init__.py "$dir"/configuration_*.py "$work/transformers/models/$name/" 2>/dev/null || true
+done
+for name in $families; do cp -r "$site/transformers/models/$name" "$work/transformers/models/"; done
+find "$work" -name __pycache__ -prune -exec rm -rf {} +
+tar -cJf .gpukit/extra-transformers-site312.tar.xz -C "$work" transformers "transformers-$version.dist-info"
+
+if [ -n "$base" ]; then
+  git archive "$base" -- audio_pipeline kernels clients pyproject.toml ':(exclude)*.safetensors' ':(exclude)*.gz' \
+    | xz -T2 > .gpukit/base.tar.xz
+fi
+[ -n "$spy" ] && xz -9 -c .venv/bin/py-spy > .gpukit/py-spy.xz
+
+limit=$((64 * 1024 * 1024))
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
+kit=$(du -cb .gpukit | tail -1 | cut -f1)
+total=$((tree + ${untracked:-0} + kit))
+echo "gpu_kit: .gpukit $((kit / 1024)) KiB (transformers $version$([ -n "$base" ] && echo ", base $base")$([ -n "$spy" ] && echo ", py-spy")); with the tree $((total / 1024)) KiB of $((limit / 1024))"
+if [ "$total" -gt "$limit" ]; then
+  echo "gpu_kit: over the 64 MiB a GPU call carries: leave out --base or --py-spy" >&2
+  exit 1
+fi
