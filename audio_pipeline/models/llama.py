@@ -183,21 +183,20 @@ class Attention(nn.Module):
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
             v = qkv[:, heads * self.head_dim:].view(tokens, self.num_kv_heads, self.head_dim)
-            out = batch.attend(self.layer, q, k, v)
-            return project(self.o_proj, out.reshape(tokens, self.num_heads * self.head_dim), rows)
-        if self.qkv_proj is not None:
-            q, k, v = project(self.qkv_proj, x, rows).split(
-                [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
-                dim=-1)
         else:
-            q, k, v = project(self.q_proj, x, rows), project(self.k_proj, x, rows), project(self.v_proj, x, rows)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            if self.qkv_proj is not None:
+                q, k, v = project(self.qkv_proj, x, rows).split(
+                    [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                     self.num_kv_heads * self.head_dim], dim=-1)
+            else:
+                q, k, v = project(self.q_proj, x, rows), project(self.k_proj, x, rows), project(self.v_proj, x, rows)
+            q = q.view(tokens, self.num_heads, self.head_dim)
+            k = k.view(tokens, self.num_kv_heads, self.head_dim)
+            v = v.view(tokens, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         out = batch.attend(self.layer, q, k, v)
         return project(self.o_proj, out.reshape(tokens, self.num_heads * self.head_dim), rows)
 
