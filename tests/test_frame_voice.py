@@ -359,3 +359,37 @@ def test_a_resumed_run_counts_the_minutes_trained_before(tmp_path, capsys):
     assert train.main([*common, "--steps", "100", "--minutes", "1", "--resume"]) == 0
     assert "resumed at step 4 (1.0 minutes trained)" in capsys.readouterr().out
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 4
+
+
+def test_init_codec_starts_each_new_code_from_the_old_codecs_nearest(tmp_path, capsys):
+    """train.py --init-codec OLD --codec NEW (a student of a new codec from a model of the old one):
+    the tied embedding's envelope rows start in the new codec's order (input, output and depth
+    readout alike), the prosody rows by the nearest levels, every other weight as loaded."""
+    import torch
+    from safetensors.torch import load_file
+
+    from recipes.builtin_voice import train
+    from recipes.builtin_voice.mcep_codec import Quantizer
+    from tests.frame_voice import SHIPPED
+
+    old = Quantizer.load(SHIPPED / "decoder")
+    order = np.random.default_rng(3).permutation(len(old.codebook))
+    Quantizer(old.codebook[order], dict(old.config)).save(tmp_path / "codec")
+    data = write_frame_data(tmp_path / "train.npz", 4, np.random.default_rng(4))
+    run_dir = tmp_path / "run"
+    assert train.main(["--data", str(data), "--out", str(run_dir), "--layout", "phoneme-lpc-frame", "--steps", "1",
+                       "--batch-tokens", "400", "--lr", "0", "--warmup", "1", "--init-from", str(SHIPPED),
+                       "--init-codec", str(SHIPPED / "decoder"), "--codec", str(tmp_path / "codec"),
+                       "--threads", "1"]) == 0
+    assert "1024 envelope and 1024 prosody rows of the old codec" in capsys.readouterr().out
+    loaded = load_file(SHIPPED / "model.safetensors")["model.embed_tokens.weight"].float()
+    trained = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    rows = trained["model.embed_tokens.weight"]
+    envelope, prosody = 256 + 2 * 1024, 256 + 3 * 1024
+    torch.testing.assert_close(rows[envelope:envelope + 1024], loaded[envelope:envelope + 1024][torch.from_numpy(order)])
+    torch.testing.assert_close(rows[prosody:prosody + 1024], loaded[prosody:prosody + 1024])
+    torch.testing.assert_close(rows[:envelope], loaded[:envelope])
+    assert torch.equal(trained["lm_head.weight"], rows)
+    with pytest.raises(SystemExit, match="--init-codec needs"):
+        train.main(["--data", str(data), "--out", str(run_dir), "--layout", "phoneme-lpc-frame",
+                    "--init-codec", str(SHIPPED / "decoder")])

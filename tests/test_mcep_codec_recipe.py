@@ -49,3 +49,32 @@ def test_exact_parts_skip_their_quantization():
     _, envelope_only = exact_codec(shipped, utterance, ["envelope"])
     assert envelope_only.config["f0_levels"] == DEFAULT_CONFIG["f0_levels"]
     assert np.array_equal(envelope_only.encode(*utterance)[:, 1], coarse[:, 1])
+
+
+def test_a_codec_translates_each_code_to_the_other_codecs_nearest():
+    """Quantizer.translation (train.py --init-codec): to itself, every code is its own; to a codec
+    with other levels and entries, each code goes to the entry nearest by the cepstrum (whatever
+    the bands' aperiodicity) and to the levels nearest its F0 and gain."""
+    rng = np.random.default_rng(2)
+    old = Quantizer(rng.normal(0, 0.3, (16, ORDER + BANDS)), {**DEFAULT_CONFIG})
+    envelope, prosody = old.translation(old)
+    np.testing.assert_array_equal(envelope, np.arange(16))
+    np.testing.assert_array_equal(prosody, np.arange(32 * 32))
+
+    # The new codec: old entries shuffled, nudged, their bands flat (a teacher-parameter codec's).
+    order = rng.permutation(16)
+    entries = old.codebook[order] + rng.normal(0, 0.01, (16, ORDER + BANDS))
+    entries[:, ORDER:] = -60.0
+    lo, hi = DEFAULT_CONFIG["log_f0_range"]
+    narrow = {**DEFAULT_CONFIG, "log_f0_range": [lo + (hi - lo) * 10 / 30, lo + (hi - lo) * 20 / 30],
+              "gain_range": DEFAULT_CONFIG["gain_range"]}
+    new = Quantizer(entries, narrow)
+    envelope, prosody = new.translation(old)
+    np.testing.assert_array_equal(envelope, order)
+    f0_code, gain = np.divmod(prosody, 32)
+    # Unvoiced stays unvoiced; the narrow range's 31 levels land on the old levels 10..20 in order.
+    assert (f0_code[:32] == 0).all() and (gain[:32] == np.arange(32)).all()
+    new_f0 = np.repeat(np.arange(1, 32), 32)
+    expected = 1 + np.round(10 + (new_f0 - 1) / 30 * 10)
+    np.testing.assert_array_equal(f0_code[32:], expected)
+    np.testing.assert_array_equal(gain[32:], np.tile(np.arange(32), 31))

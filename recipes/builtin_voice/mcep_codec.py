@@ -149,6 +149,28 @@ class Quantizer:
         gain = level(cepstrum[:, 0], self.config["gain_range"], gain_levels)
         return np.stack([envelope, f0_code * gain_levels + gain], 1)
 
+    def translation(self, other: "Quantizer") -> tuple[np.ndarray, np.ndarray]:
+        """(envelope map, prosody map): for each of this codec's envelope and prosody codes, the
+        code ``other`` gives the same parameters (its nearest entry, its nearest levels). A model
+        that speaks ``other``'s codes starts a student of this codec from its rows in this order
+        (train.py --init-codec), so its embeddings mean roughly the same sounds from step 0."""
+        from audio_pipeline.decoders.codebook_vocoder import level_value
+
+        import torch
+
+        levels, gain_levels = int(self.config["f0_levels"]), int(self.config["gain_levels"])
+        # The nearest envelope by the cepstrum alone: a codec fitted on the teacher's own parameters
+        # has one aperiodicity everywhere (the teacher's voiced frames are pulses alone), so the
+        # bands would pull every entry toward the other codebook's few least aperiodic ones.
+        envelope = torch.cdist(torch.from_numpy(self.codebook[:, :self.order]).float(),
+                               torch.from_numpy(other.codebook[:, :other.order]).float()).argmin(1).numpy()
+        f0_code, gain = np.divmod(np.arange((levels + 1) * gain_levels), gain_levels)
+        f0 = np.where(f0_code > 0, np.exp(level_value(np.maximum(f0_code - 1, 0), self.config["log_f0_range"], levels)), 0.0)
+        c0 = level_value(gain, self.config["gain_range"], gain_levels)
+        prosody = other.encode(np.concatenate([c0[:, None], np.zeros((len(c0), self.order))], 1),
+                               np.zeros((len(c0), self.codebook.shape[1] - self.order)), f0)[:, 1]
+        return envelope, prosody
+
     def save(self, path: str | Path) -> Path:
         from audio_pipeline.decoders.mcep import save_mcep_decoder
 

@@ -45,6 +45,24 @@ def model_config(**overrides) -> dict:
             "eos_token_id": END_OF_SPEECH, "pad_token_id": PAD, "hidden_act": "silu", **overrides}
 
 
+def recode(model, codec: Path, init_codec: Path) -> None:
+    """Reorders the (tied) embedding's envelope and prosody rows so that each code of ``codec``
+    starts as its nearest code of ``init_codec`` (mcep_codec.Quantizer.translation): input,
+    output and depth readout at once, since all three are these rows."""
+    from recipes.builtin_voice.mcep_codec import Quantizer
+
+    maps = Quantizer.load(codec).translation(Quantizer.load(init_codec))
+    weight = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for slot, mapping in zip((ENVELOPE, PROSODY), maps):
+            if len(mapping) > CODEBOOK_SIZE or mapping.max() >= CODEBOOK_SIZE:
+                raise SystemExit(f"--codec {codec}: more than the layout's {CODEBOOK_SIZE} codes in a slot")
+            rows = weight[slot_token(slot, 0):slot_token(slot, 0) + len(mapping)]
+            rows.copy_(rows[torch.from_numpy(mapping)].clone())
+    print(f"recoded from {init_codec} to {codec}: {len(set(maps[0].tolist()))} envelope and "
+          f"{len(set(maps[1].tolist()))} prosody rows of the old codec start the new one's", flush=True)
+
+
 def make_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, current, longest = [], [], 0
@@ -145,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument("--init-from", type=Path, help="start from this run's checkpoint.pt weights, or an exported model directory's "
                              "model.safetensors (fresh optimizer; tensors it lacks keep their initialisation)")
+    parser.add_argument("--init-codec", type=Path,
+                        help="with --init-from and --codec: the codec (a decoder directory) the --init-from model "
+                             "speaks; its envelope and prosody rows are reordered so that each code of --codec starts "
+                             "from its nearest code's (a student of a new codec that keeps what the old one learned)")
+    parser.add_argument("--codec", type=Path, help="the codec (a decoder directory) of --data's codes (for --init-codec)")
     parser.add_argument("--corrupt", type=float, default=0.3,
                         help="fraction of envelope/prosody input tokens replaced by random codes")
     parser.add_argument("--layout", default="phoneme-lpc", choices=["phoneme-lpc", "phoneme-lpc-frame"],
@@ -222,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--init-from {args.init_from}: tensors this model lacks: {unexpected}")
         print(f"initialised from {args.init_from}; new: {sorted({k.split('.')[0] for k in missing} - {'lm_head'})}",
               flush=True)
+    if args.init_codec:
+        if not (args.init_from and args.codec):
+            raise SystemExit("--init-codec needs --init-from (the model that speaks it) and --codec (the data's codec)")
+        recode(model, args.codec, args.init_codec)
     noise = torch.Generator().manual_seed(args.seed + 1)
     trained_seconds = 0.0
     if args.resume and checkpoint_path.is_file():
