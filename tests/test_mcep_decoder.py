@@ -180,3 +180,22 @@ def test_a_block_sounds_as_the_codec_defines_it_pulse_by_pulse(tmp_path):
         (audio, state), = decoder.decode_blocks([tokens[start * 4:stop * 4]], [state])
         parts.append(audio.numpy())
     np.testing.assert_allclose(np.concatenate(parts), expected, atol=2e-6, rtol=0)
+
+
+def test_an_envelope_offset_sounds_as_the_codebook_shifted_by_it(tmp_path):
+    """envelope_offset (a fixed equalisation in config.json) is added to every entry's c1..c_order:
+    the audio equals that of a codebook with the offset added, and differs from the plain one; an
+    offset of the wrong length is refused at load, naming the key."""
+    codebook = random_codebook()
+    offset = 0.1 * (-1.0) ** np.arange(1, ORDER + 1)
+    shifted = codebook.copy()
+    shifted[:, :ORDER] += offset
+    with_offset = load_audio_decoder("mcep", str(save_mcep_decoder(tmp_path / "a", codebook,
+                                                                   envelope_offset=offset.tolist())))
+    audio = with_offset.decode(codes()).numpy()
+    np.testing.assert_allclose(audio, load_audio_decoder("mcep", str(save_mcep_decoder(tmp_path / "b", shifted)))
+                               .decode(codes()).numpy(), atol=1e-6)
+    plain = load_audio_decoder("mcep", str(save_mcep_decoder(tmp_path / "c", codebook))).decode(codes()).numpy()
+    assert np.abs(audio - plain).max() > 1e-3
+    with pytest.raises(ValueError, match="envelope_offset has 3 values, order is 40"):
+        load_audio_decoder("mcep", str(save_mcep_decoder(tmp_path / "d", codebook, envelope_offset=[0.1, 0.2, 0.3])))

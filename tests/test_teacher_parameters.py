@@ -89,3 +89,32 @@ def test_a_dataset_coded_from_the_teachers_parameters_keeps_its_alignment(tmp_pa
         shared = min(len(codes), len(expected))
         assert 0 <= len(codes) - len(expected) <= 1  # the segments' rounding, padded with the last frame
         np.testing.assert_array_equal(codes[:shared], expected[:shared])
+
+
+@pytest.mark.skipif(shutil.which("festival") is None or shutil.which("hts_engine") is None,
+                    reason="Festival and hts_engine are recipe-time tools (Debian), not installed here")
+def test_the_equalization_brings_the_decoders_audio_closer_to_the_teachers(tmp_path):
+    """teacher_parameters equalize: the envelope offset measured on two utterances, written into a
+    codec's config.json, makes the decoder's audio of a third utterance's parameters closer to the
+    teacher's audio by mel-cepstral distortion."""
+    import soundfile as sf
+
+    from audio_pipeline.decoders import load_audio_decoder
+    from recipes.builtin_voice.distortion import cepstra, mcd, trim
+    from recipes.builtin_voice.mcep_codec import Quantizer, coded_frames
+    from recipes.builtin_voice.teacher_parameters import equalization, generate, read_parameters
+
+    files = generate([(0, "Where is the blue mouse that Irene built?"), (1, "It costs five dollars, not six."),
+                      (2, "Paula touched my modern window after lunch.")], tmp_path)
+    offset = equalization([files[0], files[1]])
+    assert offset.shape == (40,) and np.isfinite(offset).all()
+    parameters = frame_parameters(*read_parameters(files[2]), 20)
+    plain = Quantizer.fit([parameters], size=64).save(tmp_path / "plain")
+    equalized = Quantizer(Quantizer.load(plain).codebook, {**Quantizer.load(plain).config,
+                                                           "envelope_offset": offset.tolist()}).save(tmp_path / "eq")
+    teacher = trim(cepstra(*sf.read(files[2]["wav"])))
+
+    def distortion(codec):
+        audio = load_audio_decoder("mcep", str(codec)).decode(coded_frames(Quantizer.load(codec), parameters)).numpy()
+        return mcd(teacher, trim(cepstra(audio.astype(np.float64), 16000)))
+    assert distortion(equalized) < distortion(plain) - 0.3

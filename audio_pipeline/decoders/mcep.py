@@ -56,6 +56,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "log_f0_range": [4.39, 5.80],  # log(80 Hz), log(330 Hz)
     "gain_range": [-10.4, -3.6],  # c0, natural log amplitude
     "noise_seed": 0,
+    #: Added to every entry's c1..c_order before synthesis ([] for none): a fixed equalisation, e.g.
+    #: the rolloff toward 8 kHz that a codec fitted on the teacher's own parameters lacks against
+    #: the teacher's audio (recipes/builtin_voice/teacher_parameters.py equalize).
+    "envelope_offset": [],
 }
 
 
@@ -121,7 +125,10 @@ class MCEPDecoder(CodebookVocoder):
         fft = int(config["fft_size"])
         bins = fft // 2 + 1
         # Log amplitude of each entry without its gain (c0 = 0), and its aperiodicity per bin.
-        envelope = self.codebook[:, :self.order] @ mcep_basis(bins, self.order, float(config["alpha"]))[:, 1:].T
+        offset = np.asarray(config.get("envelope_offset") or np.zeros(self.order), dtype=np.float64)
+        if offset.shape != (self.order,):
+            raise ValueError(f"mcep decoder config: envelope_offset has {offset.size} values, order is {self.order}")
+        envelope = (self.codebook[:, :self.order] + offset) @ mcep_basis(bins, self.order, float(config["alpha"]))[:, 1:].T
         aperiodicity_db = self.codebook[:, self.order:] @ band_interpolation(bins, self.sample_rate, bands).T
         share = np.clip(10 ** (aperiodicity_db / 20), 1e-4, 1.0)
         self._fft = fft

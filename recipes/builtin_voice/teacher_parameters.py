@@ -16,11 +16,14 @@ quantizer and the mcep decoder take them unchanged.
 
     apt-get install festival festvox-us-slt-hts htsengine          # recipe only
     python -m recipes.builtin_voice.teacher_parameters evaluate --split validation --count 60
+    python -m recipes.builtin_voice.teacher_parameters fit --count 1600 --out /tmp/tp-codec-1600
+    python -m recipes.builtin_voice.teacher_parameters equalize --decoder /tmp/tp-codec-1600   # its envelope_offset
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import tempfile
@@ -148,6 +151,28 @@ def exact_synthesis(cepstrum: np.ndarray, bands: np.ndarray, f0: np.ndarray, fra
     return decoder.decode(torch.from_numpy(frames.reshape(-1))).numpy()
 
 
+def equalization(utterances: list[dict[str, Path]]) -> np.ndarray:
+    """[order]: the mean of WORLD's mel-cepstrum (c1..) of the teacher's audio minus that of the
+    mcep decoder's audio from the same parameters (20 ms frames, unquantized; the same timing, so
+    frame by frame), over each utterance's loud frames (within 5 nepers of its loudest)."""
+    import soundfile as sf
+
+    from audio_pipeline.decoders.mcep import DEFAULT_CONFIG
+    from recipes.builtin_voice.distortion import cepstra
+
+    differences = []
+    for files in utterances:
+        samples, rate = sf.read(files["wav"])
+        teacher = cepstra(samples, rate)
+        parameters = frame_parameters(*read_parameters(files))
+        decoded = cepstra(exact_synthesis(*parameters), 16000)
+        frames = min(len(teacher), len(decoded))
+        teacher, decoded = teacher[:frames], decoded[:frames]
+        loud = teacher[:, 0] > teacher[:, 0].max() - 5
+        differences.append(teacher[loud] - decoded[loud])
+    return np.concatenate(differences).mean(0)[1:int(DEFAULT_CONFIG["order"]) + 1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -166,9 +191,30 @@ def main(argv: list[str] | None = None) -> int:
     fit_command.add_argument("--size", type=int, default=1024, help="codebook entries")
     fit_command.add_argument("--work", default="/tmp/teacher-parameters/train", help="where the files go")
     fit_command.add_argument("--out", required=True, help="the decoder directory to write")
+    equalize_command = commands.add_parser(
+        "equalize", help="measure the mean difference between WORLD's mel-cepstrum of the teacher's audio and of "
+                         "the mcep decoder's audio from the same parameters (training-split texts), and write it as "
+                         "the decoder directory's envelope_offset")
+    equalize_command.add_argument("--decoder", required=True, help="the decoder directory (written by fit) to update")
+    equalize_command.add_argument("--count", type=int, default=30, help="training-split utterances to measure on")
+    equalize_command.add_argument("--work", default="/tmp/teacher-parameters/train", help="where the files go")
     args = parser.parse_args(argv)
 
     from recipes.builtin_voice.mcep_codec import Quantizer
+
+    if args.command == "equalize":
+        from audio_pipeline.text.normalize import normalize
+        from recipes.builtin_voice.corpus import v4_corpus
+
+        texts = [normalize(text).spoken for text, split in v4_corpus() if split == "train"][:args.count]
+        paths = generate(list(enumerate(texts)), Path(args.work))
+        offset = equalization([paths[index] for index in range(len(texts))])
+        config_path = Path(args.decoder) / "config.json"
+        config = json.loads(config_path.read_text())
+        config["envelope_offset"] = [float(v) for v in offset]
+        config_path.write_text(json.dumps(config, indent=2))
+        print(f"envelope_offset from {len(texts)} utterances, c1..c8 {np.round(offset[:8], 3).tolist()} -> {config_path}")
+        return 0
 
     if args.command == "fit":
         import time
