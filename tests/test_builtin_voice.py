@@ -354,10 +354,10 @@ def test_the_second_generation_voice_ships_its_front_end_codec_and_licences():
     assert "festlex-cmu" in licences and "cmu_us_slt_arctic_hts" in licences and "Carnegie Mellon" in licences
 
 
-@pytest.mark.parametrize("voice", ["builtin:slt-en-v4", "builtin:slt-en-frame"])
+@pytest.mark.parametrize("voice", ["builtin:slt-en-v4", "builtin:slt-en-v5", "builtin:slt-en-frame"])
 def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_path, voice):
     """The frame voices (phoneme-lpc-frame: one position and one backbone pass per frame, the
-    prosody from its depth head; slt-en-v4's prompt one position per phoneme): held-out sentences
+    prosody from its depth head; slt-en-v4's and slt-en-v5's prompt one position per phoneme): held-out sentences
     are identified, and sampling wildly it still speaks every frame of the alignment, streamed as
     the decoder's one-shot audio."""
     from audio_pipeline.config import AudioGenerationConfig
@@ -370,7 +370,7 @@ def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_pat
     engine.start()
     try:
         assert type(engine.layout).__name__ == "PhonemeLPCFrameLayout"
-        assert engine.layout.folded_prompt == (voice == "builtin:slt-en-v4")
+        assert engine.layout.folded_prompt == (voice != "builtin:slt-en-frame")
         candidates = held_out(40)
         result = evaluate(candidates[:SPOKEN], lambda text: _speak(engine, text), str(tmp_path / "grammar.jsgf"),
                           candidates=candidates)
@@ -386,7 +386,7 @@ def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_pat
         engine.stop()
 
 
-@pytest.mark.parametrize("voice", ["slt-en-v4", "slt-en-frame"])
+@pytest.mark.parametrize("voice", ["slt-en-v4", "slt-en-v5", "slt-en-frame"])
 def test_a_prompts_first_frame_and_phonemes_come_out_as_the_whole_alignment_gives_them(voice):
     """A request's preparation reads the tokenizer's vocabulary once (again only when the tokenizer
     grows) and computes frame 0's codes from the first two phonemes alone: the same prompts and

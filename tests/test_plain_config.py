@@ -15,7 +15,7 @@ from audio_pipeline.engine import resolve_model_dir
 from audio_pipeline.models.llama import rope_inverse_frequencies
 from audio_pipeline.models.plain_config import PlainLlamaConfig, VocabularyTokenizer
 
-VOICES = ["builtin:slt-en-v4", "builtin:slt-en-frame", "builtin:slt-en", "builtin:lpc-en"]
+VOICES = ["builtin:slt-en-v4", "builtin:slt-en-v5", "builtin:slt-en-frame", "builtin:slt-en", "builtin:lpc-en"]
 #: Every config field this project's Llama code reads.
 FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings",
