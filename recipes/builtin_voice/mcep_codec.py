@@ -154,9 +154,9 @@ class Quantizer:
         code ``other`` gives the same parameters (its nearest entry, its nearest levels). A model
         that speaks ``other``'s codes starts a student of this codec from its rows in this order
         (train.py --init-codec), so its embeddings mean roughly the same sounds from step 0."""
-        from audio_pipeline.decoders.codebook_vocoder import level_value
-
         import torch
+
+        from audio_pipeline.decoders.codebook_vocoder import level_value
 
         levels, gain_levels = int(self.config["f0_levels"]), int(self.config["gain_levels"])
         # The nearest envelope by the cepstrum alone: a codec fitted on the teacher's own parameters
