@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Assembles .gpukit/ for scripts/gpu_check.sh, from the repository root, on the CPU machine:
-#     bash scripts/gpu_kit.sh [--base REV] [--py-spy]
+#     bash scripts/gpu_kit.sh [--base REV] [--py-spy] [--no-espeak]
 # - the shared GPU kit (KIT_SRC, default ../shared/gpu): FlashInfer with its prebuilt kernels and the
 #   project's other dependencies for the GPU machine's Python 3.12, the espeak extra (the built-in
 #   voices' front end), prebuild.py and smoke.py;
@@ -10,17 +10,20 @@
 # - --base REV: that commit's Python (audio_pipeline, kernels, clients; no weights) as base.tar.xz,
 #   which gpu_check.sh unpacks to /tmp/base: BASE_TREE=/tmp/base with BASE_ARGS / BASE_STEP_ARGS
 #   measures it beside the working tree in the same call;
-# - --py-spy: .venv's py-spy (static), compressed, for PROFILE=1.
+# - --py-spy: .venv's py-spy (static), compressed, for PROFILE=1;
+# - --no-espeak: leaves out the espeak extra (7 MB; only the frame voice's CUDA test needs it), for
+#   when the tree's shipped voices leave no room for it.
 # A GPU call carries the tree and .gpukit, 64 MiB in all: the script says what it came to and fails
 # past it. The folder is ignored through .git/info/exclude.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT_SRC=${KIT_SRC:-../shared/gpu}
-base="" spy=""
+base="" spy="" espeak=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=$2; shift 2 ;;
     --py-spy) spy=1; shift ;;
+    --no-espeak) espeak=; shift ;;
     *) echo "gpu_kit: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,14 +57,15 @@ if [ -n "$base" ]; then
     | xz -T2 > .gpukit/base.tar.xz
 fi
 [ -n "$spy" ] && xz -9 -c .venv/bin/py-spy > .gpukit/py-spy.xz
+[ -n "$espeak" ] || rm -f .gpukit/extra-espeakng-site312.tar.xz
 
 limit=$((64 * 1024 * 1024))
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
 kit=$(du -cb .gpukit | tail -1 | cut -f1)
 total=$((tree + ${untracked:-0} + kit))
-echo "gpu_kit: .gpukit $((kit / 1024)) KiB (transformers $version$([ -n "$base" ] && echo ", base $base")$([ -n "$spy" ] && echo ", py-spy")); with the tree $((total / 1024)) KiB of $((limit / 1024))"
+echo "gpu_kit: .gpukit $((kit / 1024)) KiB (transformers $version$([ -n "$base" ] && echo ", base $base")$([ -n "$spy" ] && echo ", py-spy")$([ -z "$espeak" ] && echo ", no espeak")); with the tree $((total / 1024)) KiB of $((limit / 1024))"
 if [ "$total" -gt "$limit" ]; then
-  echo "gpu_kit: over the 64 MiB a GPU call carries: leave out --base or --py-spy" >&2
+  echo "gpu_kit: over the 64 MiB a GPU call carries: leave out --base or --py-spy, or pass --no-espeak" >&2
   exit 1
 fi
