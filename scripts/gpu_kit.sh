@@ -29,7 +29,8 @@ while [ $# -gt 0 ]; do
 done
 [ -f "$KIT_SRC/site312.tar.xz" ] || { echo "gpu_kit: no GPU kit at $KIT_SRC (KIT_SRC)" >&2; exit 1; }
 rm -rf .gpukit && mkdir .gpukit
-cp "$KIT_SRC"/site312.tar.xz "$KIT_SRC"/extra-*-site312.tar.xz "$KIT_SRC"/prebuild.py "$KIT_SRC"/smoke.py .gpukit/
+cp "$KIT_SRC"/site312.tar.xz "$KIT_SRC"/prebuild.py "$KIT_SRC"/smoke.py .gpukit/
+[ -z "$espeak" ] || cp "$KIT_SRC"/extra-*-site312.tar.xz .gpukit/
 chmod -R u+w .gpukit
 mkdir -p .git/info && { grep -qx '/.gpukit/' .git/info/exclude 2>/dev/null || echo '/.gpukit/' >> .git/info/exclude; }
 
@@ -57,7 +58,6 @@ if [ -n "$base" ]; then
     | xz -T2 > .gpukit/base.tar.xz
 fi
 [ -n "$spy" ] && xz -9 -c .venv/bin/py-spy > .gpukit/py-spy.xz
-[ -n "$espeak" ] || rm -f .gpukit/extra-espeakng-site312.tar.xz
 
 limit=$((64 * 1024 * 1024))
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
