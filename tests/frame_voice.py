@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 
 SHIPPED = Path(__file__).resolve().parent.parent / "audio_pipeline" / "builtin" / "slt-en"
+#: The shipped voices' shared front end (their manifests' front_end_dir).
+FRONT_END = SHIPPED.parent / "front-end-en"
 
 
 def write_tiny_frame_voice(path: Path, seed: int = 0, folded: bool = False) -> Path:
@@ -22,8 +24,10 @@ def write_tiny_frame_voice(path: Path, seed: int = 0, folded: bool = False) -> P
     from recipes.builtin_voice.train import model_config
 
     path.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "lexicon.txt.gz", "prosody.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(SHIPPED / name, path / name)
+    for name in ("lexicon.txt.gz", "prosody.json"):
+        shutil.copy(FRONT_END / name, path / name)
     shutil.copytree(SHIPPED / "decoder", path / "decoder", dirs_exist_ok=True)
     torch.manual_seed(seed)
     config = LlamaConfig(**model_config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
@@ -38,6 +42,7 @@ def write_tiny_frame_voice(path: Path, seed: int = 0, folded: bool = False) -> P
               path / "model.safetensors")
     manifest = json.loads((SHIPPED / "audio_pipeline.json").read_text())
     manifest.update(family="phoneme-lpc-frame", description="tiny random phoneme-lpc-frame voice (tests)")
+    manifest.pop("front_end_dir")  # the files are copied beside the model
     if folded:
         manifest["layout_options"] = {"prompt": "folded"}
     (path / "audio_pipeline.json").write_text(json.dumps(manifest, indent=2))

@@ -262,7 +262,7 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
 
     from audio_pipeline.engine import TTSEngine
     from recipes.builtin_voice import dataset, export, train
-    from tests.frame_voice import SHIPPED
+    from tests.frame_voice import FRONT_END, SHIPPED
 
     rng = np.random.default_rng(0)
     inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
@@ -276,7 +276,7 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
     run_dir = tmp_path / "run"
     assert train.main(["--data", str(data), "--out", str(run_dir), "--layout", "phoneme-lpc-frame", "--steps", "3",
                        "--batch-tokens", "400", "--init-from", str(SHIPPED), "--threads", "1", "--fold-prompt"]) == 0
-    out = export.export(run_dir, tmp_path / "voice", decoder="mcep", decoder_dir=SHIPPED / "decoder", front_end=SHIPPED,
+    out = export.export(run_dir, tmp_path / "voice", decoder="mcep", decoder_dir=SHIPPED / "decoder", front_end=FRONT_END,
                         voice="tiny-frame")
     manifest = json.loads((out / "audio_pipeline.json").read_text())
     assert manifest["family"] == "phoneme-lpc-frame" and manifest["layout_options"] == {"prompt": "folded"}

@@ -180,6 +180,44 @@ def test_a_manifest_names_a_known_front_end(tiny_lexicon_voice, tmp_path):
         ModelManifest.read(copy)
 
 
+def test_a_voice_finds_its_front_end_in_the_folder_its_manifest_names(tiny_lexicon_voice, tmp_path):
+    """Voices may share one front end (the built-in ones do): ``front_end_dir``, relative to the
+    model directory, says where lexicon.txt.gz and prosody.json are, and the voice speaks as with
+    its own copies; a folder without them is refused at load naming the key, and the key is
+    refused for a front end that reads no files."""
+    import shutil
+
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.layouts.manifest import MANIFEST_NAME, ModelManifest
+
+    def speak(directory):
+        config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": str(directory),
+                                                                            "device": "cpu"})
+        engine = TTSEngine(config)
+        engine.start()
+        try:
+            return engine.synthesize("The cat sat on the mat, the cat.", seed=1).samples
+        finally:
+            engine.stop()
+
+    voice, shared = tmp_path / "voices" / "tiny", tmp_path / "voices" / "front-end"
+    shutil.copytree(tiny_lexicon_voice, voice)
+    shared.mkdir()
+    for name in ("lexicon.txt.gz", "prosody.json"):
+        (voice / name).rename(shared / name)
+    manifest = json.loads((voice / MANIFEST_NAME).read_text())
+    (voice / MANIFEST_NAME).write_text(json.dumps({**manifest, "front_end_dir": "../front-end"}))
+    np.testing.assert_array_equal(speak(voice), speak(tiny_lexicon_voice))
+
+    (shared / "prosody.json").unlink()
+    with pytest.raises(ValueError, match=r"prosody.json is missing from front_end_dir '../front-end'"):
+        ModelManifest.read(voice).make_layout(voice)
+    (voice / MANIFEST_NAME).write_text(json.dumps({**manifest, "front_end": "espeak", "front_end_dir": "."}))
+    with pytest.raises(ValueError, match="front_end_dir is the lexicon front end's folder"):
+        ModelManifest.read(voice)
+
+
 def test_a_one_word_opening_the_teacher_runs_on_from_keeps_no_pause_at_its_comma(lexicon):
     """The teacher said "Wow, David..." without a pause (0 of 98 in its training speech): a voice
     whose prosody.json lists such openings runs on past their comma, as the model learned it.

@@ -33,8 +33,11 @@ class ModelManifest:
     #: Streaming defaults for this model (chunk_size, buffer, block_causal); the configuration wins.
     streaming: dict = field(default_factory=dict)
     #: The phoneme-lpc family's text front end: "espeak" (eSpeak NG's phonemes and durations) or
-    #: "lexicon" (the model directory's lexicon.txt.gz and prosody.json).
+    #: "lexicon" (lexicon.txt.gz and prosody.json in front_end_dir).
     front_end: str = "espeak"
+    #: Where the lexicon front end's files are, relative to the model directory (the built-in
+    #: voices share one folder); the model directory itself when unset.
+    front_end_dir: str | None = None
     #: Settings of the family's layout (its record's ``layout_options`` says which it takes).
     layout_options: dict = field(default_factory=dict)
     #: The directory holds no language model checkpoint: its weights are drawn at load (a random
@@ -79,6 +82,9 @@ class ModelManifest:
                              f"(known: {known})")
         if family.front_ends and manifest.front_end not in family.front_ends:
             raise ValueError(f"{path}: unknown front_end {manifest.front_end!r} (known: {', '.join(family.front_ends)})")
+        if manifest.front_end_dir is not None and manifest.front_end != "lexicon":
+            raise ValueError(f"{path}: front_end_dir is the lexicon front end's folder, and front_end is "
+                             f"{manifest.front_end!r}")
         names = [v.name for v in manifest.voices]
         if manifest.default_voice is not None and manifest.default_voice not in names:
             raise ValueError(f"{path}: default_voice {manifest.default_voice!r} is not one of its voices {names}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -347,7 +348,7 @@ class PhonemeLPCLayout(Layout):
 
 
 #: Text front ends a phoneme-lpc(-frame) model may name (its manifest's ``front_end``): eSpeak NG's
-#: phonemes and durations, or the model directory's lexicon.txt.gz and prosody.json.
+#: phonemes and durations, or lexicon.txt.gz and prosody.json in the manifest's front_end_dir.
 FRONT_ENDS = ("espeak", "lexicon")
 
 
@@ -365,7 +366,13 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
         if manifest.front_end == "lexicon":
             from audio_pipeline.text.lexicon import LexiconFrontEnd
 
-            return layout_class(front_end=LexiconFrontEnd.load(model_dir), **options)
+            files = Path(model_dir) / (manifest.front_end_dir or ".")
+            missing = [name for name in LexiconFrontEnd.FILES if not (files / name).is_file()]
+            if missing:
+                where = f"front_end_dir {manifest.front_end_dir!r}" if manifest.front_end_dir else "the model directory"
+                raise ValueError(f"{model_dir}: the lexicon front end's {' and '.join(missing)} is missing from {where} "
+                                 f"({files.resolve()})")
+            return layout_class(front_end=LexiconFrontEnd.load(files), **options)
         return layout_class(**options)
 
     return make_layout

@@ -222,7 +222,8 @@ def _espeak_phones(word: str) -> list[tuple[str, int]]:
 
 class LexiconFrontEnd:
     """Text -> (unit, frames) and word frames for a voice with a lexicon and prosody models
-    (``lexicon.txt.gz`` and ``prosody.json`` in its model directory): the same answers as
+    (``lexicon.txt.gz`` and ``prosody.json`` in its model directory, or the folder its
+    manifest's ``front_end_dir`` names): the same answers as
     :func:`audio_pipeline.text.espeak.text_alignment` gives for eSpeak NG voices."""
 
     def __init__(self, lexicon: Lexicon, prosody):
@@ -238,7 +239,11 @@ class LexiconFrontEnd:
         from audio_pipeline.text.prosody import ProsodyModel
 
         directory = Path(directory)
-        return cls(Lexicon.load(directory / "lexicon.txt.gz"), ProsodyModel.load(directory / "prosody.json"))
+        lexicon, prosody = cls.FILES
+        return cls(Lexicon.load(directory / lexicon), ProsodyModel.load(directory / prosody))
+
+    #: The files load() reads from its directory.
+    FILES = ("lexicon.txt.gz", "prosody.json")
 
     #: Requests may give words' phonemes (Overrides): the layout passes them to align().
     takes_pronunciations = True
