@@ -2,8 +2,8 @@
 # Assembles .gpukit/ for scripts/gpu_check.sh, from the repository root, on the CPU machine:
 #     bash scripts/gpu_kit.sh [--base REV] [--py-spy] [--no-espeak]
 # - the shared GPU kit (KIT_SRC, default ../shared/gpu): FlashInfer with its prebuilt kernels and the
-#   project's other dependencies for the GPU machine's Python 3.12, the espeak extra (the built-in
-#   voices' front end), prebuild.py and smoke.py;
+#   project's other dependencies for the GPU machine's Python 3.12, the espeak extra (eSpeak NG for
+#   the lpc-en voice and the frame voice's CUDA test, English only), prebuild.py and smoke.py;
 # - transformers from .venv (the project needs 5.24 or newer; the GPU machine has 5.17), pure Python,
 #   cut to what travels: every model's configuration (a config lookup by model type reads them all)
 #   and the whole code of the families the project and its tests use;
@@ -11,8 +11,8 @@
 #   which gpu_check.sh unpacks to /tmp/base: BASE_TREE=/tmp/base with BASE_ARGS / BASE_STEP_ARGS
 #   measures it beside the working tree in the same call;
 # - --py-spy: .venv's py-spy (static), compressed, for PROFILE=1;
-# - --no-espeak: leaves out the espeak extra (7 MB; only the frame voice's CUDA test needs it), for
-#   when the tree's shipped voices leave no room for it.
+# - --no-espeak: leaves out the espeak extra (cut to English, 0.6 MB; only the frame voice's CUDA
+#   test needs it).
 # A GPU call carries the tree and .gpukit, 64 MiB in all: the script says what it came to and fails
 # past it. The folder is ignored through .git/info/exclude.
 set -euo pipefail
@@ -30,14 +30,23 @@ done
 [ -f "$KIT_SRC/site312.tar.xz" ] || { echo "gpu_kit: no GPU kit at $KIT_SRC (KIT_SRC)" >&2; exit 1; }
 rm -rf .gpukit && mkdir .gpukit
 cp "$KIT_SRC"/site312.tar.xz "$KIT_SRC"/prebuild.py "$KIT_SRC"/smoke.py .gpukit/
-[ -z "$espeak" ] || cp "$KIT_SRC"/extra-*-site312.tar.xz .gpukit/
 chmod -R u+w .gpukit
-mkdir -p .git/info && { grep -qx '/.gpukit/' .git/info/exclude 2>/dev/null || echo '/.gpukit/' >> .git/info/exclude; }
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+mkdir -p "$(dirname "$exclude")" && { grep -qx '/.gpukit/' "$exclude" 2>/dev/null || echo '/.gpukit/' >> "$exclude"; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -n "$espeak" ]; then
+  # The built-in voices speak English only: eSpeak NG's other languages' dictionaries (6.5 of its
+  # 7 MB compressed) stay behind.
+  mkdir "$work/espeak"
+  tar -xJf "$KIT_SRC"/extra-espeakng-site312.tar.xz -C "$work/espeak"
+  find "$work/espeak" -path '*/espeak-ng-data/*_dict' ! -name en_dict -delete
+  tar -cf - -C "$work/espeak" . | xz -9 -T2 > .gpukit/extra-espeakng-site312.tar.xz
+  rm -rf "$work/espeak"
+fi
 
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 version=$(.venv/bin/python -c 'import transformers; print(transformers.__version__)')
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 (
   cd "$site"
   tar -cf - --exclude=__pycache__ --exclude='transformers/models/*/*' transformers "transformers-$version.dist-info"
