@@ -36,7 +36,7 @@ def test_config_prints_the_resolved_configuration_from_every_source(tmp_path, ca
     shown = json.loads(capsys.readouterr().out)
     assert shown["chunk_size"] == [28, 56] and shown["buffer"] == 28
     assert shown["sampling"]["temperature"] == 0.3 and shown["sampling"]["top_k"] == 50
-    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:slt-en-v4"
+    assert shown["model"]["dtype"] == "float32" and shown["model"]["model_path"] == "builtin:slt-en-v5"
     assert shown["audio_decoder"] == "mcep"  # not set: the decoder the built-in voice names
     assert shown["prepend_prompt_speech_tokens"] == "never"
 

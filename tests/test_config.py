@@ -96,7 +96,7 @@ def test_nested_defaults():
     assert MAXModelConfig is ModelConfig
     model = config.model
     assert (model.model_path, model.dtype, model.device) == (DEFAULT_MODEL, "auto", "auto")
-    assert DEFAULT_MODEL == "builtin:slt-en-v4"
+    assert DEFAULT_MODEL == "builtin:slt-en-v5"
     assert model.served_model_name is None
     assert model.kv_cache == KVCacheConfig(kv_cache_page_size=None, enable_prefix_caching=True,
                                            device_memory_utilization=0.9)

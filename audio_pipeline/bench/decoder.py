@@ -7,7 +7,7 @@ streams; and the time to first audio of chunked streaming against one-shot decod
 Without ``--weights`` it writes a randomly initialised decoder of the published architecture (SNAC
 24 kHz, the causal-conv test decoder) to a temporary directory: speed does not depend on the weights.
 With ``--weights`` any decoder runs, e.g. the default voice's vocoder: ``--decoder mcep --weights
-audio_pipeline/builtin/slt-en-v4/decoder --chunk 160 --chunk-size 32,160 --block-causal`` (its
+audio_pipeline/builtin/slt-en-v5/decoder --chunk 160 --chunk-size 32,160 --block-causal`` (its
 streams decode 40-frame blocks). Codes are drawn at random within each frame position's limit.
 Every figure is the best of ``--repeats`` runs; ratios compare runs of this one invocation.
 """

@@ -1,7 +1,7 @@
 """Memory benchmark through the real server: what `audio-pipeline serve` holds idle, and after rounds
 of streams (the CPU's KV cache grows on demand, and keeps what it grew to).
 
-    python -m audio_pipeline.bench.memory [--model builtin:slt-en-v4] [--streams 32,64]
+    python -m audio_pipeline.bench.memory [--model builtin:slt-en-v5] [--streams 32,64]
                                           [--long-text-chars 20000] [--task-arg NAME=VALUE ...]
 
 It starts the server in a subprocess, waits for SERVING and a moment of quiet, and prints its

@@ -1,7 +1,7 @@
 """Throughput of one against several Ray Serve replicas, through Serve's gRPC proxy.
 
     python -m audio_pipeline.bench.ray_replicas [--replicas 1,2] [--streams 8] [--rounds 2]
-                                                [--model builtin:slt-en-v4] [--num-cpus 1]
+                                                [--model builtin:slt-en-v5] [--num-cpus 1]
 
 It starts a local Ray instance and Serve (server/ray_app.py), deploys the model with each replica
 count in turn, and runs rounds of N concurrent streams (the serving benchmark's texts and

@@ -1,6 +1,6 @@
 """Reliability suite: hostile input, cancels, overload, a slow reader and SIGTERM against a real server.
 
-    python -m audio_pipeline.bench.reliability [--model builtin:slt-en-v4] [--fuzz 2000] [--cancels 500]
+    python -m audio_pipeline.bench.reliability [--model builtin:slt-en-v5] [--fuzz 2000] [--cancels 500]
                                                 [--overload-factor 4] [--seed 0]
 
 It starts `audio-pipeline serve` in a subprocess on loopback (free ports, /metrics on), with a small

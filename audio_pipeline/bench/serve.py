@@ -1,6 +1,6 @@
 """Serving benchmark through the real server: N concurrent streaming clients against `audio-pipeline serve`.
 
-    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en-v4]
+    python -m audio_pipeline.bench.serve [--streams 1,8,16,32,64] [--no-search] [--model builtin:slt-en-v5]
                                          [--task-arg NAME=VALUE ...] [--rounds 1]
     python -m audio_pipeline.bench.serve --device cuda --random-model orpheus-3b [--streams 1,64,128,256,512]
     python -m audio_pipeline.bench.serve --random-model qwen3-tts-0.6b --utterance-tokens 75 [--streams 1,4]

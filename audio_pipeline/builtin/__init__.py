@@ -2,10 +2,9 @@
 ``builtin:NAME`` is the directory NAME here; ``builtin:tiny-orpheus`` (a tiny random Orpheus-layout
 test model) is written on first use to the cache.
 
-``slt-en-v4`` is the built-in voice (the default model, the fourth generation: one backbone pass
-per frame, one prompt position per phoneme), ``slt-en-v5`` the fifth (the fourth's model retrained
-on a codec of the teacher's own vocoder parameters; loadable by name, not yet the default),
-``slt-en-frame`` the third (the same frame model with two prompt positions per phoneme, trained on
+``slt-en-v5`` is the built-in voice (the default model, the fifth generation: the fourth's model
+retrained on a codec of the teacher's own vocoder parameters), ``slt-en-v4`` the fourth (one
+backbone pass per frame, one prompt position per phoneme), ``slt-en-frame`` the third (the same frame model with two prompt positions per phoneme, trained on
 less speech), ``slt-en`` the second (four positions per frame), ``lpc-en`` the first; all are made
 by recipes/builtin_voice (see its NOTES.md).
 """
@@ -19,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 #: Shipped model names (directories beside this file).
-SHIPPED_MODELS = ("slt-en-v4", "slt-en-v5", "slt-en", "slt-en-frame", "lpc-en")
+SHIPPED_MODELS = ("slt-en-v5", "slt-en-v4", "slt-en", "slt-en-frame", "lpc-en")
 
 
 def shipped_model_dir(name: str) -> Path:

@@ -24,7 +24,7 @@ from audio_pipeline.config.defaults import DEFAULT_PAGE_SIZE, device_defaults
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
-DEFAULT_MODEL = "builtin:slt-en-v4"
+DEFAULT_MODEL = "builtin:slt-en-v5"
 
 _logger = logging.getLogger(__name__)
 #: Every part refuses unknown keys, checks assignments, and takes no infinite or NaN number.
