@@ -372,12 +372,14 @@ def test_each_decoder_on_cuda_equals_the_cpu(name, tmp_path):
 # --- the frame families ---------------------------------------------------------------------------
 
 def test_the_builtin_frame_voice_speaks_on_cuda_as_on_the_cpu():
-    """The default voice (head size 48: the torch form on CUDA) in float32: the same greedy frames
-    on both devices, served to the end."""
+    """The default voice (head size 48: the torch form on CUDA; its prompt folded, its decoder
+    equalised) in float32: the same greedy frames on both devices, served to the end."""
+    from audio_pipeline.config import DEFAULT_MODEL
+
     spoken = {}
     for device in ("cpu", DEVICE):
-        engine = TTSEngine(make_config("builtin:slt-en-frame", model={"device": device, "dtype": "float32",
-                                                                      "kv_cache": {"cache_dtype": "float32"}}))
+        engine = TTSEngine(make_config(DEFAULT_MODEL, model={"device": device, "dtype": "float32",
+                                                             "kv_cache": {"cache_dtype": "float32"}}))
         engine.start()
         try:
             if device == "cuda":
