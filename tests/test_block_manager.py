@@ -97,6 +97,18 @@ def test_watermark_limits_projected_usage():
     assert not manager.can_alloc("b", 12)
 
 
+def test_holds_says_whether_a_sequence_needs_no_more_blocks():
+    """The decode scheduler's shortcut: a row whose blocks already cover its next tokens skips
+    can_alloc and alloc; one that crosses into a new block, or is unknown, does not."""
+    manager = BlockManager(10, 4)
+    manager.claim("a")
+    manager.alloc("a", 5)  # 2 blocks: room for 8 tokens
+    assert manager.holds("a", 5) and manager.holds("a", 8)
+    assert not manager.holds("a", 9) and not manager.holds("b", 1)
+    manager.release("a")
+    assert not manager.holds("a", 1)
+
+
 def test_step_refuses_tokens_beyond_the_allocation():
     manager = BlockManager(4, 4)
     manager.claim("a")

@@ -538,6 +538,9 @@ class AudioGenerationScheduler:
             if entry.request.is_done or entry not in running:
                 continue
             need = min(_after_samples(entry, steps)[0], entry.request.max_length)
+            if self.block_manager.holds(entry.request_id, need):
+                chosen.append(entry)
+                continue
             while not self.block_manager.can_alloc(entry.request_id, need):
                 if not self._preempt_for(entry, protected=chosen, output=output):
                     break

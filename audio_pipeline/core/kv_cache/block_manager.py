@@ -157,6 +157,12 @@ class BlockManager:
         self.prefix_stats.hit_tokens += sequence.num_tokens
         return sequence.num_tokens
 
+    def holds(self, seq_id: str, total_tokens: int) -> bool:
+        """Whether ``seq_id``'s blocks already cover ``total_tokens`` tokens (a decode step's usual
+        case, checked for hundreds of rows a step: nothing to take, so can_alloc and alloc are moot)."""
+        sequence = self._sequences.get(seq_id)
+        return sequence is not None and len(sequence.blocks) * self.block_size >= total_tokens
+
     def can_alloc(self, seq_id: str | None, total_tokens: int, *, watermark: float = 1.0) -> bool:
         """Whether ``alloc(seq_id, total_tokens)`` would succeed and keep usage within ``watermark``."""
         held = len(self._sequences[seq_id].blocks) if seq_id is not None and seq_id in self._sequences else 0
