@@ -27,3 +27,6 @@ if [ ! -f "$stamp" ] || [ $have -eq 0 ] || [ pyproject.toml -nt "$stamp" ] || [ 
   pip install -e ".[$EXTRAS]"
   echo "$EXTRAS" > "$stamp"
 fi
+# The native CPU kernels, compiled now (side by side, about 45 s once; cached after) rather than in
+# the first request or test that needs them.
+.venv/bin/python -m audio_pipeline_kernels.build
