@@ -118,6 +118,29 @@ def test_step_refuses_tokens_beyond_the_allocation():
     manager.step("gone", [1])  # a released sequence's late commit is ignored
 
 
+def test_commit_asks_for_the_tokens_only_when_a_block_filled_and_caches_as_step_does():
+    tokens = list(range(100, 120))
+    asked = []
+
+    def prefix(count):
+        asked.append(count)
+        return tokens[:count]
+
+    manager = BlockManager(8, 4)
+    manager.claim("a")
+    manager.alloc("a", 13)  # four blocks
+    for count in range(1, 14):  # one token a step, as decode steps write them
+        manager.commit("a", count, prefix, count)
+    assert asked == [4, 8, 12]  # one call per filled block, none for the other ten steps
+    assert manager.num_cached_blocks == 3
+    # Another sequence with the same tokens finds the three blocks, as after step().
+    assert manager.claim("b", tokens[:13]) == 12
+    with pytest.raises(ValueError, match="17 tokens committed but only 4 blocks allocated"):
+        manager.commit("a", 17, prefix, 17)
+    manager.commit("gone", 4, prefix, 4)  # a released sequence's late commit is ignored
+    assert asked == [4, 8, 12, 17]
+
+
 def test_a_cache_that_may_grow_asks_for_twice_its_size_up_to_its_most():
     """A cache that starts small grows when an allocation (or an admission within its watermark)
     needs more: to about twice its size, never past max_num_blocks, keeping every sequence's blocks

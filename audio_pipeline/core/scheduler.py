@@ -375,8 +375,7 @@ class AudioGenerationScheduler:
                 continue
             entry.in_flight -= 1
             request = entry.request
-            if request.request_id in manager:
-                manager.step(request.request_id, _computed_tokens(request))
+            manager.commit(request.request_id, request.processed, _computed_tokens, request)
             if request.is_done and not entry.in_flight:
                 finished.append(self._let_go(entry))
         return finished
