@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from itertools import chain
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -78,6 +79,14 @@ class RepetitionCounts:
                 self._slots[request_id] = slot
                 self.table[slot * self.frame:(slot + 1) * self.frame].zero_()
             return slot
+
+    def slots(self, request_ids: Sequence[str]) -> list[int]:
+        """Each request's slot (:meth:`slot`), under one taking of the lock."""
+        with self._lock:
+            found = self._slots
+            if all(request_id in found for request_id in request_ids):
+                return [found[request_id] for request_id in request_ids]
+        return [self.slot(request_id) for request_id in request_ids]
 
     def _grow(self) -> None:
         if self.before_grow is not None:
@@ -324,12 +333,13 @@ class ModelRunner:
         width = rows.extra_ids.shape[1] if rows is not None else 0
         follow = self._forced_follow_ups(contexts, positions) if sampling else []
         tokens, chained = [], {}
-        ends = metadata.qo_indptr
+        # Python ints, read once: indexing the numpy array row by row costs more than the rows' work.
+        ends = metadata.qo_indptr.tolist()
         for index, item in enumerate(items):
             known, latest = self._item_tokens(item)
             tokens.append(known)
             if latest is not None:
-                chained.setdefault(id(latest[0]), (latest[0], []))[1].append((int(ends[index]), latest[1]))
+                chained.setdefault(id(latest[0]), (latest[0], []))[1].append((ends[index], latest[1]))
         links = [link for _, group in chained.values() for link in group]
         arrays = {
             "tokens": ((total,), np.int64), "positions": ((total,), np.int64), "slots": ((total,), np.int64),
@@ -352,8 +362,9 @@ class ModelRunner:
             [len(item.request.prompt_ids) for item in items])) if self.prompt_dtype is not None else ()
         host = staged.host
         flat = host["tokens"]
-        for index, known in enumerate(tokens):
-            flat[ends[index]:ends[index + 1]] = known
+        # Every item's tokens fill its rows in order: one write of them all (a numpy write per row
+        # was most of a 256-row decode step's staging).
+        flat[:ends[len(items)]] = list(chain.from_iterable(tokens))
         flat[ends[len(items)]:] = 0  # padding rows
         self.frame_sampling.fill_inputs(host, items, ends)
         self.tracks.fill(host, items, ends)
@@ -367,15 +378,15 @@ class ModelRunner:
             host["chain_rows"][:], host["chain_from"][:] = zip(*links)
         staged.rows, staged.groups, staged.depth_rows = rows, [], None
         # Every item is one token that samples: the sampling rows are the first rows of the step.
-        staged.in_order = batch == len(items) and int(ends[len(items)]) == batch
+        staged.in_order = batch == len(items) and ends[len(items)] == batch
         if rows is None:
             return staged
         host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
         for name in DeviceSamplingRows.FIELDS:
             host[name][...] = getattr(rows, name)
         frame = self.layout.tokens_per_frame
-        host["count_rows"][:] = [self.counts.slot(r.request_id) * frame + slot
-                                 for r, slot in zip(contexts, rows.frame_slots.tolist())]
+        host["count_rows"][:] = [slot * frame + frame_slot for slot, frame_slot in
+                                 zip(self.counts.slots([r.request_id for r in contexts]), rows.frame_slots.tolist())]
         order, staged.groups = candidate_groups(rows.starts)
         host["order"][:] = order
         if follow:
