@@ -1,6 +1,6 @@
 """The built-in voices (builtin:slt-en-v5, the default model, builtin:slt-en-v4 and
-builtin:slt-en-frame: the frame voices, the first two with a folded prompt; builtin:slt-en, their phoneme-lpc twin; builtin:lpc-en, the first
-generation): the phoneme-lpc layout, front ends, shipped
+builtin:slt-en-frame: the frame voices, the first two with a folded prompt; builtin:slt-en, their
+phoneme-lpc twin; builtin:lpc-en, the first generation): the phoneme-lpc layout, front ends, shipped
 files, the engine's alignment enforcement and budget, the gRPC service on the default model, and
 the regression guard: held-out sentences spoken through the engine are identified by pocketsphinx."""
 

@@ -4,9 +4,10 @@ test model) is written on first use to the cache.
 
 ``slt-en-v5`` is the built-in voice (the default model, the fifth generation: the fourth's model
 retrained on a codec of the teacher's own vocoder parameters), ``slt-en-v4`` the fourth (one
-backbone pass per frame, one prompt position per phoneme), ``slt-en-frame`` the third (the same frame model with two prompt positions per phoneme, trained on
-less speech), ``slt-en`` the second (four positions per frame), ``lpc-en`` the first; all are made
-by recipes/builtin_voice (see its NOTES.md).
+backbone pass per frame, one prompt position per phoneme), ``slt-en-frame`` the third (the same
+frame model with two prompt positions per phoneme, trained on less speech), ``slt-en`` the second
+(four positions per frame), ``lpc-en`` the first; all are made by recipes/builtin_voice (see its
+NOTES.md).
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-from itertools import chain
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np

@@ -218,7 +218,8 @@ class BlockManager:
             return
         self._written(seq_id, sequence, count)
 
-    def _written(self, seq_id: str, sequence: Any, count: int) -> None:
+    def _written(self, seq_id: str, sequence: _Sequence, count: int) -> None:
+        """Records ``count`` tokens of ``sequence`` written (refused beyond its blocks)."""
         if count > len(sequence.blocks) * self.block_size:
             raise ValueError(f"sequence {seq_id!r}: {count} tokens committed but only "
                              f"{len(sequence.blocks)} blocks allocated")
