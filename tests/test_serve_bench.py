@@ -14,9 +14,9 @@ from audio_pipeline.bench.serve import (
     StreamResult,
     floor_report,
     main,
-    percentile,
     playback_stall,
 )
+from audio_pipeline.bench.stats import percentile
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 slow = pytest.mark.slow
@@ -171,7 +171,7 @@ def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
 def test_a_server_that_fails_to_start_is_reported_with_its_log_kept(tmp_path):
     """A server that exits before listening (a model that does not exist) fails the benchmark with
     its exit code and the end of its log, and the log stays on disk."""
-    from audio_pipeline.bench.serve import Server, ServerStartError
+    from audio_pipeline.bench.server_process import Server, ServerStartError
 
     log = tmp_path / "server.log"
     with pytest.raises(ServerStartError, match=f"exited .* before listening; its log is kept at {log}") as caught:
@@ -183,7 +183,7 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log_kept(tmp_path):
 def test_a_server_that_does_not_listen_in_time_is_stopped_and_its_log_kept(tmp_path):
     """Past --start-timeout the benchmark stops waiting: the server process is stopped and its log
     (what it printed so far) is kept and named."""
-    from audio_pipeline.bench.serve import Server, ServerStartError
+    from audio_pipeline.bench.server_process import Server, ServerStartError
 
     log = tmp_path / "server.log"
     started = __import__("time").monotonic()
@@ -259,12 +259,12 @@ def test_the_server_runs_the_tree_the_benchmark_imported(tmp_path):
     from pathlib import Path
 
     import audio_pipeline
-    from audio_pipeline.bench import serve
+    from audio_pipeline.bench import server_process
 
     decoy = tmp_path / "audio_pipeline"  # another checkout's package in the working directory
     decoy.mkdir()
     (decoy / "__init__.py").write_text("")
-    probe = serve.SERVE_THIS_TREE.split("from audio_pipeline.cli")[0] + "import audio_pipeline; print(audio_pipeline.__file__)"
+    probe = server_process.SERVE_THIS_TREE.split("from audio_pipeline.cli")[0] + "import audio_pipeline; print(audio_pipeline.__file__)"
     printed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     plain = subprocess.run([sys.executable, "-c", "import audio_pipeline; print(audio_pipeline.__file__)"], cwd=tmp_path,
                            capture_output=True, text=True, check=True)

@@ -21,7 +21,8 @@ import statistics
 import time
 
 from audio_pipeline.bench.long_text import DEFAULT_FILE
-from audio_pipeline.bench.serve import Server, playback_stall
+from audio_pipeline.bench.serve import playback_stall
+from audio_pipeline.bench.server_process import Server
 
 
 def sentences(count: int) -> list[str]:

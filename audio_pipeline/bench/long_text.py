@@ -19,7 +19,9 @@ import re
 import time
 from pathlib import Path
 
-from audio_pipeline.bench.serve import Server, one_stream, percentile
+from audio_pipeline.bench.serve import one_stream
+from audio_pipeline.bench.server_process import Server
+from audio_pipeline.bench.stats import percentile
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "tests" / "data" / "long_text.txt"
 

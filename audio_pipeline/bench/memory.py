@@ -18,7 +18,8 @@ import re
 import time
 from pathlib import Path
 
-from audio_pipeline.bench.serve import TEXTS, Server, run_round
+from audio_pipeline.bench.serve import TEXTS, run_round
+from audio_pipeline.bench.server_process import Server
 
 
 def resident_mib(pid: int) -> tuple[float, float]:

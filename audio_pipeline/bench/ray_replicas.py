@@ -18,7 +18,9 @@ import asyncio
 import statistics
 import time
 
-from audio_pipeline.bench.serve import TEXTS, free_port, one_stream, percentile
+from audio_pipeline.bench.serve import TEXTS, one_stream
+from audio_pipeline.bench.server_process import free_port
+from audio_pipeline.bench.stats import percentile
 
 
 async def run_round(target: str, count: int, offset: int):

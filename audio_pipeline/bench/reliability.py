@@ -39,7 +39,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from audio_pipeline.bench.fuzz import SENTENCES, fuzz_cases
-from audio_pipeline.bench.serve import Server, percentile
+from audio_pipeline.bench.server_process import Server
+from audio_pipeline.bench.stats import percentile
 from audio_pipeline_client._proto import tts_pb2
 
 SYNTHESIZE = "/audio_pipeline.v1.TextToSpeech/Synthesize"
@@ -240,7 +241,7 @@ async def health_status(target: str) -> str:
 
 
 async def sigterm_phase(model: str | None, task_args: list[str], grace: float, report: Report) -> None:
-    from audio_pipeline.bench.serve import wait_ready
+    from audio_pipeline.bench.server_process import wait_ready
 
     server = Server(model, task_args + [f"grace_period_s={grace}"])
     try:
@@ -273,7 +274,7 @@ def server_args(args: argparse.Namespace) -> list[str]:
 
 
 async def run(args: argparse.Namespace) -> Report:
-    from audio_pipeline.bench.serve import wait_ready
+    from audio_pipeline.bench.server_process import wait_ready
 
     report = Report()
     task_args = server_args(args)
