@@ -4,6 +4,11 @@
                                          [--task-arg NAME=VALUE ...] [--rounds 1]
     python -m audio_pipeline.bench.serve --device cuda --random-model orpheus-3b [--streams 1,64,128,256,512]
     python -m audio_pipeline.bench.serve --random-model qwen3-tts-0.6b --utterance-tokens 75 [--streams 1,4]
+    python -m audio_pipeline.bench.serve --arrival poisson --rps 1,2,4,8 [--duration 30] [--door http|grpc]
+
+``--arrival poisson`` runs the open-loop benchmark instead (bench/open_loop.py: requests arriving
+at random moments, judged by stalls and audible first audio); the rest of this describes the
+simultaneous-start mode.
 
 With ``--random-model`` the server runs a randomly initialised model of a real shape (Orpheus-3B:
 Llama 3.2 3B with a random SNAC 24 kHz decoder; Qwen3-TTS-12Hz-0.6B: its talker, code predictor
@@ -573,7 +578,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-log", metavar="PATH",
                         help="write the server's log here and keep it (default: a temporary file, deleted after a "
                              "run that succeeds, kept and named after one that fails)")
+    parser.add_argument("--arrival", choices=("simultaneous", "poisson"), default="simultaneous",
+                        help="simultaneous: N streams start at once (or over --spread), as above; poisson: requests "
+                             "arrive open loop at --rps (bench/open_loop.py: stalls and audible first audio as "
+                             "listeners hear them; the search finds the highest rate with no stalled request)")
+    from audio_pipeline.bench import open_loop
+
+    open_loop.add_arguments(parser, shared=False)
     args = parser.parse_args(argv)
+    if args.arrival == "poisson":
+        return open_loop.run(args)
     counts = [int(s) for s in args.streams.split(",")]
     # Every stream of a round rides one client connection: the server must let it open them all
     # (its limits.max_concurrent_streams, 100 by default, refuses the rest with RST_STREAM).

@@ -35,17 +35,19 @@ SERVE_THIS_TREE = (f"import sys; sys.path[:0] = {[str(_TREE), str(_TREE / 'kerne
 
 
 class Server:
-    """`audio-pipeline serve` in a subprocess, on free ports, with /metrics. Its stderr goes to
-    ``log_path`` (else a temporary file). ``start_timeout``: seconds it may take to listen."""
+    """`audio-pipeline serve` in a subprocess, on free ports, with /metrics (and HTTP with ``http``).
+    Its stderr goes to ``log_path`` (else a temporary file). ``start_timeout``: seconds it may take to listen."""
 
     def __init__(self, model: str | None, task_args: list[str], log_level: str = "INFO", device: str | None = None,
-                 log_path: str | None = None, start_timeout: float = 600.0):
+                 log_path: str | None = None, start_timeout: float = 600.0, http: bool = False):
         self.metrics_port = free_port()
         self.start_timeout = start_timeout
         self.log = (open(log_path, "w") if log_path else
                     tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False, mode="w"))
         command = [sys.executable, "-c", SERVE_THIS_TREE, "serve", "--host", "127.0.0.1", "--port", "0",
                    "--metrics-port", str(self.metrics_port), "--log-level", log_level]
+        if http:
+            command += ["--http-port", "0"]
         if model:
             command += ["--model", model]
         if device:
@@ -57,6 +59,8 @@ class Server:
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self.log)
         try:
             self.port = self._read_port()
+            #: The HTTP port (with ``http``), else None.
+            self.http_port = self._read_port("HTTP ") if http else None
         except BaseException:
             self.stop()
             raise
@@ -65,10 +69,12 @@ class Server:
         return ServerStartError(f"the server {what}; its log is kept at {self.log.name}; its end:\n"
                                 + Path(self.log.name).read_text()[-4000:])
 
-    def _read_port(self) -> int:
-        """The port from the server's 'listening on HOST:PORT' line (on its stderr), within the start-up limit."""
+    def _read_port(self, door: str = "") -> int:
+        """The port from the server's '[HTTP ]listening on HOST:PORT' line (on its stderr), within the
+        start-up limit."""
+        pattern = rf"{door}listening on [\d.]+:(\d+)" if door else r"(?<!HTTP )listening on [\d.]+:(\d+)"
         while self.process.poll() is None:
-            match = re.search(r"listening on [\d.]+:(\d+)", Path(self.log.name).read_text())
+            match = re.search(pattern, Path(self.log.name).read_text())
             if match:
                 return int(match.group(1))
             if time.monotonic() - self.started > self.start_timeout:

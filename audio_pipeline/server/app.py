@@ -80,7 +80,7 @@ class RunningServer:
         self.engine = engine
         self.options = options
         self.metrics = ServerMetrics(engine.metrics)
-        self.service = SpeechService(engine, count=self.metrics.count)
+        self.service = SpeechService(engine, count=self.metrics.count, stream_metrics=self.metrics.streams)
         self.servicer = TextToSpeechServicer(self.service)
         self.health = health.aio.HealthServicer()
         auth = options.auth

@@ -1,10 +1,11 @@
-"""The server's own metrics (RPC outcomes), kept in the engine's registry beside the engine's metrics."""
+"""The server's own metrics (RPC outcomes, streaming as listeners hear it), kept in the engine's registry beside the engine's metrics."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter
 
 from audio_pipeline.core.metrics import EngineMetrics
+from audio_pipeline.service.stream_metrics import StreamMetrics
 
 
 class ServerMetrics:
@@ -12,6 +13,8 @@ class ServerMetrics:
         self.engine = engine_metrics
         self.registry = engine_metrics.registry
         self.requests = Counter("tts_rpc_requests", "Synthesize calls by outcome", ["outcome"], registry=self.registry)
+        #: Every stream as its listener would hear it (service/stream_metrics.py).
+        self.streams = StreamMetrics(self.registry)
 
     def count(self, outcome: str) -> None:
         """One request ended with ``outcome`` (ok, invalid, rejected, unavailable, failed, cancelled,

@@ -110,7 +110,7 @@ class TextToSpeechReplica:
         self.engine.start()
         seconds = self.engine.warmup()
         self.metrics = ServerMetrics(self.engine.metrics)
-        self.service = SpeechService(self.engine, count=self.metrics.count)
+        self.service = SpeechService(self.engine, count=self.metrics.count, stream_metrics=self.metrics.streams)
         self.servicer = TextToSpeechServicer(self.service)
         self.service.ready = True
         self.replica = serve.get_replica_context().replica_id.unique_id

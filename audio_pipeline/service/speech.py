@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from audio_pipeline.service.output import AudioOutput
 from audio_pipeline.service.prepare import RequestPreparer, RequestSettings
 from audio_pipeline.service.request import SpeechAudio, SpeechDone, SpeechRequest
 from audio_pipeline.service.segmented import SegmentedSynthesis
+from audio_pipeline.service.stream_metrics import StreamMetrics
 from audio_pipeline.text.ssml import is_ssml
 from audio_pipeline.text.timings import WordTiming
 
@@ -71,10 +73,12 @@ def segment_settings(settings: RequestSettings, index: int) -> RequestSettings:
 
 class SpeechService:
     """One engine's requests, for every front door. ``count(outcome)`` records a request's outcome
-    (the server's requests metric)."""
+    (the server's requests metric); ``stream_metrics``, where given, follows every stream's audio as
+    its listener would hear it (service/stream_metrics.py)."""
 
-    def __init__(self, engine: TTSEngine, count=None):
+    def __init__(self, engine: TTSEngine, count=None, stream_metrics: StreamMetrics | None = None):
         self.engine = engine
+        self.stream_metrics = stream_metrics
         #: Every request is checked and its segments' contexts built here, then handed to the engine.
         self.requests = RequestPreparer(engine)
         self.count = count or (lambda outcome: None)
@@ -242,6 +246,8 @@ class SpeechStream:
         self.label = label
         self.output = output
         self.synthesis: SegmentedSynthesis | None = None
+        #: When the request was admitted (its streaming metrics count from here).
+        self.opened = time.monotonic()
         self._finished = False
         self._closed = False
         #: The client stopped it (cancel(): a barge-in, a client that went away).
@@ -299,6 +305,15 @@ class SpeechStream:
         engine_rate = service.engine.sample_rate
         words: list[WordTiming] = []  # timings waiting for the next message out
         sent = 0
+        metrics = service.stream_metrics
+        watch = (metrics.watch(engine_rate, self.opened)
+                 if metrics is not None and not output.whole_file else None)
+
+        def encode(samples):  # on an encoder thread
+            if watch is not None:
+                watch.audio(samples)
+            return output.chunk(samples)
+
         logger.info("request %s (%s): %d segment(s), voice %s", self.log_label, self.request_id,
                     len(self.synthesis.segments), echo(self.synthesis.voice or ""))
         try:
@@ -315,15 +330,19 @@ class SpeechStream:
                         self._end("cancelled")
                         raise ServerCancelled("the request was cancelled by the server (shutting down)")
                     if event.kind == "audio":
-                        data, count = await loop.run_in_executor(service.encoders, output.chunk, event.samples)
+                        data, count = await loop.run_in_executor(service.encoders, encode, event.samples)
                     else:
                         data, count = await loop.run_in_executor(service.encoders, output.end)
                     sent += count
                     if data or (count and not output.whole_file) or (words and event.kind == "complete"):
                         whole = output.whole_file  # one message of the whole file and its samples
+                        if watch is not None:
+                            watch.sent(count / output.sample_rate)
                         yield SpeechAudio(data, sent if whole else count, words)
                         words = []
                     if event.kind == "complete":
+                        if watch is not None:
+                            watch.end()
                         self._end("ok")
                         usage = event.usage
                         logger.info("request %s: %s, %d tokens, %.2f s audio, first audio %.3f s, total %.3f s",
