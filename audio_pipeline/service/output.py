@@ -8,9 +8,9 @@ each front door maps its own names (gRPC's enum, OpenAI's ``response_format``) t
 from __future__ import annotations
 
 import numpy as np
-import soxr
 
 from audio_pipeline.audio.encoders import FORMATS, MEDIA_TYPES, StreamEncoder, encode_whole
+from audio_pipeline.audio.resample import StreamResampler
 from audio_pipeline.errors import InvalidArgument, echo
 
 MIN_SAMPLE_RATE = 8000
@@ -57,14 +57,14 @@ class AudioOutput:
             raise InvalidArgument(str(error), field="sample_rate") from None
         if self.whole_file:
             self._encoder.close()  # the file is written at the end, in one piece
-        self._resampler = (soxr.ResampleStream(native_rate, self.sample_rate, 1, dtype="float32", quality="HQ")
-                           if self.sample_rate != native_rate else None)
+        # A resampler that holds back a fixed 2 ms, not blocks: a stream's first chunks are short.
+        self._resampler = StreamResampler(native_rate, self.sample_rate) if self.sample_rate != native_rate else None
         self._gathered: list[np.ndarray] = []
 
     def _convert(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         if self._resampler is not None:
-            samples = self._resampler.resample_chunk(samples, last=last)
+            samples = self._resampler.finish() if last else self._resampler.process(samples)
         return samples
 
     def chunk(self, samples: np.ndarray) -> tuple[bytes, int]:
