@@ -44,7 +44,7 @@ def write_tiny_frame_voice(path: Path, seed: int = 0, folded: bool = False) -> P
     manifest.update(family="phoneme-lpc-frame", description="tiny random phoneme-lpc-frame voice (tests)")
     manifest.pop("front_end_dir")  # the files are copied beside the model
     if folded:
-        manifest["layout_options"] = {"prompt": "folded"}
+        manifest["layout_options"] = {**manifest.get("layout_options", {}), "prompt": "folded"}
     (path / "audio_pipeline.json").write_text(json.dumps(manifest, indent=2))
     return path
 

@@ -305,9 +305,11 @@ def test_forced_tokens_take_no_model_step(engine):
         engine.model.forward = forward
     frames = len(tokens) // 4
     assert len(tokens) == context.alignment.tokens
-    # One step for the prompt and the first frame's phoneme, then two per frame (envelope, prosody);
-    # at least one a frame (the count is real: the runner's steps go through forward).
-    assert frames <= len(calls) <= 2 * frames + 2
+    # One step for the prompt and the first frame's phoneme, then two per frame (envelope, prosody),
+    # and the last multi-step round may launch up to three passes past the end of speech (its
+    # budget ends a frame after the alignment); at least one a frame (the count is real: the
+    # runner's steps go through forward).
+    assert frames <= len(calls) <= 2 * frames + 4
 
 
 @pytest.mark.parametrize("flags", [("enable_overlap_scheduler=true",),
@@ -406,7 +408,9 @@ def test_a_prompts_first_frame_and_phonemes_come_out_as_the_whole_alignment_give
     assert _vocabulary(tokenizer) is vocabulary and vocabulary == tokenizer.get_vocab()
     for text in ["Hi.", "Good morning, Dr. Smith!", "A", "Is it 3:45 already? The 12 trains left at noon."]:
         prompt = layout.build_prompt(tokenizer, text, None)
-        assert layout.prompt_frames(prompt)[-1].tolist() == layout.alignment(prompt).frame_codes(-1)
+        # The last prompt position (start of speech, or the last of the leading pause's frames the
+        # prompt holds) carries the phoneme and context of the first frame generated.
+        assert layout.prompt_frames(prompt)[-1].tolist()[:2] == layout.alignment(prompt).frame_codes(-1)[:2]
     tokenizer.add_tokens(["<ph:test-only>"])
     grown = _vocabulary(tokenizer)
     assert grown is not vocabulary and "<ph:test-only>" in grown

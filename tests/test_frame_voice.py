@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME, PHONEME_BASE, PROSODY,
-                                              alignment_tokens, prompt_ids, slot_token)
+                                              alignment_tokens, prompt_ids, slot_token, split_prompt)
 from audio_pipeline.layouts.phoneme_lpc_frame import PhonemeLPCFrameLayout
 from tests.conftest import make_config, run_contexts
 from tests.frame_voice import load_reference, reference_frames, write_tiny_frame_voice
@@ -145,8 +145,10 @@ def test_a_folded_prompt_is_half_as_long_and_gives_the_dense_references_greedy_f
         paired = [engine.create_context(text, temperature=0.0) for text in TEXTS]
         reference = load_reference(folded_dir)
         for one, together, pairs in zip(alone, batched, paired):
-            phonemes = (len(pairs.prompt_ids) - 3) // 2
-            assert len(one.prompt_ids) == phonemes + 3  # begin, a position per phoneme, end, start of speech
+            (head, given), (paired_head, paired_given) = split_prompt(one.prompt_ids), split_prompt(pairs.prompt_ids)
+            phonemes = (len(paired_head) - 3) // 2
+            assert len(head) == phonemes + 3  # begin, a position per phoneme, end, start of speech
+            assert given == paired_given  # then the same leading pause frames
             assert one.alignment.frames == pairs.alignment.frames  # the same speech to make
             expected = reference_frames(reference, folded.layout, one.prompt_ids)
             assert one.frames == expected and together.frames == expected

@@ -89,7 +89,8 @@ def test_the_front_end_gives_units_frames_and_word_frames(lexicon):
     assert names == ["pau", "dh", "ax0", "k", "ae1", "t", "s", "ae1", "t", "pau", "aa1", "n", "dh", "ax0",
                      "m", "ae1", "t", "pau", "dh", "ax0", "k", "ae1", "t", "pau"]
     assert [f for n, f in aligned.phonemes if n == "pau"] == [10] * 4
-    assert {f for n, f in aligned.phonemes if n != "pau"} == {3}
+    # Every phone 3 frames but the last, a stop cut to what is heard of it before the closing pause.
+    assert {f for n, f in aligned.phonemes[:-2] if n != "pau"} == {3} and aligned.phonemes[-2] == ("t", 2)
     words = aligned.words
     assert [text[w.start:w.end] for w in words] == ["The", "cat", "sat", "on", "the", "mat", "the", "cat"]
     assert (words[0].first_frame, words[0].end_frame) == (10, 16)
@@ -148,6 +149,7 @@ def tiny_lexicon_voice(tmp_path_factory):
 def test_the_engine_speaks_a_lexicon_voice_with_its_frames_and_word_timings(tiny_lexicon_voice):
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.layouts.phoneme_lpc import TAIL_PAUSE_FRAMES
 
     config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": str(tiny_lexicon_voice),
                                                                         "device": "cpu"})
@@ -156,10 +158,15 @@ def test_the_engine_speaks_a_lexicon_voice_with_its_frames_and_word_timings(tiny
     try:
         text = "The cat sat on the mat, the cat."
         context = engine.create_context(text, seed=1)
-        frames = sum(f for _, f in engine.layout.front_end.align(text, 50).phonemes)
+        phonemes = engine.layout.front_end.align(text, 50).phonemes
+        # The speech ends TAIL_PAUSE_FRAMES into the closing pause (the voice names no silence
+        # frame, so its opening pause is spoken whole).
+        frames = sum(f for _, f in phonemes) - (phonemes[-1][1] - TAIL_PAUSE_FRAMES)
+        assert phonemes[-1][0] == "pau" and phonemes[-1][1] > TAIL_PAUSE_FRAMES
         assert context.alignment.tokens == 4 * frames
         assert [w.text for w in context.words] == ["The", "cat", "sat", "on", "the", "mat", "the", "cat"]
         assert context.words[0].start_sample == 10 * 320
+        assert context.words[-1].end_sample <= frames * 320
         result = engine.synthesize(text, seed=1)
         assert result.stop_reason.value == "end_of_speech"
         assert result.samples.shape[0] == frames * 320 and result.sample_rate == 16000

@@ -174,15 +174,39 @@ def seconds(server, text, **fields):
     return len(samples) / rate
 
 
+def inaudible_gaps(samples: np.ndarray, rate: int) -> list[float]:
+    """Seconds between the audible stretches of ``samples``, longest first: runs of 20 ms frames
+    (10 ms hop, mean removed) under -45 dBFS, the audibility rule of the streaming metrics."""
+    from audio_pipeline.audio.audibility import AUDIBLE_DBFS
+
+    hop, frame = rate // 100, rate // 50
+    frames = np.lib.stride_tricks.sliding_window_view(samples, frame)[::hop].astype(np.float64)
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    loud = np.flatnonzero(np.sqrt((frames * frames).mean(axis=1)) >= 10 ** (AUDIBLE_DBFS / 20))
+    return sorted(((b - a) * hop - frame) / rate for a, b in zip(loud, loud[1:]) if b - a > 2)[::-1]
+
+
 @pytest.mark.slow
 def test_a_break_adds_its_time_to_the_audio(server):
     shorter = seconds(server, "<speak>The train leaves soon. <break time='1000ms'/> Please hurry.</speak>")
     longer = seconds(server, "<speak>The train leaves soon. <break time='1500ms'/> Please hurry.</speak>")
     assert abs(longer - shorter - 0.5) <= 0.02
     silence, rate = wav(server, "<speak>The train leaves soon. <break time='1500ms'/> Please hurry.</speak>")
-    quiet = np.abs(silence) < 1e-4
-    longest = max(len(run) for run in "".join("1" if q else "0" for q in quiet).split("0"))
-    assert longest / rate >= 1.5  # the break is silence, not speech
+    assert 1.45 <= inaudible_gaps(silence, rate)[0] <= 1.65  # the break is silence, not speech
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("document", [
+    "<speak>Turn left here <break time='1000ms'/> and then go straight.</speak>",  # inside a sentence
+    "<speak>I like tea. <break time='1000ms'/> You like coffee.</speak>",  # at a sentence's end
+    "<speak><s>Please call Stella.</s><break time='1000ms'/><s>Thank you very much.</s></speak>"])
+def test_a_break_is_the_silence_between_the_words_not_more(server, document):
+    """The silence a listener hears across <break time="1000ms"/> is the break: the pause frames the
+    voice speaks at each side of it are part of the second, not added to it."""
+    samples, rate = wav(server, document, seed=3)
+    gaps = inaudible_gaps(samples, rate)
+    assert 0.95 <= gaps[0] <= 1.10
+    assert gaps[1] < 0.3  # the rest are pauses inside the sentences
 
 
 @pytest.mark.slow

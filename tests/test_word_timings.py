@@ -252,6 +252,7 @@ def test_the_default_voice_times_every_word_on_its_front_ends_alignment():
     the engine forces."""
     from audio_pipeline.config import AudioGenerationConfig
     from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.layouts.phoneme_lpc import split_prompt
     from audio_pipeline.text.normalize import normalize
 
     engine = TTSEngine(AudioGenerationConfig.load(env={}, model={"model_path": "builtin:slt-en", "device": "cpu"}))
@@ -260,5 +261,7 @@ def test_the_default_voice_times_every_word_on_its_front_ends_alignment():
     assert_every_word_once_in_order(text, context.words)
     assert next(w for w in context.words if w.text == "$5.50").spoken == "five dollars and fifty cents"
     frames = np.cumsum([0] + [n for _, n in engine.layout.front_end.align(normalize(text).spoken, 50).phonemes])
-    boundaries = set(frames * FRAME)
+    # The leading pause's frames the prompt holds are not spoken: the speech starts that far in.
+    handed_over = len(split_prompt(context.prompt_ids)[1]) // engine.layout.tokens_per_frame
+    boundaries = set((frames - handed_over) * FRAME)
     assert all(w.start_sample in boundaries and w.end_sample in boundaries for w in context.words)

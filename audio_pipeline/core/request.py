@@ -84,6 +84,12 @@ class TTSContext:
             self.cache_prompt = [self.text_track.cache_key(i, key) for i, key in enumerate(self.cache_prompt)]
 
     @property
+    def edge_pause_frames(self) -> tuple[int, int]:
+        """Frames of pause the speech opens and ends with, where the layout's alignment knows them
+        (the built-in voices'); else (0, 0)."""
+        return getattr(self.alignment, "edge_pause_frames", (0, 0))
+
+    @property
     def all_tokens(self) -> list[int]:
         return self.prompt_ids + self.generated
 

@@ -17,6 +17,15 @@ frame of the last phoneme comes end of speech. The first two tokens of every fra
 follow from the prompt alone: :meth:`PhonemeLPCLayout.alignment` computes them, and the engine
 forces them, so the model cannot skip, repeat or stretch a word; what it predicts is the
 acoustics of each frame given the phoneme, what comes next, and its own history.
+
+Edge pauses: the front end opens and closes every utterance with a pause of 100-200 ms (its
+teacher's recordings do), which a listener hears as silence before the first word and after the
+last. The prompt keeps them, as the model learned, but only :data:`LEAD_PAUSE_FRAMES` of the
+leading pause are spoken: the frames before those are handed to the model as prompt positions
+holding the voice's ``silence_frame`` (its manifest's ``layout_options``), so generation and audio
+start that close to the first phoneme; and the alignment ends the speech
+:data:`TAIL_PAUSE_FRAMES` frames into the trailing pause. A prompt is then ``... end-of-phonemes,
+start of speech`` followed by those frames' ids (one per frame in phoneme-lpc-frame, four here).
 """
 
 from __future__ import annotations
@@ -68,6 +77,14 @@ VOCAB_SIZE = DURATION_BASE + MAX_DURATION
 FRAME_RATE = 50
 #: Phonemes one prompt may hold.
 MAX_PROMPT_PHONEMES = 1000
+#: Frames of an utterance's leading and trailing pause that are spoken: a natural onset and end
+#: (20 ms before the first phoneme, 20 ms after the last), where the front end's pauses are
+#: 100-200 ms. The speech of the frames in between is as with the whole pauses spoken (the model
+#: reads the same pause durations in its prompt, and the handed-over frames are silence).
+LEAD_PAUSE_FRAMES = 1
+TAIL_PAUSE_FRAMES = 1
+#: The front ends' pause phonemes (the lexicon's, eSpeak NG's short and long).
+PAUSE_NAMES = ("pau", "_", "_:")
 #: A folded prompt (phoneme-lpc-frame's ``layout_options.prompt: folded``) gives each phoneme one
 #: position whose id stands for the pair: FOLD_BASE + (phoneme - PHONEME_BASE) * MAX_DURATION +
 #: frames - 1. Such ids are inputs only (never sampled): the model embeds one as the sum of its
@@ -143,12 +160,25 @@ def fold_config() -> dict:
     return {"base": FOLD_BASE, "offsets": [PHONEME_BASE, DURATION_BASE], "sizes": [MAX_PHONEMES, MAX_DURATION]}
 
 
+def split_prompt(prompt: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(the prompt up to and including start of speech, the ids after it: the leading pause's
+    frames handed to the model); ValueError when it is not a phoneme-lpc prompt."""
+    prompt = list(prompt)
+    try:
+        end = prompt.index(START_OF_SPEECH) + 1  # no phoneme, duration or frame id is START_OF_SPEECH
+    except ValueError:
+        raise ValueError("not a phoneme-lpc prompt") from None
+    if end < 3 or prompt[0] != BEGIN or prompt[end - 2] != END_OF_PHONEMES:
+        raise ValueError("not a phoneme-lpc prompt")
+    if any(not SLOT_BASE <= token < DURATION_BASE for token in prompt[end:]):
+        raise ValueError("not a phoneme-lpc prompt")
+    return prompt[:end], prompt[end:]
+
+
 def prompt_schedule(prompt: Sequence[int]) -> list[tuple[int, int]]:
     """(phoneme id, frames) pairs read back from a prompt's ids; ValueError when it is not a
     phoneme-lpc prompt."""
-    prompt = list(prompt)
-    if len(prompt) < 3 or prompt[0] != BEGIN or prompt[-2:] != [END_OF_PHONEMES, START_OF_SPEECH]:
-        raise ValueError("not a phoneme-lpc prompt")
+    prompt = split_prompt(prompt)[0]
     body = prompt[1:-2]
     pairs = []
     i = 0
@@ -194,10 +224,12 @@ def frame_tokens(phonemes: Sequence[tuple[int, int]], codes: Sequence[tuple[int,
 
 
 class Alignment:
-    """The forced tokens of one request: every frame's phoneme and context, then end of speech."""
+    """The forced tokens of one request: every frame's phoneme and context, then end of speech.
+    ``edge_pause_frames``: (the leading, the trailing) pause frames it speaks."""
 
-    def __init__(self, frames: list[tuple[int, int]]):
+    def __init__(self, frames: list[tuple[int, int]], edge_pause_frames: tuple[int, int] = (0, 0)):
         self.frames = frames
+        self.edge_pause_frames = edge_pause_frames
 
     @property
     def tokens(self) -> int:
@@ -229,6 +261,15 @@ class PhonemeLPCLayout(Layout):
     #: One prompt position per phoneme (FOLD_BASE ids; phoneme-lpc-frame's layout_options.prompt
     #: "folded"), else two.
     folded_prompt: bool = False
+    #: The (envelope, prosody) codes of a silent frame in the voice's codec (layout_options
+    #: ``silence_frame``): what the leading pause's unspoken frames hold. None: the whole leading
+    #: pause is spoken.
+    silence_frame: tuple[int, int] | None = None
+    #: The model's pause phoneme ids (PAUSE_NAMES in its inventory).
+    pause_ids: frozenset = frozenset()
+    #: Pause frames spoken at the start and the end of an utterance (None: the whole pause).
+    lead_pause_frames: int | None = LEAD_PAUSE_FRAMES
+    tail_pause_frames: int | None = TAIL_PAUSE_FRAMES
 
     @property
     def takes_pronunciations(self) -> bool:
@@ -290,10 +331,46 @@ class PhonemeLPCLayout(Layout):
                 return frame
             return cut_starts[k] + min(frame - starts[k], cut_starts[k + 1] - cut_starts[k])
 
-        if starts[-1] == cut_starts[-1]:
+        lead, tail = self._edge_cuts([(name in PAUSE_NAMES, self._frames(frames, speed))
+                                      for name, frames in aligned.phonemes])
+        spoken = cut_starts[-1] - lead - tail
+
+        def moved(frame: int) -> int:
+            """A frame of the front end's alignment on the spoken one (edge pauses cut)."""
+            return min(max(cut(frame) - lead, 0), spoken)
+
+        if starts[-1] == cut_starts[-1] and not lead and not tail:
             return list(aligned.words)
-        return [dataclasses.replace(w, first_frame=cut(w.first_frame), end_frame=cut(w.end_frame))
+        return [dataclasses.replace(w, first_frame=moved(w.first_frame), end_frame=moved(w.end_frame))
                 for w in aligned.words]
+
+    def _pauses(self, phonemes: Sequence[tuple[int, int]]) -> list[tuple[bool, int]]:
+        """(is a pause, frames) of (phoneme id, frames) pairs."""
+        return [(phoneme in self.pause_ids, frames) for phoneme, frames in phonemes]
+
+    def _edge_cuts(self, units: Sequence[tuple[bool, int]]) -> tuple[int, int]:
+        """(frames of the leading pause handed to the model, frames of the trailing pause never
+        made) for (is a pause, frames) units: all but lead_pause_frames and tail_pause_frames;
+        (0, 0) where the speech would be cut to nothing."""
+        if len(units) < 2:
+            return 0, 0
+        (first_pause, first), (last_pause, last) = units[0], units[-1]
+        lead = tail = 0
+        if first_pause and self.silence_frame is not None and self.lead_pause_frames is not None:
+            lead = max(0, min(first, MAX_DURATION) - self.lead_pause_frames)
+        if last_pause and self.tail_pause_frames is not None:
+            tail = max(0, min(last, MAX_DURATION) - self.tail_pause_frames)
+        total = sum(min(frames, MAX_DURATION) for _, frames in units)
+        return (lead, tail) if lead + tail < total else (0, 0)
+
+    def _edge_pause_frames(self, units: Sequence[tuple[bool, int]], given: int) -> tuple[int, int]:
+        """(leading, trailing) pause frames spoken, where the prompt holds ``given`` leading frames."""
+        if len(units) < 2:
+            return 0, 0
+        tail = self._edge_cuts(units)[1]
+        (first_pause, first), (last_pause, last) = units[0], units[-1]
+        return (min(first, MAX_DURATION) - given if first_pause else 0,
+                min(last, MAX_DURATION) - tail if last_pause else 0)
 
     def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0,
                      overrides=None) -> list[int]:
@@ -308,13 +385,36 @@ class PhonemeLPCLayout(Layout):
         if len(phonemes) > MAX_PROMPT_PHONEMES:
             raise InvalidArgument(f"{len(phonemes)} phonemes, over the {MAX_PROMPT_PHONEMES} one request may hold: "
                                   "split the text", field="text")
-        return prompt_ids(phonemes, folded=self.folded_prompt)
+        lead = self._edge_cuts(self._pauses(phonemes))[0]
+        return prompt_ids(phonemes, folded=self.folded_prompt) + self._silence_ids(phonemes, lead)
+
+    def _silence_ids(self, phonemes: Sequence[tuple[int, int]], count: int) -> list[int]:
+        """The prompt ids of the leading pause's first ``count`` frames, holding the silence frame:
+        each frame's four tokens (the alignment's phoneme and context, then the codes)."""
+        envelope, prosody = self.silence_frame or (0, 0)
+        ids: list[int] = []
+        for phoneme, context in alignment_tokens(phonemes[:2])[:count]:
+            ids += [phoneme, context, slot_token(ENVELOPE, envelope), slot_token(PROSODY, prosody)]
+        return ids
 
     # --- alignment -------------------------------------------------------------------------------
 
+    def _spoken_frames(self, prompt: Sequence[int]) -> tuple[list[tuple[int, int]], int, tuple[int, int]]:
+        """(the alignment's frames from the first one generated to the last, the leading frames the
+        prompt holds, the edge pause frames spoken) of a prompt."""
+        pairs = prompt_schedule(prompt)
+        given, rest = divmod(len(split_prompt(prompt)[1]), self.tokens_per_frame)
+        units = self._pauses(pairs)
+        lead, tail = self._edge_cuts(units)
+        if rest or given not in (0, lead):
+            raise ValueError(f"the prompt holds {given} leading pause frames; this layout hands over {lead}")
+        frames = alignment_tokens(pairs)
+        return frames[given:len(frames) - tail], given, self._edge_pause_frames(units, given)
+
     def alignment(self, prompt: Sequence[int]) -> Alignment:
         """The request's forced tokens, from its prompt (the engine calls this once per request)."""
-        return Alignment(alignment_tokens(prompt_schedule(prompt)))
+        frames, _, edges = self._spoken_frames(prompt)
+        return Alignment(frames, edges)
 
     def forced_token(self, prompt: Sequence[int], generated: Sequence[int]) -> int | None:
         """The id the next token must be, or None where the model chooses (envelope, prosody)."""
@@ -357,7 +457,20 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
     the prompt form its layout_options name, where the family takes one)."""
 
     def make_layout(model_dir, tokenizer, manifest) -> PhonemeLPCLayout:
-        options = {}
+        if tokenizer is None:  # the vocabulary alone: which ids are pauses
+            from audio_pipeline.models.plain_config import VocabularyTokenizer
+
+            tokenizer = VocabularyTokenizer(model_dir)
+        vocab = _vocabulary(tokenizer)
+        options: dict[str, Any] = {"pause_ids": frozenset(vocab[phoneme_token_name(name)] for name in PAUSE_NAMES
+                                                          if phoneme_token_name(name) in vocab)}
+        silence = manifest.layout_options.get("silence_frame")
+        if silence is not None:
+            if (not isinstance(silence, list) or len(silence) != 2
+                    or not all(isinstance(c, int) and 0 <= c < CODEBOOK_SIZE for c in silence)):
+                raise ValueError(f"{model_dir}: layout_options.silence_frame must be [envelope, prosody] codes in "
+                                 f"0..{CODEBOOK_SIZE - 1}, got {silence!r}")
+            options["silence_frame"] = tuple(silence)
         prompt = manifest.layout_options.get("prompt", "pairs")
         if prompt not in ("pairs", "folded"):
             raise ValueError(f"{model_dir}: layout_options.prompt {prompt!r} is not pairs or folded")
@@ -379,5 +492,9 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
 
 
 # The built-in voices' manifests name their decoder and streaming settings.
+#: The layout options both phoneme-lpc families take.
+SILENCE_FRAME_OPTION = {"silence_frame": "[envelope, prosody] codes of a silent frame in the voice's codec: the "
+                                         "leading pause's unspoken frames hold it (unset: the whole pause is spoken)"}
+
 register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), front_ends=FRONT_ENDS,
-                       plain_checkpoint=True))
+                       plain_checkpoint=True, layout_options=SILENCE_FRAME_OPTION))

@@ -27,8 +27,9 @@ from typing import ClassVar, Sequence
 import torch
 
 from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, FRONT_ENDS, PHONEME,
-                                              PROSODY, TOKENS_PER_FRAME, PhonemeLPCLayout, alignment_tokens,
-                                              layout_factory, prompt_schedule, slot_token)
+                                              PROSODY, SILENCE_FRAME_OPTION, TOKENS_PER_FRAME, PhonemeLPCLayout,
+                                              alignment_tokens, layout_factory, prompt_schedule, slot_token,
+                                              split_prompt)
 from audio_pipeline.layouts.registry import Family, register_family
 
 #: Frame columns (the decoder's order).
@@ -44,10 +45,12 @@ def frame_head_config() -> dict:
 
 class FrameAlignment:
     """One request's alignment: the end of speech after its frames, and each frame's phoneme and
-    context codes for the frame columns of the position before it."""
+    context codes for the frame columns of the position before it. ``edge_pause_frames``: (the
+    leading, the trailing) pause frames it speaks."""
 
-    def __init__(self, frames: list[tuple[int, int]]):
+    def __init__(self, frames: list[tuple[int, int]], edge_pause_frames: tuple[int, int] = (0, 0)):
         self.frames = frames
+        self.edge_pause_frames = edge_pause_frames
 
     @property
     def tokens(self) -> int:
@@ -76,15 +79,28 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
     token_column: ClassVar[int] = ENVELOPE
 
     def alignment(self, prompt: Sequence[int]) -> FrameAlignment:
-        return FrameAlignment(alignment_tokens(prompt_schedule(prompt)))
+        frames, _, edges = self._spoken_frames(prompt)
+        return FrameAlignment(frames, edges)
+
+    def _silence_ids(self, phonemes: Sequence[tuple[int, int]], count: int) -> list[int]:
+        """One position per frame handed to the model: its envelope id (the frame is in prompt_frames)."""
+        return [slot_token(ENVELOPE, (self.silence_frame or (0, 0))[0])] * count
 
     def prompt_frames(self, prompt_ids: Sequence[int], reference=None) -> torch.Tensor:
-        """-1 rows, but for the start of speech: frame 0's phoneme and context."""
+        """-1 rows, but for the start of speech (frame 0's phoneme and context) and the leading
+        pause's frames the prompt holds (each with the next frame's phoneme and context, and the
+        silence frame's codes)."""
+        head, given = split_prompt(prompt_ids)
         frames = torch.full((len(prompt_ids), COLUMNS), -1, dtype=torch.long)
-        # Frame 0's codes depend on the first phoneme and the one after it alone: not the whole
+        # These frames' codes depend on the first phoneme and the one after it alone: not the whole
         # alignment, which the request's preparation builds once already.
-        first = FrameAlignment(alignment_tokens(prompt_schedule(prompt_ids)[:2])).frame_codes(-1)
-        frames[-1] = torch.tensor(first)
+        alignment = FrameAlignment(alignment_tokens(prompt_schedule(head)[:2]))
+        envelope, prosody = self.silence_frame or (0, 0)
+        for k in range(len(given) + 1):  # start of speech is position -1 of the alignment
+            codes = alignment.frame_codes(k - 1)
+            if k:
+                codes[ENVELOPE], codes[PROSODY] = envelope, prosody
+            frames[len(head) - 1 + k] = torch.tensor(codes)
         return frames
 
     def check_model(self, model) -> None:
@@ -110,4 +126,4 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
 register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS,
                        plain_checkpoint=True,
                        layout_options={"prompt": "pairs (two positions per phoneme, the default) or folded (one: "
-                                                 "the model's frame_head has a fold)"}))
+                                                 "the model's frame_head has a fold)", **SILENCE_FRAME_OPTION}))

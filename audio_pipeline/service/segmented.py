@@ -203,6 +203,14 @@ class SegmentedSynthesis:
             self.engine.cancel(context.request_id)
         self._started.put_nowait(_CANCELLED)
 
+    def _edge_seconds(self, before: TTSContext | None, after: TTSContext) -> float:
+        """Seconds of pause the context ``before`` speaks at its end and ``after`` at its start
+        (layouts whose alignment knows its edge pauses: the built-in voices; else 0)."""
+        if before is None:
+            return 0.0
+        frames = before.edge_pause_frames[1] + after.edge_pause_frames[0]
+        return frames * self.engine.decoder.samples_per_frame / self.engine.sample_rate
+
     async def events(self) -> AsyncIterator[AudioEvent]:
         """Audio events of every segment in order, silences between them, then one ``complete``
         with the usage of them all. A segment's ``error`` (or CANCELLED) event ends the stream with
@@ -221,6 +229,7 @@ class SegmentedSynthesis:
         stop_reason = StopReason.END_OF_SPEECH
         item, self._first = self._first, None
         pause = 0.0
+        previous: TTSContext | None = None  # the last context spoken
         carried: list[WordTiming] = []  # timings for the next event out
         stretcher = TimeStretch(self.stretch, sample_rate) if self.stretch not in (None, 1.0) else None
 
@@ -245,7 +254,10 @@ class SegmentedSynthesis:
             if isinstance(item, BaseException):
                 raise item
             segment, parts = item
-            if pause > 0:  # the silence the previous segment's punctuation asks for
+            # The silence the previous segment's punctuation (or <break>) asks for, less the pause
+            # frames the two segments speak at their edges: the gap between their words is the pause.
+            pause -= self._edge_seconds(previous, parts[0][0])
+            if pause > 0:
                 silence = stretched(np.zeros(int(round(pause * sample_rate)), dtype=np.float32))
                 audio_samples += silence.shape[0]
                 yield AudioEvent("audio", self.request_id, samples=silence, chunk_index=chunk_index, words=carried)
@@ -284,6 +296,7 @@ class SegmentedSynthesis:
                         carried += [dataclasses.replace(w, end_sample=min(w.end_sample, audio_samples))
                                     for w in words if w.start_sample <= audio_samples]
                     break
+            previous = parts[-1][0]
             self._played += 1
             self._progress.set()
             pause = segment.pause

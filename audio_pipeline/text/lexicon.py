@@ -25,7 +25,16 @@ import numpy as np
 VOWELS = {"aa", "ae", "ah", "ao", "aw", "ax", "ay", "eh", "er", "ey", "ih", "iy", "ow", "oy", "uh", "uw"}
 VOICELESS = {"p", "t", "k", "f", "th", "s", "sh", "ch", "hh"}
 SIBILANTS = {"s", "z", "sh", "zh", "ch", "jh"}
+STOPS = {"p", "t", "k", "b", "d", "g"}
 PAUSE = "pau"
+#: The longest an utterance's first phone may last (frames at 50 Hz) where it is a stop, "hh" or a
+#: weak fricative: after the opening pause a stop's closure is silence and the others' first frames
+#: are too quiet to hear (under -45 dBFS), so the teacher's durations there (100-120 ms) put up to
+#: 90 ms of silence before the first sound. Cut, the speech starts within 50 ms of the first frame.
+ONSET_FRAMES = {"p": 2, "t": 2, "k": 2, "b": 2, "d": 2, "g": 2, "hh": 2, "f": 3, "th": 3}
+#: Likewise its last phone before the closing pause, and the stops just before it (a final stop's
+#: closure, a weak fricative's fading end: up to 180 ms the teacher holds, 60 ms or less heard).
+CODA_FRAMES = {"p": 2, "t": 2, "k": 2, "b": 2, "d": 2, "g": 2, "f": 3, "th": 3, "v": 3, "dh": 3}
 #: Punctuation after which the teacher pauses.
 BREAKS = set(",;:.!?")
 
@@ -282,6 +291,13 @@ class LexiconFrontEnd:
             raise ValueError("the lexicon front end's durations are in 50 Hz frames")
         units, words = self.units(text, overrides)
         frames = self.prosody.frames(units)
+        # units[0] and units[-1] are the opening and closing pauses.
+        if len(units) > 2 and units[1].name in ONSET_FRAMES:
+            frames[1] = min(frames[1], ONSET_FRAMES[units[1].name])
+        last = len(units) - 2  # the final consonant, and the stops before it ("shipped": p t)
+        while last > 1 and units[last].name in CODA_FRAMES and (last == len(units) - 2 or units[last].name in STOPS):
+            frames[last] = min(frames[last], CODA_FRAMES[units[last].name])
+            last -= 1
         starts = np.concatenate([[0], np.cumsum(frames)]).astype(int)
         timed = []
         for number, word in enumerate(words):
