@@ -5,7 +5,8 @@ A block resampler (soxr's stream) returns its output in blocks: fed 40 ms chunks
 held back 9 to 22 ms of each at 24 kHz, and a listener whose first chunks are that short runs
 out of audio while the rest waits in the resampler. Here every input sample is out as soon as
 the filter's half length past it has arrived; the last call flushes the rest, and the whole
-stream comes out the same however it was cut into chunks.
+stream comes out the same however it was cut into chunks. The filtering is scipy's ``upfirdn``
+(C, no Python per sample) over the new input and the little history the filter reaches back to.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from math import gcd
 
 import numpy as np
-from scipy.signal import firwin
+from scipy.signal import firwin, upfirdn
 
 #: Filter length in samples of the lower of the two rates: a transition band of about 1.25 kHz
 #: at 16 kHz; the stream is delayed by half of it (2 ms at 16 kHz).
@@ -26,7 +27,12 @@ CUTOFF = 0.92
 
 class StreamResampler:
     """``in_rate`` to ``out_rate`` mono float32, chunk by chunk (:meth:`process`, then
-    :meth:`finish` once): ``ceil(n * out_rate / in_rate)`` samples in all for ``n`` in."""
+    :meth:`finish` once): ``ceil(n * out_rate / in_rate)`` samples in all for ``n`` in.
+
+    Output sample ``n`` is the filtered, upsampled stream at ``n * down + delay`` (``delay``: the
+    filter's half length, so the filter is centred: linear phase, no shift). The filter is padded in
+    front so that its delay is a multiple of ``down``: then every window of input that starts at a
+    multiple of ``down`` meets the filter in the same phase as the whole stream does."""
 
     def __init__(self, in_rate: int, out_rate: int, taps: int = TAPS):
         divisor = gcd(in_rate, out_rate)
@@ -36,22 +42,23 @@ class StreamResampler:
         length = taps * max(self.up, self.down) + 1
         cutoff = CUTOFF * min(in_rate, out_rate) / 2
         h = firwin(length, cutoff, window=("kaiser", BETA), fs=in_rate * self.up) * self.up
-        self.branch = -(-length // self.up)  # taps of each polyphase branch
-        padded = np.zeros(self.branch * self.up)
-        padded[:length] = h
-        # bank[phase, j] = h[phase + j * up]: the taps that meet input samples at that phase.
-        self._bank = padded.reshape(self.branch, self.up).T.astype(np.float32)
-        self._delay = (length - 1) // 2
-        # Input from index _start on (the first branch - 1 are zeros before the stream).
-        self._buffer = np.zeros(self.branch - 1, dtype=np.float32)
-        self._start = -(self.branch - 1)
+        half = (length - 1) // 2
+        pad = -half % self.down
+        self._filter = np.concatenate([np.zeros(pad), h]).astype(np.float32)
+        self._centre = half  # the delay the output removes
+        self._delay = half + pad  # the padded filter's: a multiple of down
+        # Input held from global index _start (a multiple of down; negative: zeros before the stream).
+        reach = -(-self._filter.size // self.up) + self.down
+        self._start = -(-reach // self.down) * self.down
+        self._start = -self._start
+        self._buffer = np.zeros(-self._start, dtype=np.float32)
         self._received = 0
         self._next = 0  # the next output sample's index
 
     @property
     def delay_seconds(self) -> float:
         """What the filter holds back (its half length), in seconds."""
-        return self._delay / self.up / self.in_rate
+        return self._centre / self.up / self.in_rate
 
     def process(self, samples: np.ndarray) -> np.ndarray:
         """The output samples the input so far determines (float32)."""
@@ -59,27 +66,28 @@ class StreamResampler:
         self._buffer = np.concatenate([self._buffer, samples])
         self._received += samples.size
         end = self._start + self._buffer.size  # one past the last input index held
-        # Output n needs input up to (n * down + delay) // up.
-        count = -(-(end * self.up - self._delay) // self.down)
+        # Output n reaches the input up to (n * down + delay) // up.
+        count = (end * self.up - 1 - self._delay) // self.down + 1
         return self._emit(count)
 
     def finish(self) -> np.ndarray:
         """The rest: every output sample the stream has, its end padded with silence."""
         total = -(-self._received * self.up // self.down)
-        self._buffer = np.concatenate([self._buffer, np.zeros(self.branch, dtype=np.float32)])
+        tail = -(-self._filter.size // self.up) + self.down
+        self._buffer = np.concatenate([self._buffer, np.zeros(tail, dtype=np.float32)])
         return self._emit(total)
 
     def _emit(self, count: int) -> np.ndarray:
         if count <= self._next:
             return np.zeros(0, dtype=np.float32)
-        n = np.arange(self._next, count, dtype=np.int64)
-        position = n * self.down + self._delay
-        phase, newest = position % self.up, position // self.up
-        index = newest[:, None] - np.arange(self.branch)[None, :] - self._start
-        out = np.einsum("ij,ij->i", self._buffer[index], self._bank[phase]).astype(np.float32)
+        # The window's first output is the stream's sample at upsampled index _start * up.
+        first = (self._delay - self._start * self.up) // self.down + self._next
+        out = upfirdn(self._filter, self._buffer, self.up, self.down)[first:first + count - self._next]
         self._next = count
-        # Keep what the next output's branch reaches back to.
-        keep_from = (self._next * self.down + self._delay) // self.up - (self.branch - 1)
+        # Keep, from a multiple of down, what the next output's filter reaches back to.
+        oldest = (self._next * self.down + self._delay - (self._filter.size - 1)) // self.up
+        keep_from = (oldest // self.down) * self.down
         drop = max(0, min(keep_from - self._start, self._buffer.size))
+        drop -= drop % self.down
         self._buffer, self._start = self._buffer[drop:], self._start + drop
-        return out
+        return out.astype(np.float32, copy=False)
