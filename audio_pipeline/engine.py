@@ -405,13 +405,18 @@ class TTSEngine:
 
     def check_room(self, pending: int = 0) -> None:
         """Raises the error a request submitted now would get (Unavailable while the engine does not
-        accept work, ResourceExhausted when its queue is full), with ``pending`` others being
-        prepared for submission; the service's one admission call."""
+        accept work, ResourceExhausted when its queue is full or the server is past its capacity:
+        max_queue_wait_ms), with ``pending`` others being prepared for submission; the service's one
+        admission call."""
         core = self.core
         if not core.accepting:
             raise core.unavailable()
         if not core.has_room(pending):
             raise ResourceExhausted("the request queue is full; retry later")
+        waited = core.at_capacity()
+        if waited is not None:
+            raise ResourceExhausted(f"the server is at capacity: the oldest waiting request has waited {waited:.1f} s "
+                                    f"for a place (max_queue_wait_ms); retry later")
 
     @property
     def healthy(self) -> bool:

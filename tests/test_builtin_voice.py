@@ -107,9 +107,9 @@ def test_models_stream_by_default_unless_the_configuration_says_otherwise(tmp_pa
     from audio_pipeline.config import AudioGenerationConfig
 
     default = AudioGenerationConfig.load(env={})
-    assert (default.chunk_size, default.buffer, default.block_causal) == ([8, 40], 0, True)
+    assert (default.chunk_size, default.buffer, default.block_causal) == ([8, 8, 16, 24, 40], 0, True)
     shown = default.to_display_dict()
-    assert (shown["chunk_size"], shown["block_causal"]) == ([8, 40], True)
+    assert (shown["chunk_size"], shown["block_causal"]) == ([8, 8, 16, 24, 40], True)
     off = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=none"])
     assert off.chunk_size is None and off.block_causal is True
     own = AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=4", "block_causal=false"])
@@ -314,7 +314,8 @@ def test_forced_tokens_take_no_model_step(engine):
 
 @pytest.mark.parametrize("flags", [("enable_overlap_scheduler=true",),
                                    ("enable_in_flight_batching=true", "max_batch_input_tokens=48"),
-                                   ("max_num_steps=1",), ("max_num_steps=3",)])
+                                   ("max_num_steps=1",), ("max_num_steps=3",), ("deadline_scheduling=false",),
+                                   ("first_audio_target_ms=0", "deadline_margin_ms=1000")])
 def test_scheduling_modes_give_the_same_greedy_speech(engine, flags):
     reference = [_greedy_tokens(engine, [t])[0][0] for t in TEXTS]
     other = _engine(*flags)

@@ -520,7 +520,7 @@ def test_fields_no_source_sets_stay_unset():
 
 def test_the_models_streaming_defaults_sit_below_every_source(tmp_path):
     default = AudioGenerationConfig.load(env={})
-    assert (default.chunk_size, default.block_causal) == ([8, 40], True)  # the built-in voice's manifest
+    assert (default.chunk_size, default.block_causal) == ([8, 8, 16, 24, 40], True)  # the built-in voice's manifest
     path = tmp_path / "c.yaml"
     path.write_text("chunk_size: [16]\n")
     assert AudioGenerationConfig.load(env={}, config_file=str(path)).chunk_size == [16]

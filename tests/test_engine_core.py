@@ -58,6 +58,11 @@ def reference_tokens(tiny_model_dir):
     pytest.param(("enable_overlap_scheduler=true",), id="overlap"),
     pytest.param(("max_num_steps=4",), id="multi-step"),
     pytest.param(("enable_prioritize_first_decode=true", "ce_delay_ms=5", "min_batch_size_tg=2"), id="knobs"),
+    pytest.param(("deadline_scheduling=false",), id="no-deadlines"),
+    # Every stream due at once and a margin of a second: rounds end at every first chunk, prefill
+    # steps are cut short or wait.
+    pytest.param(("first_audio_target_ms=0", "deadline_margin_ms=1000", "max_batch_input_tokens=24"),
+                 id="tight-deadlines"),
 ])
 def test_concurrent_greedy_requests_equal_the_same_requests_one_at_a_time(tiny_model_dir, reference_tokens, flags):
     engine = build(tiny_model_dir, *flags)

@@ -270,6 +270,23 @@ class PipelineConfig(BaseSettings):
     enable_overlap_scheduler: bool | None = Field(
         None, description="Launch the next step before this one's tokens are read back; None = off on the CPU, on "
         "on CUDA (unless max_num_steps is above 1).")
+    deadline_scheduling: bool = Field(
+        True, description="Order and size each step by the streams' playback deadlines (when each listener would "
+        "run out of audio): the rows closest to running dry first where the batch cannot hold all, multi-step "
+        "rounds cut where a new stream's first chunk is due, and prefill steps no longer than the least slack of "
+        "the streams already heard allows (a new request waits rather than a running stream stalls).")
+    max_queue_wait_ms: float | None = Field(
+        2000.0, gt=0, description="A new request is refused (RESOURCE_EXHAUSTED, HTTP 429) while the oldest request "
+        "waiting for admission has waited longer than this: the server is past its capacity, and one more would "
+        "only wait longer (with deadline_scheduling, prompts wait rather than running streams stall). None: "
+        "only a full queue (max_queue_size) refuses.")
+    first_audio_target_ms: float = Field(
+        100.0, ge=0, description="With deadline_scheduling, the deadline of a request not heard yet: its arrival "
+        "plus this.")
+    deadline_margin_ms: float = Field(
+        20.0, ge=0, description="With deadline_scheduling, audio a stream keeps in reserve: the time between a chunk "
+        "leaving the engine and its listener playing it (encoding, resampling, the network).")
+
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model served.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults.")
 

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from audio_pipeline.core.deadlines import Listeners
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.chunker import DecodeWindow
@@ -160,6 +161,8 @@ class EngineCore:
         self.on_unhealthy: Callable[[], None] | None = None
         self._last_step = time.monotonic()
         self.metrics.last_step_age.set_function(self._step_age)
+        #: Each stream as its listener hears it, for the scheduler's deadlines.
+        self.listeners = Listeners()
 
     def _step_age(self) -> float:
         """Seconds since the loop last came round (0 while it has nothing to do)."""
@@ -251,6 +254,7 @@ class EngineCore:
                                    block_causal=settings.block_causal, prepend=settings.prepend,
                                    prepend_causal=settings.prepend_causal, prompt_codes=context.prompt_speech_codes)
             self._requests[context.request_id] = _Request(context, sink, stream)
+            self.listeners.add(context.request_id, context.stream_id)
             self._update_load()
             self._lock.notify_all()
 
@@ -268,6 +272,14 @@ class EngineCore:
         ``pending`` others being prepared for submission."""
         with self._lock:
             return self.scheduler.has_room(pending)
+
+    def at_capacity(self) -> float | None:
+        """Seconds the oldest new request has waited for admission, where that is over
+        ``max_queue_wait_ms`` (the server is past its capacity: the queue is not moving); else None."""
+        limit = self.scheduler.config.max_queue_wait_ms
+        with self._lock:
+            waited = self.scheduler.queue_wait()
+        return waited if limit is not None and waited * 1000 > limit else None
 
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request; its sink gets a `complete` event with CANCELLED."""
@@ -299,6 +311,7 @@ class EngineCore:
     def _iterate(self) -> bool:
         """One round of the loop: schedule -> run (the scheduler's update applies what is due) ->
         decode the audio that is due -> deliver. False once the engine has stopped."""
+        started = time.monotonic()
         output = self._schedule()
         if output is None:
             return False
@@ -312,7 +325,37 @@ class EngineCore:
             logger.exception("generation step failed; failing its %d request(s)", len(output.items))
             self._recover_from_failure([item.request for item in output.items], exc)
         self._end_round(output)
+        self._learn_costs(output, time.monotonic() - started)
         return True
+
+    def _learn_costs(self, output: SchedulerOutput, seconds: float) -> None:
+        """What the round took, for the scheduler's estimates of what steps take (its deadlines)."""
+        if not output.items:
+            return
+        costs = self.scheduler.costs
+        if output.kind == "tg":
+            costs.observe_decode(len(output.items), seconds / output.num_steps)
+            return
+        prompt = sum(item.num_tokens for item in output.items if item.start < len(item.request.prompt_ids))
+        costs.observe_prefill(prompt, sum(item.start >= len(item.request.prompt_ids) for item in output.items), seconds)
+
+    def _mark_deadlines(self) -> None:
+        """Each running request's deadline, whether it has been heard and the decode passes to its
+        next chunk, where the scheduler reads them (core/scheduler.py, deadline scheduling)."""
+        target = self.scheduler.config.first_audio_target_ms / 1000.0
+        listeners = self.listeners
+        for request_id, request in self._requests.items():
+            context = request.context
+            deadline = listeners.deadline(request_id)
+            context.heard = deadline is not None
+            if deadline is None and not listeners.follows(request_id):
+                deadline = context.arrival_time + target
+            context.deadline = deadline
+            stream = request.stream
+            length = stream.schedule.chunk_length(stream.chunks_decoded)
+            pending = context.speech_code_count - stream.decoded_index
+            need = (length - pending) if length is not None else context.token_budget * context.layout.codes_per_token
+            context.passes_to_chunk = max(0, -(-need // context.layout.codes_per_token))
 
     def _schedule(self) -> SchedulerOutput | None:
         """Waits for work; applies cancellations, schedules the round and ends what it let go.
@@ -325,6 +368,8 @@ class EngineCore:
                 return None
             self._apply_cancellations()
             started = time.perf_counter()
+            if self.scheduler.config.deadline_scheduling:
+                self._mark_deadlines()
             output = self.scheduler.schedule()
             self.timer.add("schedule", time.perf_counter() - started)
             self._take_ended(output.finished)
@@ -570,6 +615,8 @@ class EngineCore:
                 context.first_audio_time = time.monotonic()
                 self.metrics.time_to_first_audio.observe(context.first_audio_time - context.arrival_time)
             request.audio_samples += samples.shape[0]
+            with self._lock:
+                self.listeners.delivered(context.request_id, time.monotonic(), samples.shape[0] / self.decoder.sample_rate)
             self.metrics.audio_seconds.inc(samples.shape[0] / self.decoder.sample_rate)
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
                                               chunk_index=window.chunk_index, final=window.final))
@@ -611,6 +658,8 @@ class EngineCore:
         request.stream.close()
         self._requests.pop(context.request_id, None)
         self._ended.pop(context.request_id, None)
+        with self._lock:
+            self.listeners.ended(context.request_id, time.monotonic())
         if self._runner is not None:
             self._runner.release(context.request_id)  # its repetition counts and latest sample
         context.finish_time = time.monotonic()

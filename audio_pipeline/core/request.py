@@ -58,6 +58,12 @@ class TTSContext:
     #: Why it ended; written by the scheduler alone (its update and finish).
     stop_reason: StopReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    #: Written by the engine before each scheduling round (deadline scheduling, core/scheduler.py):
+    #: when the request's listener runs out of audio (None: not due before an earlier request of its
+    #: stream ends), whether it has been heard, and the decode passes to its next audio chunk.
+    deadline: float | None = None
+    heard: bool = False
+    passes_to_chunk: int = 0
     first_token_time: float | None = None
     first_audio_time: float | None = None
     finish_time: float | None = None

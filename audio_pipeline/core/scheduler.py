@@ -23,6 +23,23 @@ Torch-free. It owns the request queue and the admission to the paged KV cache (t
   (4 when no prompt waits, else 1).
 - ``kvcache_ce_watermark``: a prompt is admitted only while the projected KV usage, with its whole
   prompt allocated, stays within this fraction of the cache.
+- ``deadline_scheduling``: steps are ordered and sized by the streams' playback deadlines (below).
+
+Deadlines. The engine gives each running request a ``deadline`` (when its listener runs out of
+audio, or for one not heard yet its arrival plus the first-audio target; None where an earlier
+request of its stream still speaks) and ``passes_to_chunk`` (decode passes until its next audio
+chunk is due), and the scheduler learns what steps cost (:class:`~audio_pipeline.core.deadlines.StepCosts`).
+A row's *slack* is its deadline less now, less the passes its next chunk needs, less
+``deadline_margin_ms``. With deadline scheduling:
+
+- decode rows go in order of slack (the least first, where the batch cannot hold them all; every
+  row that fits runs every pass: a stream ahead of its listener keeps its lead, which hides the
+  engine's hiccups);
+- a multi-step round ends where a row that has not been heard yet, or that a whole round would
+  run dry, has its next chunk due (first chunks early for new arrivals);
+- a prompt's prefill step is only as long as the smallest slack of the heard rows in decode allows
+  (split where chunked prefill is on), and waits while no useful part of it fits: a new request
+  queues rather than a running stream stalls.
 
 When a decode step cannot get a KV block, the most recently admitted other request is preempted:
 its blocks are released and it goes back to the front of the queue, to be recomputed (its prompt
@@ -44,13 +61,18 @@ far), ``total_length``, ``max_length`` (the most tokens it may ever hold), ``is_
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from audio_pipeline.core.deadlines import StepCosts
 from audio_pipeline.core.kv_cache.block_manager import BlockManager
 from audio_pipeline.core.stop import StopReason
+
+#: The fewest prompt tokens a prefill step that deadlines shorten is worth running for.
+MIN_PREFILL_TOKENS = 16
 
 
 class QueueFull(RuntimeError):
@@ -83,11 +105,16 @@ class SchedulerConfig:
     enable_in_flight_batching: bool
     max_num_steps: int
     kvcache_ce_watermark: float
+    deadline_scheduling: bool = True
+    max_queue_wait_ms: float | None = 2000.0
+    first_audio_target_ms: float = 100.0
+    deadline_margin_ms: float = 20.0
 
     @classmethod
     def from_config(cls, config: Any) -> "SchedulerConfig":
         """From a PipelineConfig resolved for its device (``config.for_device``)."""
-        values = {field.name: getattr(config, field.name) for field in dataclasses.fields(cls)}
+        values = {field.name: getattr(config, field.name) for field in dataclasses.fields(cls)
+                  if hasattr(config, field.name)}
         unresolved = [name for name in ("max_batch_size", "max_queue_size", "enable_in_flight_batching")
                       if values[name] is None]
         if unresolved:
@@ -272,6 +299,8 @@ class AudioGenerationScheduler:
         self._last_kind = "idle"
         #: Preemptions since start.
         self.num_preemptions = 0
+        #: What steps take, learned from the engine's (deadline scheduling).
+        self.costs = StepCosts()
 
     # --- queue -----------------------------------------------------------------------------------
 
@@ -306,6 +335,12 @@ class AudioGenerationScheduler:
         # requests into them must not be turned away while they stand empty.
         free_slots = max(0, self.config.admission_limit - len(self._running))
         return len(self._waiting) + pending < self.config.max_queue_size + free_slots
+
+    def queue_wait(self) -> float:
+        """Seconds the oldest waiting request that starts a stream (not a later piece of one running)
+        has waited for admission; 0 when none waits."""
+        oldest = next((e.request for e in self._waiting if not getattr(e.request, "continuation", False)), None)
+        return max(0.0, self.clock() - oldest.arrival_time) if oldest is not None else 0.0
 
     def add(self, request: Any) -> None:
         """Queues ``request``; QueueFull when the queue is full, ValueError when it can never fit."""
@@ -388,16 +423,21 @@ class AudioGenerationScheduler:
         decode = [e for e in self._running if e.unscheduled == 1 and self._can_grow(e)]
         # Requests that ended stay in _running only while a step of them is in flight.
         prefill = [e for e in self._running if e.unscheduled > 1 and not e.request.is_done]
+        slack = self._slack(decode) if config.deadline_scheduling and decode else None
         if config.enable_in_flight_batching:
-            output = self._mixed(decode, prefill)
+            output = self._mixed(decode, prefill, slack)
         else:
             output = SchedulerOutput()
             prefer_ce = (prefill or self._waiting) and len(decode) < config.tg_floor and not (
                 config.enable_prioritize_first_decode and self._last_kind == "ce" and decode)
+            budget = config.max_batch_input_tokens
+            if prefer_ce and slack:
+                budget = self._prefill_budget(slack, prefill, 0, budget)
+                prefer_ce = budget > 0
             if prefer_ce or not decode:
-                output = self._prefill(prefill, budget=config.max_batch_input_tokens, slots=config.max_batch_size)
+                output = self._prefill(prefill, budget=budget, slots=config.max_batch_size)
             if not output.items and decode:
-                output = self._decode(decode)
+                output = self._decode(decode, slack=slack)
         if not output.items and self._waiting and output.wait_s is None and not self._running:
             # Nothing runs and the head of the queue cannot be admitted: it can never fit.
             head = self._waiting[0]
@@ -408,6 +448,42 @@ class AudioGenerationScheduler:
         return output
 
     # --- internals -------------------------------------------------------------------------------
+
+    def _slack(self, entries: list[_Entry]) -> dict[_Entry, float]:
+        """Each row's slack in seconds (see the module docstring); inf where it has no deadline."""
+        now = self.clock()
+        config = self.config
+        pass_seconds = self.costs.decode_pass(len(entries))
+        margin = config.deadline_margin_ms / 1000.0
+        out = {}
+        for entry in entries:
+            request = entry.request
+            deadline = getattr(request, "deadline", None)
+            out[entry] = (math.inf if deadline is None else
+                          deadline - now - getattr(request, "passes_to_chunk", 0) * pass_seconds - margin)
+        return out
+
+    def _prefill_budget(self, slack: dict[_Entry, float], prefill: list[_Entry], rows: int, budget: int) -> int:
+        """``budget`` prompt tokens, or fewer: what a step beside ``rows`` decode rows may compute
+        before the heard row with the least slack runs dry; 0 where that is not worth a step (less
+        than MIN_PREFILL_TOKENS, or than the next prompt's rest). Rows not heard yet do not hold a
+        prompt back: their first audio is as late as the new one's, and no listener runs dry."""
+        least = min((value for entry, value in slack.items() if getattr(entry.request, "heard", True)),
+                    default=math.inf)
+        if math.isinf(least):
+            return budget
+        fits = self.costs.prompt_tokens_within(least, rows)
+        if fits >= budget:
+            return budget
+        return fits if fits >= min(MIN_PREFILL_TOKENS, self._next_prompt_tokens(prefill)) else 0
+
+    def _next_prompt_tokens(self, prefill: list[_Entry]) -> int:
+        """Prompt tokens the next prefill would compute for the first prompt in line."""
+        if prefill:
+            return prefill[0].unscheduled
+        if self._waiting:
+            return max(1, len(_cache_keys(self._waiting[0].request)))
+        return 0
 
     def _let_go(self, entry: _Entry) -> Finished:
         request = self.remove(entry.request_id)
@@ -519,12 +595,15 @@ class AudioGenerationScheduler:
             output.kind = "ce"
         return output
 
-    def _decode(self, decode: list[_Entry], *, multi_step: bool = True) -> SchedulerOutput:
+    def _decode(self, decode: list[_Entry], *, multi_step: bool = True,
+                slack: dict[_Entry, float] | None = None) -> SchedulerOutput:
         output = SchedulerOutput()
         pure = multi_step
         steps = self._num_steps() if pure else 1
         slots = self.config.max_batch_size - len(output.items)
-        if len(decode) > slots:  # rotate so every admitted request gets its turn
+        if slack:  # the least slack first: where the batch cannot hold every row, the others wait
+            decode = sorted(decode, key=slack.__getitem__)
+        elif len(decode) > slots:  # rotate so every admitted request gets its turn
             self._rotation %= len(decode)
             decode = decode[self._rotation:] + decode[:self._rotation]
             self._rotation += slots
@@ -549,6 +628,8 @@ class AudioGenerationScheduler:
                 chosen.append(entry)
         if pure and chosen:
             steps = min(steps, min(e.request.max_length - e.next_pos for e in chosen))
+            if slack and steps > 1:
+                steps = min(steps, self._round_end(chosen, slack, steps))
             steps = max(steps, 1)
         if pure and steps > 1 and chosen:
             output.substeps = [[] for _ in range(steps - 1)]
@@ -566,13 +647,29 @@ class AudioGenerationScheduler:
             output.kind = "tg"
         return output
 
-    def _mixed(self, decode: list[_Entry], prefill: list[_Entry]) -> SchedulerOutput:
-        """In-flight batching: decode tokens first, then prefill chunks in the remaining budget."""
+    def _round_end(self, chosen: list[_Entry], slack: dict[_Entry, float], steps: int) -> int:
+        """The passes a multi-step round may run: up to the next chunk of each row not heard yet,
+        or whose slack a whole round would use up (its chunk goes out as soon as it is due)."""
+        round_seconds = steps * self.costs.decode_pass(len(chosen))
+        end = steps
+        for entry in chosen:
+            request = entry.request
+            passes = getattr(request, "passes_to_chunk", 0)
+            if passes > 0 and (not getattr(request, "heard", True) or slack[entry] < round_seconds):
+                end = min(end, passes)
+        return end
+
+    def _mixed(self, decode: list[_Entry], prefill: list[_Entry],
+               slack: dict[_Entry, float] | None = None) -> SchedulerOutput:
+        """In-flight batching: decode tokens first, then prefill chunks in the remaining budget
+        (with deadlines, no more than the step may take before a row runs dry)."""
         output = SchedulerOutput()
         if decode:
-            output = self._decode(decode, multi_step=False)
+            output = self._decode(decode, multi_step=False, slack=slack)
             output.kind = "tg" if output.items else "idle"
         budget = self.config.max_batch_input_tokens - len(output.items)
+        if slack:
+            budget = self._prefill_budget(slack, prefill, len(output.items), budget)
         before = len(output.items)
         self._prefill(prefill, budget=budget, slots=self.config.max_batch_size, output=output)
         if before and len(output.items) > before:
