@@ -223,3 +223,4 @@ def test_past_capacity_a_new_request_is_refused_with_a_clear_status_not_queued_f
         assert results["waiting"].samples.size and results["long"].samples.size
     finally:
         server.stop()
+

@@ -413,7 +413,8 @@ def test_config_validation():
         make(max_num_steps=0)
     with pytest.raises(ValueError, match="kvcache_ce_watermark"):
         make(kvcache_ce_watermark=0)
-    with pytest.raises(ValueError, match="max_batch_size, max_queue_size, enable_in_flight_batching: resolve"):
+    with pytest.raises(ValueError, match="max_batch_size, max_queue_size, enable_in_flight_batching, deadline_scheduling: "
+                                         "resolve"):
         SchedulerConfig.from_config(PipelineConfig())  # the open values must be made the device's first
 
 

@@ -270,8 +270,8 @@ class PipelineConfig(BaseSettings):
     enable_overlap_scheduler: bool | None = Field(
         None, description="Launch the next step before this one's tokens are read back; None = off on the CPU, on "
         "on CUDA (unless max_num_steps is above 1).")
-    deadline_scheduling: bool = Field(
-        True, description="Order and size each step by the streams' playback deadlines (when each listener would "
+    deadline_scheduling: bool | None = Field(
+        None, description="None = on on the CPU, off on CUDA (not measured on a GPU yet). Order and size each step by the streams' playback deadlines (when each listener would "
         "run out of audio): the rows closest to running dry first where the batch cannot hold all, multi-step "
         "rounds cut where a new stream's first chunk is due, and prefill steps no longer than the least slack of "
         "the streams already heard allows (a new request waits rather than a running stream stalls).")

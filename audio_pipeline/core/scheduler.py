@@ -115,8 +115,8 @@ class SchedulerConfig:
         """From a PipelineConfig resolved for its device (``config.for_device``)."""
         values = {field.name: getattr(config, field.name) for field in dataclasses.fields(cls)
                   if hasattr(config, field.name)}
-        unresolved = [name for name in ("max_batch_size", "max_queue_size", "enable_in_flight_batching")
-                      if values[name] is None]
+        unresolved = [name for name in ("max_batch_size", "max_queue_size", "enable_in_flight_batching",
+                                        "deadline_scheduling") if values.get(name, False) is None]
         if unresolved:
             raise ValueError(f"{', '.join(unresolved)}: resolve the configuration for its device first (for_device)")
         return cls(**values)

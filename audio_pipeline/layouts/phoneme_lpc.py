@@ -78,13 +78,17 @@ FRAME_RATE = 50
 #: Phonemes one prompt may hold.
 MAX_PROMPT_PHONEMES = 1000
 #: Frames of an utterance's leading and trailing pause that are spoken: a natural onset and end
-#: (20 ms before the first phoneme, 20 ms after the last), where the front end's pauses are
-#: 100-200 ms. The speech of the frames in between is as with the whole pauses spoken (the model
+#: (20 ms before the first phoneme, none before a QUIET_ONSETS one; 20 ms after the last), where
+#: the front end's pauses are 100-200 ms. The speech of the frames in between is as with the whole pauses spoken (the model
 #: reads the same pause durations in its prompt, and the handed-over frames are silence).
 LEAD_PAUSE_FRAMES = 1
 TAIL_PAUSE_FRAMES = 1
 #: The front ends' pause phonemes (the lexicon's, eSpeak NG's short and long).
 PAUSE_NAMES = ("pau", "_", "_:")
+#: Phonemes whose sound starts softly (a stop's silent closure, a fricative's noise): an utterance
+#: that opens with one needs no pause frame before it for a natural onset, where one that opens
+#: with a vowel, nasal, liquid or glide would start its first sample at speech level (a click).
+QUIET_ONSETS = ("p", "t", "k", "b", "d", "g", "f", "th", "s", "sh", "hh", "ch", "jh", "v", "dh", "z", "zh")
 #: A folded prompt (phoneme-lpc-frame's ``layout_options.prompt: folded``) gives each phoneme one
 #: position whose id stands for the pair: FOLD_BASE + (phoneme - PHONEME_BASE) * MAX_DURATION +
 #: frames - 1. Such ids are inputs only (never sampled): the model embeds one as the sum of its
@@ -223,6 +227,14 @@ def frame_tokens(phonemes: Sequence[tuple[int, int]], codes: Sequence[tuple[int,
     return out + [END_OF_SPEECH]
 
 
+PAUSE, QUIET, OTHER = "pause", "quiet", "other"
+
+
+def _kind(pause: bool, quiet: bool) -> str:
+    """A unit's kind for the edge pauses: a pause, a phoneme whose sound starts softly, or another."""
+    return PAUSE if pause else QUIET if quiet else OTHER
+
+
 class Alignment:
     """The forced tokens of one request: every frame's phoneme and context, then end of speech.
     ``edge_pause_frames``: (the leading, the trailing) pause frames it speaks."""
@@ -265,8 +277,9 @@ class PhonemeLPCLayout(Layout):
     #: ``silence_frame``): what the leading pause's unspoken frames hold. None: the whole leading
     #: pause is spoken.
     silence_frame: tuple[int, int] | None = None
-    #: The model's pause phoneme ids (PAUSE_NAMES in its inventory).
+    #: The model's pause phoneme ids (PAUSE_NAMES in its inventory), and its QUIET_ONSETS' ids.
     pause_ids: frozenset = frozenset()
+    quiet_onset_ids: frozenset = frozenset()
     #: Pause frames spoken at the start and the end of an utterance (None: the whole pause).
     lead_pause_frames: int | None = LEAD_PAUSE_FRAMES
     tail_pause_frames: int | None = TAIL_PAUSE_FRAMES
@@ -331,7 +344,7 @@ class PhonemeLPCLayout(Layout):
                 return frame
             return cut_starts[k] + min(frame - starts[k], cut_starts[k + 1] - cut_starts[k])
 
-        lead, tail = self._edge_cuts([(name in PAUSE_NAMES, self._frames(frames, speed))
+        lead, tail = self._edge_cuts([(_kind(name in PAUSE_NAMES, name in QUIET_ONSETS), self._frames(frames, speed))
                                       for name, frames in aligned.phonemes])
         spoken = cut_starts[-1] - lead - tail
 
@@ -344,33 +357,35 @@ class PhonemeLPCLayout(Layout):
         return [dataclasses.replace(w, first_frame=moved(w.first_frame), end_frame=moved(w.end_frame))
                 for w in aligned.words]
 
-    def _pauses(self, phonemes: Sequence[tuple[int, int]]) -> list[tuple[bool, int]]:
-        """(is a pause, frames) of (phoneme id, frames) pairs."""
-        return [(phoneme in self.pause_ids, frames) for phoneme, frames in phonemes]
+    def _kinds(self, phonemes: Sequence[tuple[int, int]]) -> list[tuple[str, int]]:
+        """(kind, frames) of (phoneme id, frames) pairs (kinds: see _kind)."""
+        return [(_kind(phoneme in self.pause_ids, phoneme in self.quiet_onset_ids), frames)
+                for phoneme, frames in phonemes]
 
-    def _edge_cuts(self, units: Sequence[tuple[bool, int]]) -> tuple[int, int]:
+    def _edge_cuts(self, units: Sequence[tuple[str, int]]) -> tuple[int, int]:
         """(frames of the leading pause handed to the model, frames of the trailing pause never
-        made) for (is a pause, frames) units: all but lead_pause_frames and tail_pause_frames;
-        (0, 0) where the speech would be cut to nothing."""
+        made) for (kind, frames) units: all but lead_pause_frames (none before a quiet onset) and
+        tail_pause_frames; (0, 0) where the speech would be cut to nothing."""
         if len(units) < 2:
             return 0, 0
-        (first_pause, first), (last_pause, last) = units[0], units[-1]
+        (first_kind, first), (last_kind, last) = units[0], units[-1]
         lead = tail = 0
-        if first_pause and self.silence_frame is not None and self.lead_pause_frames is not None:
-            lead = max(0, min(first, MAX_DURATION) - self.lead_pause_frames)
-        if last_pause and self.tail_pause_frames is not None:
+        if first_kind == PAUSE and self.silence_frame is not None and self.lead_pause_frames is not None:
+            keep = 0 if units[1][0] == QUIET else self.lead_pause_frames
+            lead = max(0, min(first, MAX_DURATION) - keep)
+        if last_kind == PAUSE and self.tail_pause_frames is not None:
             tail = max(0, min(last, MAX_DURATION) - self.tail_pause_frames)
         total = sum(min(frames, MAX_DURATION) for _, frames in units)
         return (lead, tail) if lead + tail < total else (0, 0)
 
-    def _edge_pause_frames(self, units: Sequence[tuple[bool, int]], given: int) -> tuple[int, int]:
+    def _edge_pause_frames(self, units: Sequence[tuple[str, int]], given: int) -> tuple[int, int]:
         """(leading, trailing) pause frames spoken, where the prompt holds ``given`` leading frames."""
         if len(units) < 2:
             return 0, 0
         tail = self._edge_cuts(units)[1]
-        (first_pause, first), (last_pause, last) = units[0], units[-1]
-        return (min(first, MAX_DURATION) - given if first_pause else 0,
-                min(last, MAX_DURATION) - tail if last_pause else 0)
+        (first_kind, first), (last_kind, last) = units[0], units[-1]
+        return (min(first, MAX_DURATION) - given if first_kind == PAUSE else 0,
+                min(last, MAX_DURATION) - tail if last_kind == PAUSE else 0)
 
     def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0,
                      overrides=None) -> list[int]:
@@ -385,7 +400,7 @@ class PhonemeLPCLayout(Layout):
         if len(phonemes) > MAX_PROMPT_PHONEMES:
             raise InvalidArgument(f"{len(phonemes)} phonemes, over the {MAX_PROMPT_PHONEMES} one request may hold: "
                                   "split the text", field="text")
-        lead = self._edge_cuts(self._pauses(phonemes))[0]
+        lead = self._edge_cuts(self._kinds(phonemes))[0]
         return prompt_ids(phonemes, folded=self.folded_prompt) + self._silence_ids(phonemes, lead)
 
     def _silence_ids(self, phonemes: Sequence[tuple[int, int]], count: int) -> list[int]:
@@ -393,7 +408,7 @@ class PhonemeLPCLayout(Layout):
         each frame's four tokens (the alignment's phoneme and context, then the codes)."""
         envelope, prosody = self.silence_frame or (0, 0)
         ids: list[int] = []
-        for phoneme, context in alignment_tokens(phonemes[:2])[:count]:
+        for phoneme, context in alignment_tokens(phonemes[:3])[:count]:
             ids += [phoneme, context, slot_token(ENVELOPE, envelope), slot_token(PROSODY, prosody)]
         return ids
 
@@ -404,7 +419,7 @@ class PhonemeLPCLayout(Layout):
         prompt holds, the edge pause frames spoken) of a prompt."""
         pairs = prompt_schedule(prompt)
         given, rest = divmod(len(split_prompt(prompt)[1]), self.tokens_per_frame)
-        units = self._pauses(pairs)
+        units = self._kinds(pairs)
         lead, tail = self._edge_cuts(units)
         if rest or given not in (0, lead):
             raise ValueError(f"the prompt holds {given} leading pause frames; this layout hands over {lead}")
@@ -462,8 +477,10 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
 
             tokenizer = VocabularyTokenizer(model_dir)
         vocab = _vocabulary(tokenizer)
-        options: dict[str, Any] = {"pause_ids": frozenset(vocab[phoneme_token_name(name)] for name in PAUSE_NAMES
-                                                          if phoneme_token_name(name) in vocab)}
+        ids = {name: vocab[phoneme_token_name(name)] for name in PAUSE_NAMES + QUIET_ONSETS
+               if phoneme_token_name(name) in vocab}
+        options: dict[str, Any] = {"pause_ids": frozenset(ids[n] for n in PAUSE_NAMES if n in ids),
+                                   "quiet_onset_ids": frozenset(ids[n] for n in QUIET_ONSETS if n in ids)}
         silence = manifest.layout_options.get("silence_frame")
         if silence is not None:
             if (not isinstance(silence, list) or len(silence) != 2

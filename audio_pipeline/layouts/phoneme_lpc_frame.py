@@ -92,9 +92,10 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
         silence frame's codes)."""
         head, given = split_prompt(prompt_ids)
         frames = torch.full((len(prompt_ids), COLUMNS), -1, dtype=torch.long)
-        # These frames' codes depend on the first phoneme and the one after it alone: not the whole
+        # These frames' codes depend on the opening pause and the two phonemes after it alone (the
+        # last one handed over carries the first phoneme's frame and context): not the whole
         # alignment, which the request's preparation builds once already.
-        alignment = FrameAlignment(alignment_tokens(prompt_schedule(head)[:2]))
+        alignment = FrameAlignment(alignment_tokens(prompt_schedule(head)[:3]))
         envelope, prosody = self.silence_frame or (0, 0)
         for k in range(len(given) + 1):  # start of speech is position -1 of the alignment
             codes = alignment.frame_codes(k - 1)
