@@ -38,7 +38,6 @@ import asyncio
 import json
 import math
 import random
-import shutil
 import signal
 import statistics
 import sys
@@ -433,15 +432,7 @@ def run(args) -> int:
         succeeded = True
         return 0
     finally:
-        server.stop()
-        if succeeded and not args.server_log:
-            import os
-
-            os.unlink(server.log.name)
-        elif not succeeded:
-            print(f"the server's log is kept at {server.log.name}", file=sys.stderr)
-        if model_dir is not None:
-            shutil.rmtree(model_dir, ignore_errors=True)
+        server.finish(succeeded, keep_log=bool(args.server_log), model_dir=model_dir)
 
 
 if __name__ == "__main__":

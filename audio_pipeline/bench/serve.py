@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -660,13 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{engine_ms / plain[batch]:.1f}x the plain padded forward at batch {batch}")
         succeeded = True
     finally:
-        server.stop()
-        if succeeded and not args.server_log:
-            os.unlink(server.log.name)
-        elif not succeeded:
-            print(f"the server's log is kept at {server.log.name}", file=sys.stderr)
-        if model_dir is not None:
-            shutil.rmtree(model_dir, ignore_errors=True)
+        server.finish(succeeded, keep_log=bool(args.server_log), model_dir=model_dir)
     return 0
 
 

@@ -4,7 +4,9 @@ kept when it fails, and its readiness."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,6 +123,18 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def finish(self, succeeded: bool, *, keep_log: bool = False, model_dir: str | None = None) -> None:
+        """Stops the server after a benchmark: its log is removed after a run that succeeded (unless
+        ``keep_log``: the user named it) and kept, and said where, after one that failed; a random
+        model written for the run (``model_dir``) goes."""
+        self.stop()
+        if succeeded and not keep_log:
+            os.unlink(self.log.name)
+        elif not succeeded:
+            print(f"the server's log is kept at {self.log.name}", file=sys.stderr)
+        if model_dir is not None:
+            shutil.rmtree(model_dir, ignore_errors=True)
 
 
 async def wait_ready(target: str, timeout: float) -> None:
