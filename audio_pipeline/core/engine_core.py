@@ -325,7 +325,8 @@ class EngineCore:
             logger.exception("generation step failed; failing its %d request(s)", len(output.items))
             self._recover_from_failure([item.request for item in output.items], exc)
         self._end_round(output)
-        self._learn_costs(output, time.monotonic() - started)
+        if self.scheduler.config.deadline_scheduling:  # only deadlines read what steps cost
+            self._learn_costs(output, time.monotonic() - started)
         return True
 
     def _learn_costs(self, output: SchedulerOutput, seconds: float) -> None:
