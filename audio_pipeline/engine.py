@@ -33,7 +33,7 @@ from audio_pipeline.core.engine_core import AudioEvent, EngineCore, Sink, Stream
 from audio_pipeline.core.model_runner import build_runner
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.runtime import default_num_threads, release_free_memory
-from audio_pipeline.core.sampler import SamplingParams
+from audio_pipeline.core.sampling_params import SamplingParams
 from audio_pipeline.service.prepare import RequestPreparer
 
 logger = logging.getLogger(__name__)

@@ -119,7 +119,7 @@ def test_sampling_without_reading_back_picks_what_the_checked_rule_picks(spread)
     (a prefix first, checked on the host) draw the same ids, for sharp and flat rows alike."""
     from audio_pipeline.core.request import TTSContext
     from audio_pipeline.layouts.orpheus import OrpheusLayout
-    from audio_pipeline.core.sampler import SamplingParams
+    from audio_pipeline.core.sampling_params import SamplingParams
 
     layout = OrpheusLayout()
 

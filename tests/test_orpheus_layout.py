@@ -8,7 +8,8 @@ from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts import orpheus
-from audio_pipeline.core.sampler import SamplingParams, sample_next_tokens
+from audio_pipeline.core.sampler import sample_next_tokens
+from audio_pipeline.core.sampling_params import SamplingParams
 
 LAYOUT = orpheus.OrpheusLayout()
 VOCAB = orpheus.MIN_VOCAB_SIZE + 2

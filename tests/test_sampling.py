@@ -8,7 +8,8 @@ from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.orpheus import MIN_VOCAB_SIZE, OrpheusLayout
-from audio_pipeline.core.sampler import SamplingParams, candidate_width, sample_next_tokens
+from audio_pipeline.core.sampler import candidate_width, sample_next_tokens
+from audio_pipeline.core.sampling_params import SamplingParams
 
 LAYOUT = OrpheusLayout()
 
@@ -185,7 +186,7 @@ def test_a_requests_draws_come_in_blocks_that_equal_single_draws():
     from a generator of the same seed gives."""
     from audio_pipeline.core.request import UNIFORM_BLOCK, TTSContext
     from audio_pipeline.layouts.orpheus import OrpheusLayout
-    from audio_pipeline.core.sampler import SamplingParams
+    from audio_pipeline.core.sampling_params import SamplingParams
 
     context = TTSContext(request_id="r", prompt_ids=[1], layout=OrpheusLayout(),
                          sampling=SamplingParams(seed=42, temperature=0.8))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from audio_pipeline.layouts.orpheus import OrpheusLayout
-from audio_pipeline.core.sampler import SamplingParams
+from audio_pipeline.core.sampling_params import SamplingParams
 from audio_pipeline.core.stop import StopReason
+from audio_pipeline.layouts.base import Layout
 
 
 #: Uniform draws a request takes from its generator at once (see TTSContext.uniforms).
@@ -25,7 +26,7 @@ class TTSContext:
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    layout: OrpheusLayout
+    layout: Layout
     voice: str | None = None
     #: The client request this context speaks a piece of (a long text is several contexts, one
     #: after the other); None: the context is the request.
@@ -70,7 +71,9 @@ class TTSContext:
 
     def __post_init__(self) -> None:
         self.stream_id = self.stream_id or self.request_id
-        self.generator = self.sampling.make_generator()
+        # The request's own random generator: its output does not depend on its batch mates.
+        seed = self.sampling.seed if self.sampling.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
         # Uniform draws made ahead, handed out in order by uniforms().
         self._uniforms: list[float] = []
         self._uniform_next = 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from audio_pipeline.core.request import TTSContext
-from audio_pipeline.core.sampler import SamplingParams
+from audio_pipeline.core.sampling_params import SamplingParams
 from audio_pipeline.errors import InvalidArgument, NotFound, echo
 from audio_pipeline.text.ipa import ipa_units
 from audio_pipeline.text.lexicon import Overrides
