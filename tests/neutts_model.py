@@ -62,7 +62,7 @@ def write_tiny_neutts_model(path: str | Path, *, seed: int = 0, preset_voice: st
     NeuCodec in ``neucodec/`` and audio_pipeline.json naming the family and the decoder; with
     ``preset_voice``, a preset voice of that name whose reference (a transcript and random codes)
     the directory ships in ``voices/NAME/``."""
-    from audio_pipeline.decoders.neucodec import save_random_neucodec_checkpoint
+    from audio_pipeline.testing.random_decoders import save_random_neucodec_checkpoint
     from audio_pipeline.layouts.manifest import MANIFEST_NAME
 
     path = Path(path)

@@ -169,7 +169,7 @@ def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
         # All its audio came: a frame of samples for each 7 tokens of the tiny model's SNAC decoder.
         import math
 
-        from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG
+        from audio_pipeline.testing.random_decoders import TINY_SNAC_CONFIG
 
         samples_per_frame = math.prod(TINY_SNAC_CONFIG["encoder_rates"]) * TINY_SNAC_CONFIG["vq_strides"][0]
         assert samples_per_frame == 2048

@@ -306,8 +306,9 @@ def test_snacs_captured_decode_gives_the_eager_audio(tmp_path):
     call on the same device within float tolerance: padded buckets, more rows than the largest
     bucket, a bucket's leftover rows, each row's noise offset."""
     from audio_pipeline.decoders import load_audio_decoder
-    from audio_pipeline.decoders.snac import SNAC_24KHZ_CONFIG, save_random_snac_checkpoint
+    from audio_pipeline.decoders.snac import SNAC_24KHZ_CONFIG
     from audio_pipeline.decoders.snac_graphs import SNACGraphs
+    from audio_pipeline.testing.random_decoders import save_random_snac_checkpoint
 
     path = save_random_snac_checkpoint(tmp_path / "snac", seed=6, **SNAC_24KHZ_CONFIG)
     # One batched call per length on either device (the CPU's default splits them).
@@ -346,9 +347,11 @@ def _decoder_pair(name, path):
 def test_each_decoder_on_cuda_equals_the_cpu(name, tmp_path):
     """The same codes decode to the same audio on CUDA as on the CPU (float32; within the
     tolerance of TF32 convolutions), alone and batched."""
-    from audio_pipeline.decoders.mimi import save_random_mimi_checkpoint
-    from audio_pipeline.decoders.neucodec import save_random_neucodec_checkpoint
-    from audio_pipeline.decoders.snac import save_random_snac_checkpoint
+    from audio_pipeline.testing.random_decoders import (
+        save_random_mimi_checkpoint,
+        save_random_neucodec_checkpoint,
+        save_random_snac_checkpoint,
+    )
 
     writer = {"snac": save_random_snac_checkpoint, "mimi": save_random_mimi_checkpoint,
               "neucodec": save_random_neucodec_checkpoint}[name]

@@ -13,12 +13,17 @@ import pytest
 import torch
 
 from audio_pipeline.decoders import available_audio_decoders, load_audio_decoder
-from audio_pipeline.decoders.causal_conv import CausalConvDecoder, save_random_causal_checkpoint
+from audio_pipeline.decoders.causal_conv import CausalConvDecoder
 from audio_pipeline.decoders.lpc import save_lpc_decoder
 from audio_pipeline.decoders.mcep import save_mcep_decoder
-from audio_pipeline.decoders.mimi import TINY_MIMI_CONFIG, save_random_mimi_checkpoint
-from audio_pipeline.decoders.neucodec import save_random_neucodec_checkpoint
-from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
+from audio_pipeline.testing.random_decoders import (
+    TINY_MIMI_CONFIG,
+    TINY_SNAC_CONFIG,
+    save_random_causal_checkpoint,
+    save_random_mimi_checkpoint,
+    save_random_neucodec_checkpoint,
+    save_random_snac_checkpoint,
+)
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 
 #: Wide enough that random weights give a signal-like output (the 32-wide tiny model's output is

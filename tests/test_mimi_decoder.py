@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from transformers import CsmConfig, CsmForConditionalGeneration, MimiModel
 
 from audio_pipeline.decoders import audio_decoder_class, available_audio_decoders, load_audio_decoder
-from audio_pipeline.decoders.mimi import TINY_MIMI_CONFIG, MimiDecoder, MimiState, save_random_mimi_checkpoint
+from audio_pipeline.decoders.mimi import MimiDecoder, MimiState
+from audio_pipeline.testing.random_decoders import TINY_MIMI_CONFIG, save_random_mimi_checkpoint
 
 CODEBOOKS, CODEBOOK_SIZE, SPF = TINY_MIMI_CONFIG["num_quantizers"], TINY_MIMI_CONFIG["codebook_size"], 1920
 #: Block-by-block and batched decoding against one-shot (measured: under 5e-7 on this model).

@@ -12,7 +12,8 @@ import torch
 from transformers import NeuCodecModel
 
 from audio_pipeline.decoders import audio_decoder_class, load_audio_decoder
-from audio_pipeline.decoders.neucodec import NeuCodecDecoder, save_random_neucodec_checkpoint
+from audio_pipeline.decoders.neucodec import NeuCodecDecoder
+from audio_pipeline.testing.random_decoders import save_random_neucodec_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from audio_pipeline.decoders import load_audio_decoder
-from audio_pipeline.decoders.neucodec import save_random_neucodec_checkpoint
+from audio_pipeline.testing.random_decoders import save_random_neucodec_checkpoint
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 from audio_pipeline.layouts.registry import get_family
 

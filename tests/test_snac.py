@@ -20,13 +20,12 @@ snac = pytest.importorskip("snac")
 from audio_pipeline.decoders import audio_decoder_class, available_audio_decoders, load_audio_decoder  # noqa: E402
 from audio_pipeline.decoders.snac import (  # noqa: E402
     SNAC_24KHZ_CONFIG,
-    TINY_SNAC_CONFIG,
     SNACDecoder,
     codebooks_to_codes,
     codes_to_codebooks,
     receptive_field_frames,
-    save_random_snac_checkpoint,
 )
+from audio_pipeline.testing.random_decoders import TINY_SNAC_CONFIG, save_random_snac_checkpoint  # noqa: E402
 
 ATOL = 1e-5
 #: Tiny model with local attention in encoder and decoder (attended widths must be multiples of 64).

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from audio_pipeline.decoders import load_audio_decoder
-from audio_pipeline.decoders.snac import save_random_snac_checkpoint
+from audio_pipeline.testing.random_decoders import save_random_snac_checkpoint
 from audio_pipeline.decoders.snac_graphs import SNACGraphs
 
 pytestmark = pytest.mark.usefixtures("one_thread")

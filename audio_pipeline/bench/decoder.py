@@ -27,10 +27,7 @@ from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
 
-RANDOM_CHECKPOINTS = {
-    "snac": ("audio_pipeline.decoders.snac", "save_random_snac_checkpoint"),
-    "causal-conv": ("audio_pipeline.decoders.causal_conv", "save_random_causal_checkpoint"),
-}
+RANDOM_CHECKPOINTS = {"snac": "save_random_snac_checkpoint", "causal-conv": "save_random_causal_checkpoint"}
 
 
 def best_seconds(run: Callable[[], object], repeats: int) -> float:
@@ -113,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         if weights is None:
             if args.decoder not in RANDOM_CHECKPOINTS:
                 parser.error(f"--weights is required for decoder {args.decoder!r}")
-            module, function = RANDOM_CHECKPOINTS[args.decoder]
-            save = getattr(__import__(module, fromlist=[function]), function)
+            from audio_pipeline.testing import random_decoders
+
+            save = getattr(random_decoders, RANDOM_CHECKPOINTS[args.decoder])
             weights, origin = str(save(Path(scratch) / args.decoder)), "random weights, default size"
         decoder = load_audio_decoder(args.decoder, weights, device=args.device)
     frame = decoder.tokens_per_frame

@@ -13,7 +13,7 @@ Streaming state is, per causal convolution, the last ``(kernel - 1) * dilation``
 block decoded from a state gives exactly the samples a one-shot decode gives for those frames.
 
 Weights: a directory with ``config.json`` and ``model.safetensors`` (see
-:func:`save_random_causal_checkpoint`).
+audio_pipeline.testing.random_decoders.save_random_causal_checkpoint writes a random one).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from audio_pipeline.decoders.base import AudioDecoder
@@ -179,17 +179,3 @@ class CausalConvDecoder(AudioDecoder):
 
 
 register_audio_decoder(CausalConvDecoder)
-
-
-def save_random_causal_checkpoint(path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
-    """Writes a randomly initialised causal-conv decoder (config.json + model.safetensors) to ``path``."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = {**DEFAULT_CONFIG, **overrides}
-    torch.manual_seed(seed)
-    decoder = CausalConvDecoder(config, torch.device("cpu"), torch.float32)
-    with torch.no_grad():
-        decoder.embed.weight.normal_(0, 1.0)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.contiguous() for k, v in decoder.modules.state_dict().items()}, str(path / "model.safetensors"))
-    return path

@@ -53,14 +53,13 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
-from transformers import MimiConfig, MimiModel
+from transformers import MimiConfig
 from transformers.cache_utils import DynamicCache
 from transformers.models.mimi.modeling_mimi import (
     MimiConv1d,
     MimiConvTranspose1d,
     MimiDecoderModel,
     MimiEncoderModel,
-    MimiLayerScale,
     MimiResnetBlock,
     MimiSplitResidualVectorQuantizer,
 )
@@ -69,17 +68,7 @@ from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
 from audio_pipeline.models.weights import load_strict, read_config_json
 
-__all__ = ["TINY_MIMI_CONFIG", "MimiDecoder", "MimiState", "save_random_mimi_checkpoint"]
-
-#: A Mimi small enough for tests on CPU: the real rates (24 kHz, 1920 samples per frame), narrow
-#: layers, 8 codebooks of 16 codes, a 16-step attention window (8 frames) that short tests cross,
-#: transformer weights drawn wide enough (std 0.2) that attention changes the audio.
-TINY_MIMI_CONFIG: dict[str, Any] = {
-    "hidden_size": 32, "num_filters": 4, "num_hidden_layers": 2, "intermediate_size": 64,
-    "num_attention_heads": 2, "num_key_value_heads": 2, "codebook_size": 16, "codebook_dim": 16,
-    "num_quantizers": 8, "vector_quantization_hidden_dimension": 16, "upsample_groups": 32,
-    "sliding_window": 16, "initializer_range": 0.2,
-}
+__all__ = ["MimiDecoder", "MimiState"]
 
 #: Where each stored tensor goes: (stored prefix, part, prefix in that part), first match wins. The
 #: published flat layout first (transformers renames it on load the same way), then MimiModel's names.
@@ -452,33 +441,3 @@ def _check_streamable(config: MimiConfig, source: Path) -> None:
     ) if wrong]
     if problems:
         raise ValueError(f"{source}: unsupported Mimi config: {'; '.join(problems)}")
-
-
-# --------------------------------------------------------------------------------------------
-# random checkpoints
-
-
-def save_random_mimi_checkpoint(path: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:
-    """Writes a random MimiModel (:data:`TINY_MIMI_CONFIG` updated with ``config_overrides``) to
-    directory ``path`` with ``save_pretrained``; returns it.
-
-    transformers starts codebooks at zero (every code would decode alike) and the transformer's
-    layer scales at 0.01 (its layers would barely count): here codebooks are standard normal and
-    scales 1. The last convolution is scaled down so that the audio (std about 0.1) stays inside
-    [-1, 1], where the decoder clamps.
-    """
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = MimiModel(MimiConfig(**{**TINY_MIMI_CONFIG, **config_overrides}))
-        with torch.no_grad():
-            for name, buffer in model.named_buffers():
-                if name.endswith("embed_sum"):
-                    buffer.normal_()
-            for module in model.modules():
-                if isinstance(module, MimiLayerScale):
-                    module.scale.fill_(1.0)
-            last = model.decoder.decoder_seanet.layers[-1].conv
-            last.weight.mul_(0.02)
-            last.bias.mul_(0.02)
-    model.save_pretrained(str(path))
-    return Path(path)

@@ -35,7 +35,7 @@ import soxr
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoModel, NeuCodecConfig, NeuCodecModel, SeamlessM4TFeatureExtractor
+from transformers import AutoModel, NeuCodecConfig, SeamlessM4TFeatureExtractor
 from transformers.models.neucodec.modeling_neucodec import (
     NeuCodecDecoder as NeuCodecAcousticDecoder,
     NeuCodecEncoder,
@@ -47,19 +47,7 @@ from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.registry import register_audio_decoder
 from audio_pipeline.models.weights import load_strict, read_config_json
 
-__all__ = ["TINY_NEUCODEC_CONFIG", "NeuCodecDecoder", "save_random_neucodec_checkpoint"]
-
-#: A NeuCodec small enough for tests on CPU: the real rates, frame and codebook (65,536 codes),
-#: narrow layers, a two-layer semantic model. 64 wide, not 32: the decoder's group norms (32
-#: groups) need two channels a group to normalize a one-frame input.
-TINY_NEUCODEC_CONFIG: dict[str, Any] = {
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 2, "head_dim": 32, "encoder_hidden_size": 4, "quantization_dim": 96,
-    "semantic_model_config": {
-        "model_type": "wav2vec2-bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "output_hidden_size": 32, "conv_depthwise_kernel_size": 3,
-        "feature_projection_input_dim": 160},
-}
+__all__ = ["NeuCodecDecoder"]
 
 #: The parts of NeuCodecModel, by the prefix of their tensors: what decoding reads, what encoding adds.
 DECODING_PARTS = ("quantizer", "acoustic_decoder")
@@ -223,21 +211,3 @@ class NeuCodecDecoder(AudioDecoder):
         hidden = parts.fc_encoder(torch.cat([semantic[..., :frames], acoustic[..., :frames]], dim=1).transpose(1, 2))
         _, indices = parts.quantizer(hidden)  # (1, frames, 1)
         return indices[0, :, 0].long().cpu()
-
-
-def save_random_neucodec_checkpoint(path: str | Path, *, seed: int = 0, **config_overrides: Any) -> Path:
-    """Writes a random NeuCodecModel (:data:`TINY_NEUCODEC_CONFIG` updated with ``config_overrides``)
-    to directory ``path`` with ``save_pretrained``; returns it.
-
-    transformers starts the head's biases at zero, where the audio is quiet (std about 0.003): here
-    the magnitudes' bias is raised so that it is about 0.1, well inside [-1, 1] where the decoder
-    clamps.
-    """
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = NeuCodecModel(NeuCodecConfig(**{**TINY_NEUCODEC_CONFIG, **config_overrides}))
-        head = model.acoustic_decoder.head.linear
-        with torch.no_grad():
-            head.bias[: head.out_features // 2] = 3.5  # log magnitudes: the first half of the head
-    model.save_pretrained(str(path))
-    return Path(path)

@@ -45,7 +45,6 @@ Streaming
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from dataclasses import dataclass
@@ -383,45 +382,3 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         codes = parts.quantizer.encode(latents, self.tokens_per_frame)[:, 0]  # (codebooks, frames)
         frames = -(-waveform.numel() // int(self.config.get("encode_downsample_rate", 1920)))
         return codes[:, :frames].T.reshape(-1).long().cpu()
-
-
-def save_random_qwen3_tts_12hz_checkpoint(path: str | Path, *, seed: int = 0, **decoder_config: Any) -> Path:
-    """Writes a speech tokenizer directory with random decoder weights of ``decoder_config``'s shape
-    under the checkpoint's names (config.json, model.safetensors; no encoder: it cannot clone), for
-    benchmarks of a real shape. The codebooks are drawn as usage-normalised sums."""
-    from safetensors.torch import save_file
-
-    cfg = {"attention_bias": False, "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000,
-           "sliding_window": 72, "layer_scale_initial_scale": 0.01, **decoder_config}
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed)
-    net = DecoderNet(cfg)
-    state = {}
-    for name, tensor in net.state_dict().items():
-        if name.endswith(("alpha", "beta")):
-            value = torch.zeros(tensor.shape)
-        elif name.endswith(("scale", "gamma")):
-            value = torch.full(tensor.shape, 0.1)
-        elif name.endswith("norm.weight"):
-            value = torch.ones(tensor.shape)
-        else:
-            value = torch.randn(tensor.shape, generator=generator) * (0.02 if tensor.dim() < 3 else 0.1)
-        state[name] = value
-    tensors = {}
-    embeddings = state.pop("quantizer.embeddings")
-    tensors["decoder.quantizer.rvq_first.output_proj.weight"] = state.pop("quantizer.first_proj.weight")
-    tensors["decoder.quantizer.rvq_rest.output_proj.weight"] = state.pop("quantizer.rest_proj.weight")
-    for k in range(embeddings.shape[0]):
-        group, index = ("rvq_first", 0) if k == 0 else ("rvq_rest", k - 1)
-        stem = f"decoder.quantizer.{group}.vq.layers.{index}._codebook"
-        tensors[f"{stem}.embedding_sum"] = embeddings[k].contiguous()
-        tensors[f"{stem}.cluster_usage"] = torch.ones(embeddings.shape[1])
-    tensors.update({f"decoder.{name}": value.contiguous() for name, value in state.items()})
-    save_file(tensors, str(path / "model.safetensors"))
-    rate = net.samples_per_frame
-    (path / "config.json").write_text(json.dumps({
-        "model_type": MODEL_TYPE, "decode_upsample_rate": rate, "encode_downsample_rate": rate,
-        "input_sample_rate": 24000, "output_sample_rate": 24000,
-        "encoder_valid_num_quantizers": cfg["num_quantizers"], "decoder_config": cfg, "encoder_config": {}}, indent=2))
-    return path

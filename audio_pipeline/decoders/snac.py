@@ -58,7 +58,6 @@ from audio_pipeline.decoders.snac_layers import (
     SNACSynthesis,
     checkpoint_key_map,
     ignored_checkpoint_keys,
-    randomize_,
     upsample_unpadded,
 )
 
@@ -66,12 +65,10 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "SNAC_24KHZ_CONFIG",
-    "TINY_SNAC_CONFIG",
     "SNACDecoder",
     "codebooks_to_codes",
     "codes_to_codebooks",
     "receptive_field_frames",
-    "save_random_snac_checkpoint",
 ]
 
 #: ``config.json`` of the published 24 kHz SNAC (hubertsiuzdak/snac_24khz) used by Orpheus.
@@ -87,13 +84,6 @@ SNAC_24KHZ_CONFIG: dict[str, Any] = {
     "vq_strides": [4, 2, 1],
     "noise": True,
     "depthwise": True,
-}
-
-#: Same rates and codebooks as 24 kHz, narrow layers: fast on CPU (tests, built-in tiny model).
-TINY_SNAC_CONFIG: dict[str, Any] = {
-    **SNAC_24KHZ_CONFIG,
-    "encoder_dim": 8,
-    "decoder_dim": 32,
 }
 
 #: Defaults of keys a config.json may leave out (those of the reference constructor).
@@ -309,23 +299,6 @@ def _translate(state: dict[str, torch.Tensor], key_map: dict[str, tuple[str, boo
             missing.append(theirs)
     if missing:
         raise ValueError(f"{source}: {len(missing)} SNAC tensors missing, e.g. {missing[:4]}")
-    return out
-
-
-def _export(root: torch.nn.Module, style: str = "legacy") -> dict[str, torch.Tensor]:
-    """Our tensors under checkpoint names; weight-normed ones as g/v (``legacy``: ``weight_g``/
-    ``weight_v``; ``parametrizations``: ``parametrizations.weight.original0``/``original1``)."""
-    ours = root.state_dict()
-    out = {}
-    for key, (theirs, weight_normed) in checkpoint_key_map(root).items():
-        t = ours[key].detach().float().contiguous()
-        if weight_normed and style != "plain":
-            (lg, lv), (pg, pv) = _weight_norm_names(theirs)
-            g_key, v_key = (lg, lv) if style == "legacy" else (pg, pv)
-            out[g_key] = torch.linalg.vector_norm(t, dim=tuple(range(1, t.dim())), keepdim=True)
-            out[v_key] = t.clone()
-        else:
-            out[theirs] = t.clone()
     return out
 
 
@@ -826,35 +799,3 @@ def _assign(module: torch.nn.Module, tensors: dict[str, torch.Tensor], source: P
             raise ValueError(f"{source}: tensor for {key} has shape {tuple(t.shape)}, "
                              f"expected {tuple(expected[key].shape)} for this config")
     module.load_state_dict(tensors, strict=True, assign=True)
-
-
-# --------------------------------------------------------------------------------------------
-# random checkpoints
-
-
-def save_random_snac_checkpoint(path: str | Path, *, seed: int = 0, safetensors: bool = True,
-                                **config_overrides: Any) -> Path:
-    """Writes ``config.json`` and randomly initialised weights in the published layout
-    (weight-normed tensors as ``weight_g``/``weight_v``) to directory ``path``; returns it.
-
-    The config is :data:`SNAC_24KHZ_CONFIG` updated with ``config_overrides``.
-    """
-    path = Path(path)
-    raw = {**SNAC_24KHZ_CONFIG, **config_overrides}
-    cfg = _normalize_config(raw, "save_random_snac_checkpoint")
-    generator = torch.Generator().manual_seed(seed)
-    quantizer, synthesis = _build_decoding(cfg)
-    analysis = _build_analysis(cfg)
-    state: dict[str, torch.Tensor] = {}
-    for module in (analysis, quantizer, synthesis):
-        randomize_(module, generator)
-        state.update(_export(module))
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(raw, indent=2))
-    if safetensors:
-        from safetensors.torch import save_file
-
-        save_file(state, str(path / "model.safetensors"))
-    else:
-        torch.save(state, str(path / "pytorch_model.bin"))
-    return path

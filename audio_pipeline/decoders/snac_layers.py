@@ -431,34 +431,3 @@ class ResidualQuantizer(nn.Module):
             residual = residual - q
             codes.append(c)
         return codes
-
-
-# --------------------------------------------------------------------------------------------
-# random initialisation (tests and the built-in tiny model)
-
-
-@torch.no_grad()
-def randomize_(root: nn.Module, generator: torch.Generator) -> None:
-    """Fills every tensor like PyTorch's default layer init (uniform +-1/sqrt(fan_in)), codebooks
-    standard normal, Snake frequencies 1, LayerNorm identity."""
-
-    def uniform(t: torch.Tensor, fan_in: int) -> None:
-        bound = 1.0 / math.sqrt(fan_in)
-        t.copy_(torch.rand(t.shape, generator=generator) * (2 * bound) - bound)
-
-    for module in root.modules():
-        if isinstance(module, Conv):
-            uniform(module.weight, module.fan_in())
-            if module.bias is not None:
-                uniform(module.bias, module.fan_in())
-        elif isinstance(module, NoiseInjection):
-            uniform(module.proj, module.proj.shape[1])
-        elif isinstance(module, Snake):
-            module.alpha.fill_(1.0)
-        elif isinstance(module, WindowedSelfAttention):
-            module.norm_weight.fill_(1.0)
-            module.norm_bias.zero_()
-            uniform(module.qkv, module.dim)
-            uniform(module.out, module.dim)
-        elif isinstance(module, Codebook):
-            module.vectors.copy_(torch.randn(module.vectors.shape, generator=generator))

@@ -89,7 +89,7 @@ def write_random_qwen3_tts(path: Path, shape: str, *, seed: int = 0) -> Path:
     random speech tokenizer of the shape's decoder."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from audio_pipeline.decoders.qwen3_tts_12hz import save_random_qwen3_tts_12hz_checkpoint
+    from audio_pipeline.testing.random_decoders import save_random_qwen3_tts_12hz_checkpoint
 
     spec = QWEN3_TTS_SHAPES[shape]
     codebook = spec["codebook_size"]
@@ -127,7 +127,7 @@ def write_random_qwen3_tts(path: Path, shape: str, *, seed: int = 0) -> Path:
 def write_random_model(path: str | Path, shape: str, *, seed: int = 0) -> Path:
     """A model directory of ``shape`` (one of RANDOM_SHAPES or QWEN3_TTS_SHAPES) whose LM weights
     are drawn at load."""
-    from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
+    from audio_pipeline.testing.random_decoders import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 
     if shape in QWEN3_TTS_SHAPES:
         path = Path(path)

@@ -123,7 +123,7 @@ def write_tiny_orpheus_model(path: str | os.PathLike, *, seed: int = 0, with_dec
     manifest = {"family": family, "description": "tiny random test model (noise, not speech)",
                 "voices": voices, "default_voice": voices[0]["name"]}
     if with_decoder:
-        from audio_pipeline.decoders.snac import TINY_SNAC_CONFIG, save_random_snac_checkpoint
+        from audio_pipeline.testing.random_decoders import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 
         save_random_snac_checkpoint(path / "snac", seed=seed, **TINY_SNAC_CONFIG)
         manifest.update(audio_decoder="snac", audio_decoder_weights="snac")
