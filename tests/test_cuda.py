@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from audio_pipeline.engine import TTSEngine
+from audio_pipeline.layouts import orpheus
 from conftest import make_config
 from test_engine_core import run
 
@@ -89,26 +90,27 @@ def reference(model_dir):
 
 def same_or_tie(reference, prompts, ours, theirs) -> list[str]:
     """For each request, '=' where both runs gave the same tokens, else 'tie@i (gap)' where they
-    part at a near-tie; raises AssertionError (naming the request and the gap) where they part at a
-    clear choice."""
+    part at a near-tie: two speech tokens at i, or one run's end of speech at i against the other's
+    speech token (the end is not recorded: the shorter run's tokens are the other's first i). GREEDY
+    names no stop ids, so the one way to end before max_tokens is the layout's end of speech, and
+    only on a frame boundary. Raises AssertionError (naming the request and the gap) where they part
+    at a clear choice, or where a run ended off a frame boundary."""
     verdicts = []
     for index, (prompt, a, b) in enumerate(zip(prompts, ours, theirs)):
         if a == b:
             verdicts.append("=")
             continue
         at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        if at == min(len(a), len(b)):  # one stopped (end of speech) where the other went on
-            stop = a[at] if len(a) > at else b[at]
-            other = None
-        else:
-            stop, other = a[at], b[at]
+        if at < min(len(a), len(b)):
+            picks = a[at], b[at]
+        else:  # one run is the other's first `at` tokens: it ended its speech there
+            assert at > 0 and at % orpheus.TOKENS_PER_FRAME == 0, \
+                f"request {index} ended after {at} tokens, off a frame boundary ({orpheus.TOKENS_PER_FRAME} tokens)"
+            picks = (orpheus.END_OF_SPEECH, b[at]) if len(a) == at else (a[at], orpheus.END_OF_SPEECH)
         with torch.no_grad():
             logits = reference(torch.tensor([prompt + a[:at]])).logits[0, -1]
-        if other is None:
-            verdicts.append(f"length@{at}")
-            continue
-        gap = (logits[stop] - logits[other]).abs().item()
-        assert gap <= TIE, f"request {index} parts at token {at}: {stop} against {other}, float32 gap {gap:.3f}"
+        gap = (logits[picks[0]] - logits[picks[1]]).abs().item()
+        assert gap <= TIE, f"request {index} parts at token {at}: {picks[0]} against {picks[1]}, float32 gap {gap:.3f}"
         verdicts.append(f"tie@{at} ({gap:.3f})")
     return verdicts
 
