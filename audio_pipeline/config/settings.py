@@ -128,7 +128,7 @@ class ModelConfig(BaseModel):
         "stream's speech never depends on its batch; with the native kernel a Llama layer's other operations run "
         "natively too (two calls a layer). None = on for a float32 model where either kernel runs and the layers' "
         "weights come to at most 1 GiB (the copy doubles them); not with model.compile. false: the BLAS and torch "
-        "operations. See the README's The built-in voice for the figures.")
+        "operations. The figures: docs/performance-history.md, The built-in voice on the CPU.")
     prompt_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype of the decoder layers' matrix products at prompt positions (prefill), whatever "
         "step they run in; every other position runs in model.dtype. auto: bfloat16 for a float32 model on a CPU "
@@ -507,7 +507,7 @@ class AudioGenerationConfig(PipelineConfig):
         None, description="A pronunciation lexicon for the voices (read at start-up): a W3C PLS file (every "
                           "voice), or JSON: a list of {word, phonemes (IPA) | respelling} (every voice) or an object "
                           "of voice name (\"*\": every voice) -> such a list. A request's own pronunciations win for "
-                          "the words they share. See README, Pronunciations.")
+                          "the words they share. See docs/features.md, Pronunciations.")
     max_reference_seconds: float = Field(
         30.0, gt=0, le=600, description="Longest reference recording accepted for voice cloning, in seconds.")
     openai_voices: dict[str, str] = Field(
