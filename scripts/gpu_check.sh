@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's GPU check, one time-boxed command for a GPU machine with no network (README: "GPU").
+# The project's GPU check, one time-boxed command for a GPU machine with no network (docs/performance.md: "Measuring on a GPU").
 # From the repository root, with .gpukit/ made by scripts/gpu_kit.sh (the GPU kit, its espeak extra, a
 # transformers the project takes, >= 5.24 where the GPU machine has 5.17; optionally another tree's Python and
 # py-spy), sent with the tree (carry: [".gpukit"]; together under the 64 MiB a GPU call carries):

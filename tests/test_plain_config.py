@@ -54,7 +54,7 @@ def test_absent_fields_take_transformers_llama_defaults(tmp_path):
 
 
 def test_the_default_voice_serves_without_transformers_sympy_or_dynamo():
-    # What keeps an idle server small: these would cost it some 100 MiB (README, Memory).
+    # What keeps an idle server small: these would cost it some 100 MiB (docs/performance.md, Memory).
     script = """
 import sys
 from audio_pipeline.config import AudioGenerationConfig

@@ -4,8 +4,8 @@ On a GPU the decoder's call is short on the device and long on the host: the qua
 and the four upsampling stages are about 150 small kernels launched from Python, one batched call
 per window length a pass. At 256 Orpheus streams on an H100 that thread held the interpreter for
 7.7 ms of every 18.7 ms pass, time the engine loop (which shares the interpreter) then waited for.
-Replayed from a graph the call is one launch. Measured through the server on an H200 (README,
-"Measured on a GPU"), that thread's time at 256 streams fell by a third but the loop's launches
+Replayed from a graph the call is one launch. Measured through the server on an H200 (docs/performance-history.md,
+"SNAC's decode as CUDA graphs"), that thread's time at 256 streams fell by a third but the loop's launches
 grew by as much and the passes a second did not rise: ``cuda_graphs`` is off by default.
 
 What a graph cannot hold is host data that shapes the kernels, so a graph is captured per (window

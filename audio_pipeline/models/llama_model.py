@@ -36,7 +36,7 @@ def resolve_cache_dtype(kv_cache_config: "KVCacheConfig", dtype: torch.dtype, de
     "auto" float16 where a float32 model's attention runs in the native CPU kernel (it widens the
     cache as it loads it, and a decode step's attention is bound by the bytes it reads: through the
     server, 16 and 32 streams of the built-in voice ran 1.2-1.3x as many forward passes per second
-    as with a float32 cache, with logits within 0.02 of it; see the README's Serving speed), else
+    as with a float32 cache, with logits within 0.02 of it; see docs/performance-history.md, A 16-bit KV cache), else
     the model's own dtype."""
     if kv_cache_config.cache_dtype != "auto":
         return CACHE_DTYPES[kv_cache_config.cache_dtype]
