@@ -29,6 +29,7 @@ from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerCon
 from audio_pipeline.text.segment import segments
 from audio_pipeline.service.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size,
                                            check_transcript, codes_file, read_reference_audio, read_voice_entry)
+from audio_pipeline.core.kv_cache.build import build_kv_cache
 from audio_pipeline.core.engine_core import AudioEvent, EngineCore, Sink, StreamSettings, Usage
 from audio_pipeline.core.model_runner import build_runner
 from audio_pipeline.core.step_timing import StepTimer
@@ -137,8 +138,9 @@ class TTSEngine:
         self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
                                           config.audio_decoder_config, device=device)
         self.decoder_device = device
-        kv_manager = self.model.load_kv_manager(config.model.kv_cache.kv_cache_memory_bytes,
-                                                reserve_bytes=self._activation_reserve())
+        #: The paged KV cache: the engine's, sized for the model after its weights and the decoder are loaded.
+        self.kv_cache = kv_manager = build_kv_cache(self.model, config.model.kv_cache.kv_cache_memory_bytes,
+                                                    reserve_bytes=self._activation_reserve())
         # What "auto" settings became (the configuration's own log line shows them as set).
         blocks = kv_manager.block_manager
         grows = (f", growing on demand to at most {blocks.max_num_blocks} pages"
@@ -165,7 +167,7 @@ class TTSEngine:
         timer = StepTimer()
 
         def make_runner():
-            return build_runner(self.model, self.layout, config, max_batch_size=self.max_batch_size, timer=timer,
+            return build_runner(self.model, kv_manager, self.layout, config, max_batch_size=self.max_batch_size, timer=timer,
                                 overlap=config.enable_overlap_scheduler)
 
         # On CUDA the runner is built now, not at the first request: it captures the decode graphs

@@ -11,6 +11,7 @@ from transformers import AutoConfig, CsmForConditionalGeneration
 
 from audio_pipeline.config import KVCacheConfig, PipelineConfig
 from audio_pipeline.core.kv_cache import PagedKVCacheManager
+from audio_pipeline.core.kv_cache.build import build_kv_cache
 from audio_pipeline.models.csm import CsmSpeechLM
 from audio_pipeline.models.csm_model import CsmPipelineModel
 from audio_pipeline.models.weights import load_safetensors_into
@@ -253,7 +254,7 @@ def test_pipeline_model_sizes_from_the_backbone_and_runs_frames(model_dir):
     assert pipeline.max_seq_len == 1024 and CsmPipelineModel.get_num_layers(config) == 2
     assert pipeline.codes_per_token == 8 and pipeline.model.lm_head.weight.shape == (16, 32)
     assert pipeline.forward is pipeline.model  # eager even with model.compile
-    kv = pipeline.load_kv_manager(1 << 20)
+    kv = build_kv_cache(pipeline, 1 << 20)
     kv.claim("s")
     kv.block_manager.alloc("s", 3)
     frames = torch.tensor([[-1] * 8, [1] * 8, [2] * 8])

@@ -72,7 +72,7 @@ def engine_on_cuda(model_dir, *flags, **model) -> TTSEngine:
 def speak(model_dir, *flags, texts=TEXTS, **model) -> list[list[int]]:
     engine = engine_on_cuda(model_dir, *flags, **model)
     try:
-        assert engine.model.kv_manager.backend.name == model.get("kv_cache", {}).get("attention_kernel", KERNEL)
+        assert engine.kv_cache.backend.name == model.get("kv_cache", {}).get("attention_kernel", KERNEL)
         contexts = run(engine, texts, **GREEDY)
         prompts = [c.prompt_ids for c in contexts]
         return prompts, [c.generated for c in contexts], engine
@@ -132,7 +132,7 @@ def test_flashinfer_serves_a_head_128_model_and_its_logits_are_as_close_to_float
                                                                  "dtype": "bfloat16",
                                                                  "kv_cache": {"attention_kernel": kernel,
                                                                               "kv_cache_memory_bytes": 1 << 30}}))
-        assert engine.model.kv_manager.backend.name == kernel
+        assert engine.kv_cache.backend.name == kernel
         got = forced_logits(engine, sequence, prompt_length).float().cpu()
         errors[kernel] = (got - want).abs().max().item()
     scale = want.abs().max().item()
@@ -176,7 +176,7 @@ def test_an_fp8_cache_speaks_within_ties_of_the_bfloat16_one(model_dir, referenc
     sooner, but only where float32 finds the two picks close (a looser TIE, four times)."""
     prompts, bf16, _ = speak(model_dir, *PLAIN)
     _, fp8, engine = speak(model_dir, *PLAIN, kv_cache={"cache_dtype": "fp8_e4m3"})
-    assert engine.model.kv_manager.cache.keys[0].dtype == torch.float8_e4m3fn
+    assert engine.kv_cache.cache.keys[0].dtype == torch.float8_e4m3fn
     global TIE
     tie, TIE = TIE, 4 * TIE
     try:
@@ -388,7 +388,7 @@ def test_the_builtin_frame_voice_speaks_on_cuda_as_on_the_cpu():
         engine.start()
         try:
             if device == "cuda":
-                assert engine.model.kv_manager.backend.name == "torch"
+                assert engine.kv_cache.backend.name == "torch"
                 assert engine.model.devices[0].type == "cuda"
             contexts = run(engine, ["Hello from the GPU.", "A second sentence, spoken at the same time."],
                            temperature=0.0)

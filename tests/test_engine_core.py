@@ -227,7 +227,7 @@ def test_logits_of_the_paged_model_match_transformers(tiny_model_dir):
     reference = Reference.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     context = engine.create_context("Compare logits with transformers.", temperature=0.0, max_tokens=14)
     prompt = context.prompt_ids
-    kv = engine.model.kv_manager
+    kv = engine.kv_cache
     kv.claim(context.request_id)
     kv.block_manager.alloc(context.request_id, len(prompt))
     with torch.inference_mode():  # the prompt as one step of the runner's forward, on the paged cache
@@ -299,7 +299,7 @@ def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dty
     the torch form) and requests run to the end."""
     engine = build(tiny_model_dir, model={"kv_cache": {"cache_dtype": cache_dtype}})
     try:
-        manager = engine.model.kv_manager
+        manager = engine.kv_cache
         assert {t.dtype for t in manager.cache.keys + manager.cache.values} == {expected}
         assert manager.backend.name == backend
         [context] = run(engine, ["Hello there."], **GREEDY)
@@ -338,7 +338,7 @@ def forced_logits(engine, sequence: list[int], prompt_length: int, frames=None) 
     """The engine's model over ``sequence`` (with its positions' ``frames`` for a layout whose
     positions carry frames) in its own paged cache: the prompt's last logits, then each later
     token's, a token per step."""
-    model, kv = engine.model, engine.model.kv_manager
+    model, kv = engine.model, engine.kv_cache
     kv.claim("forced")
     kv.block_manager.alloc("forced", len(sequence))
     device = model.devices[0]
@@ -362,7 +362,7 @@ def greedy_and_logits(model, cache_dtype, sequences=None):
     # The prompt's products in float32 (model.prompt_dtype): the cache's rounding alone is measured.
     engine = build(model, model={"kv_cache": {"cache_dtype": cache_dtype}, "prompt_dtype": "float32"})
     try:
-        assert engine.model.kv_manager.backend.name == "native"
+        assert engine.kv_cache.backend.name == "native"
         contexts = run(engine, TEXTS[:3], temperature=0.0, max_tokens=140)
     finally:
         engine.stop()

@@ -75,7 +75,7 @@ def test_a_step_reads_nothing_back_from_the_device(engine, buckets):
     operation that would wait for the device: prompts, decode steps (padded or not), every rule."""
     runs = []
     for guard in (True, False):
-        runner = ModelRunner(engine.model, engine.layout, decode_buckets=buckets, sync_free=True)
+        runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, decode_buckets=buckets, sync_free=True)
         contexts = contexts_for(engine, prefix=f"{guard}")
         drive(engine, runner, contexts, steps=20, guard=guard)
         runs.append([c.generated for c in contexts])
@@ -91,7 +91,7 @@ def test_the_guard_catches_a_step_that_reads_back(engine, monkeypatch):
 
     monkeypatch.setattr(native.native_sampler, "tried", True)
     monkeypatch.setattr(native.native_sampler, "kernel", None)
-    runner = ModelRunner(engine.model, engine.layout, sync_free=False)
+    runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, sync_free=False)
     contexts = [engine.create_context("Hello there.", request_id="flat", temperature=5.0, top_p=0.99, seed=7)]
     with pytest.raises(HostSync):
         drive(engine, runner, contexts, steps=2)
@@ -146,7 +146,7 @@ def test_sampling_without_reading_back_picks_what_the_checked_rule_picks(spread)
 def test_device_counts_are_each_requests_codes_by_frame_slot(engine):
     """After a run, the device table holds exactly the codes each request generated in each frame
     slot (samples and the forced tokens that follow them), the reference the penalties read."""
-    runner = ModelRunner(engine.model, engine.layout, sync_free=True)
+    runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, sync_free=True)
     contexts = contexts_for(engine, prefix="c")
     drive(engine, runner, contexts, steps=12, guard=False)
     frame = engine.layout.tokens_per_frame
@@ -185,7 +185,7 @@ def test_the_overlap_step_reads_nothing_back_either(engine):
     the device, the forced tokens after them from the layout) passes the guard too."""
     runs = []
     for guard in (True, False):
-        runner = ModelRunner(engine.model, engine.layout, sync_free=True)
+        runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, sync_free=True)
         contexts = contexts_for(engine, prefix=f"o{guard}")
         drive(engine, runner, contexts, steps=8, guard=guard, ahead=True)
         runs.append([c.generated for c in contexts])
@@ -202,7 +202,7 @@ def test_a_step_launched_before_the_last_one_is_read_takes_its_sample_from_the_d
         pytest.skip("the worker thread is the CPU's overlap; CUDA runs ahead on its own (ModelRunner refuses it)")
     runs = []
     for ahead in (False, True):
-        runner = ModelRunner(engine.model, engine.layout, worker=worker and ahead)
+        runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, worker=worker and ahead)
         contexts = [engine.create_context(text, request_id=f"{ahead}{i}", temperature=0.0, max_tokens=70)
                     for i, text in enumerate(["Hello there.", "A longer sentence for a longer prompt.", "Hi!"])]
         drive(engine, runner, contexts, steps=12, guard=False, ahead=ahead)
@@ -224,7 +224,7 @@ def test_the_captured_sampling_draws_the_eager_samplers_tokens(tiny_model_dir, s
     engine = TTSEngine(make_config(tiny_model_dir))
     runs, replays = [], []
     for captured in (False, True):
-        runner = ModelRunner(engine.model, engine.layout, decode_buckets=(4, 8), sync_free=True)
+        runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, decode_buckets=(4, 8), sync_free=True)
         if captured:
             runner.sample_graphs = sample_graphs_for(engine.model, engine.layout, runner.frame_sampling, (4, 8),
                                                      capture=False)
@@ -246,7 +246,7 @@ def test_the_captured_sampling_keeps_every_layouts_tokens(engine):
 
     runs, replays = [], 0
     for captured in (False, True):
-        runner = ModelRunner(engine.model, engine.layout, decode_buckets=(4, 8), sync_free=True)
+        runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, decode_buckets=(4, 8), sync_free=True)
         if captured:
             runner.sample_graphs = sample_graphs_for(engine.model, engine.layout, runner.frame_sampling, (4, 8),
                                                      capture=False)
@@ -276,7 +276,7 @@ def test_a_large_prompt_step_runs_on_the_prefill_threads_and_gives_the_same_toke
     runs = []
     try:
         for prefill_threads in (1, 2):
-            runner = ModelRunner(engine.model, engine.layout, sync_free=True, prefill_threads=prefill_threads)
+            runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, sync_free=True, prefill_threads=prefill_threads)
             contexts = [engine.create_context("A somewhat longer sentence, so that the prompts together are long. "
                                               f"Number {i}.", request_id=f"p{prefill_threads}-{i}", temperature=0.0,
                                               max_tokens=70) for i in range(12)]

@@ -37,20 +37,21 @@ def test_int8_is_refused_off_float32_and_off_the_cpu(tiny_model_dir):
 
 def test_int8_logits_stay_close_to_float32(tiny_model_dir):
     """The same prompts' logits through both models (one ragged prefill step each)."""
-    models = [TTSEngine(make_config(tiny_model_dir, f"model.quantization={q}")).model for q in ("none", "int8")]
+    engines = [TTSEngine(make_config(tiny_model_dir, f"model.quantization={q}")) for q in ("none", "int8")]
     generator = torch.Generator().manual_seed(0)
-    vocab = models[0].huggingface_config.vocab_size
+    vocab = engines[0].model.huggingface_config.vocab_size
     lengths = [5, 17, 9]
     tokens = torch.randint(0, vocab, (sum(lengths),), generator=generator)
     positions = torch.cat([torch.arange(n) for n in lengths])
     logits = []
-    for model in models:
+    for engine in engines:
+        model, kv = engine.model, engine.kv_cache
         ids = [f"seq{i}" for i in range(len(lengths))]
         for seq_id, n in zip(ids, lengths):
-            model.kv_manager.claim(seq_id)
-            model.kv_manager.block_manager.alloc(seq_id, n)
+            kv.claim(seq_id)
+            kv.block_manager.alloc(seq_id, n)
         with torch.inference_mode():
-            hidden = model.forward(tokens, positions, model.kv_manager.batch(ids, [0] * len(lengths), lengths))
+            hidden = model.forward(tokens, positions, kv.batch(ids, [0] * len(lengths), lengths))
             logits.append(model.model.compute_logits(hidden))
     torch.testing.assert_close(logits[1], logits[0], atol=INT8_LOGITS_ATOL, rtol=0)
 

@@ -21,7 +21,7 @@ def engine(tiny_model_dir):
 
 
 def _prefill(engine, request_id: str, ids: list[int]):
-    kv = engine.model.kv_manager
+    kv = engine.kv_cache
     kv.claim(request_id)
     kv.block_manager.alloc(request_id, len(ids) + 1)
     batch = kv.batch([request_id], [0], [len(ids)])
@@ -30,7 +30,7 @@ def _prefill(engine, request_id: str, ids: list[int]):
 
 def _step(engine, items, prompt_rows=()):
     """Hidden states of one step: ``items`` are (request id, start, ids)."""
-    kv = engine.model.kv_manager
+    kv = engine.kv_cache
     batch = kv.batch([r for r, _, _ in items], [s for _, s, _ in items], [len(ids) for _, _, ids in items])
     batch = dataclasses.replace(batch, prompt_rows=prompt_rows)
     tokens = torch.tensor([t for _, _, ids in items for t in ids])
@@ -48,7 +48,7 @@ def test_a_decode_rows_bits_are_the_same_in_a_step_with_a_prompt_beside_it(engin
     # A step with prompt positions runs the layer's operations one by one (its products split by
     # position: bfloat16 prompt rows where the CPU has them); a decode row must come out with the bits
     # the fused calls give it, or a stream's speech would depend on others' arrivals.
-    kv = engine.model.kv_manager
+    kv = engine.kv_cache
     vocab = engine.model.model.config.vocab_size
     first, second = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(0)).tolist(), \
         torch.randint(0, vocab, (9,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -77,7 +77,7 @@ def test_native_layers_compute_what_the_torch_form_computes(engine):
     ids = torch.randint(0, vocab, (15,), generator=torch.Generator().manual_seed(2)).tolist()
     layers = engine.model.backbone_layers()
     native = [layer.native for layer in layers]
-    kv = engine.model.kv_manager
+    kv = engine.kv_cache
     results = {}
     try:
         with torch.inference_mode():

@@ -91,7 +91,7 @@ def test_bfloat16_prompt_logits_stay_close_to_float32(tiny_model_dir):
     assert engine.model.prompt_dtype == torch.bfloat16
     context = engine.create_context("Compare the prompt's logits in both precisions.", temperature=0.0)
     prompt = context.prompt_ids
-    kv = engine.model.kv_manager
+    kv = engine.kv_cache
     kv.claim(context.request_id)
     kv.block_manager.alloc(context.request_id, len(prompt))
     logits = {}

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             engine = build_engine(model_dir, args.device, batches, args.context, args.steps, VARIANTS[variant])
             print(f"# {variant}: engine built in {time.perf_counter() - started:.1f} s (KV cache "
-                  f"{str(engine.model.cache_dtype).removeprefix('torch.')}, attention {engine.model.kv_manager.backend.name}, "
+                  f"{str(engine.model.cache_dtype).removeprefix('torch.')}, attention {engine.kv_cache.backend.name}, "
                   f"graphs {'on' if engine.core.runner.graphs is not None else 'off'})", flush=True)
             cost = PassCost.of(config, str(engine.model.dtype).removeprefix("torch."),
                                str(engine.model.cache_dtype).removeprefix("torch."))

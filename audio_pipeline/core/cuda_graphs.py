@@ -26,6 +26,7 @@ from audio_pipeline_kernels import StepMetadata, write_paged_kv
 
 if TYPE_CHECKING:
     from audio_pipeline.models.llama_model import LlamaPipelineModel
+    from audio_pipeline.core.kv_cache.paged import PagedKVCacheManager
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +58,14 @@ class _Bucket:
 
 
 class DecodeGraphs:
-    """Captured decode forwards of ``model`` for each size in ``buckets``; ``inputs`` names the
+    """Captured decode forwards of ``model`` over the cache ``kv`` for each size in ``buckets``; ``inputs`` names the
     forward pass's other per-position inputs (keyword -> (shape after the position, dtype, the value
     of a position without one))."""
 
-    def __init__(self, model: "LlamaPipelineModel", buckets: Sequence[int],
+    def __init__(self, model: "LlamaPipelineModel", kv: "PagedKVCacheManager", buckets: Sequence[int],
                  inputs: dict[str, tuple[tuple[int, ...], torch.dtype, int]] | None = None):
         import flashinfer
 
-        kv = model.kv_manager
         backend = kv.backend
         if backend.name != "flashinfer":
             raise ValueError("model.cuda_graphs needs model.kv_cache.attention_kernel flashinfer (the torch form's "

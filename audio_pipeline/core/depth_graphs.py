@@ -23,15 +23,12 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from audio_pipeline.core.sampler import FLOAT_FIELDS, SamplingRows
-
-if TYPE_CHECKING:
-    from audio_pipeline.core.depth import DepthSampling
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +44,20 @@ def _rule(codebook: int, prefix: bool) -> SamplingRows:
                         prefix_suffices=prefix, prefix_may_suffice=prefix)
 
 
+class DepthFrames(Protocol):
+    """What the graphs capture of the depth decoder's sampling (core/depth.py's DepthSampling):
+    its codes per frame and one frame of a batch."""
+
+    codes: int
+
+    def frames(self, states: torch.Tensor, codes: torch.Tensor, inputs: dict[str, torch.Tensor],
+               rows: SamplingRows) -> torch.Tensor: ...
+
+
 class DepthGraphs:
     """Captured frames of ``sampling``'s depth decoder for each size in ``buckets``."""
 
-    def __init__(self, sampling: "DepthSampling", buckets: Sequence[int], *, hidden_size: int, dtype: torch.dtype,
+    def __init__(self, sampling: DepthFrames, buckets: Sequence[int], *, hidden_size: int, dtype: torch.dtype,
                  device: torch.device, codebook: int):
         self.codebook = codebook
         self.sizes = sorted(set(buckets))

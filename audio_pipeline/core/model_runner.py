@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from audio_pipeline.core.kv_cache.paged import PagedBatch
+from audio_pipeline.core.kv_cache.paged import PagedBatch, PagedKVCacheManager
 from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.models.prompt_precision import prompt_ranges
 from audio_pipeline.core.step_arena import StepArena
@@ -159,7 +159,7 @@ class ModelRunner:
     sampling of each step run on one worker thread, in launch order, while the caller goes on.
     """
 
-    def __init__(self, model: "LlamaPipelineModel", layout: Any, *, decode_buckets: Sequence[int] = (),
+    def __init__(self, model: "LlamaPipelineModel", kv: PagedKVCacheManager, layout: Any, *, decode_buckets: Sequence[int] = (),
                  cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None,
                  worker: bool = False, sample_graphs: bool = True, prefill_threads: int = 1):
         if worker and model.devices[0].type != "cpu":
@@ -173,9 +173,8 @@ class ModelRunner:
         self.prefill_threads = prefill_threads
         #: Seconds of the inputs, model and sample phases (the engine's step metrics).
         self.timer = timer or StepTimer()
-        self.kv = model.kv_manager
-        if self.kv is None:
-            raise RuntimeError("load_kv_manager() must run before the model runner is built")
+        #: The paged KV cache the steps read and write (the engine builds it: core/kv_cache/build.py).
+        self.kv = kv
         self.device = model.devices[0]
         self.layout = layout
         self.arena = StepArena(self.device)
@@ -205,7 +204,7 @@ class ModelRunner:
         if cuda_graphs and self.device.type == "cuda" and self.decode_buckets:
             from audio_pipeline.core.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, self.decode_buckets,
+            self.graphs = DecodeGraphs(model, kv, self.decode_buckets,
                                        {**self.frame_sampling.graph_inputs(), **self.tracks.graph_inputs()})
             self.frame_sampling.capture(self.decode_buckets, hidden_size=int(model.model.config.hidden_size),
                                         dtype=model.dtype, device=self.device, codebook=layout.codebook_size)
@@ -456,7 +455,7 @@ class ModelRunner:
         return ids
 
 
-def build_runner(model: "LlamaPipelineModel", layout: Any, config: "PipelineConfig", *, max_batch_size: int,
+def build_runner(model: "LlamaPipelineModel", kv: PagedKVCacheManager, layout: Any, config: "PipelineConfig", *, max_batch_size: int,
                  timer: StepTimer | None = None, overlap: bool = False) -> ModelRunner:
     """The engine's model runner, as the configuration asks: CUDA graphs where the attention kernel
     can be captured (FlashInfer's), decode buckets (model.decode_buckets, else the device's default),
@@ -464,17 +463,17 @@ def build_runner(model: "LlamaPipelineModel", layout: Any, config: "PipelineConf
     model_config = config.model
     device = model.devices[0]
     # Graphs replay FlashInfer's decode kernel; the torch form's shapes change every step.
-    graphs = model_config.cuda_graphs and model.kv_manager.backend.name == "flashinfer"
+    graphs = model_config.cuda_graphs and kv.backend.name == "flashinfer"
     if model_config.cuda_graphs and device.type == "cuda" and not graphs:
         logger.warning("model.cuda_graphs: off, the %s attention kernel cannot be captured (flashinfer can)",
-                       model.kv_manager.backend.name)
+                       kv.backend.name)
     buckets = model_config.decode_buckets
     if buckets is None:
         buckets = default_decode_buckets(device, max_batch_size, cuda_graphs=graphs)
     # The cores this process may run on (a container's share, not the host's count).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     prefill_threads = model_config.prefill_threads or min(4, cores)
-    return ModelRunner(model, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
+    return ModelRunner(model, kv, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
                        worker=overlap and device.type == "cpu", sample_graphs=model_config.sample_graphs,
                        prefill_threads=prefill_threads)
 

@@ -35,12 +35,9 @@ import bisect
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
-
-if TYPE_CHECKING:
-    from audio_pipeline.decoders.snac import SNACDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +51,25 @@ DEFAULT_MAX_FRAMES = 32
 DEFAULT_MAX_GRAPHS = 128
 
 
+class GraphedDecoder(Protocol):
+    """What the graphs read of the decoder they capture (decoders/snac.py's SNACDecoder): its
+    batched decode of whole rows, and what shapes and seeds its positional noise."""
+
+    device: torch.device
+    tokens_per_frame: int
+    has_noise: bool
+    noise_scale: float
+    noise_seed: int | None
+
+    def decode_rows(self, codes: torch.Tensor, firsts: torch.Tensor) -> torch.Tensor: ...
+
+    def noise_tables(self) -> list[torch.Tensor]: ...
+
+
 class SNACGraphs:
     """Captured batched decodes of ``decoder`` (positional noise or none), built on first use."""
 
-    def __init__(self, decoder: "SNACDecoder", *, buckets: Sequence[int] = DEFAULT_BUCKETS,
+    def __init__(self, decoder: GraphedDecoder, *, buckets: Sequence[int] = DEFAULT_BUCKETS,
                  max_frames: int = DEFAULT_MAX_FRAMES, max_graphs: int = DEFAULT_MAX_GRAPHS, capture: bool = True):
         if decoder.has_noise and decoder.noise_scale != 0 and decoder.noise_seed is None:
             raise ValueError("SNAC CUDA graphs need positional noise (noise_seed an integer) or none")

@@ -10,7 +10,6 @@ import torch
 
 if TYPE_CHECKING:
     from audio_pipeline.config import KVCacheConfig, PipelineConfig
-    from audio_pipeline.core.kv_cache.paged import PagedKVCacheManager
 
 
 @dataclass(frozen=True)
@@ -31,12 +30,30 @@ class KVCacheParams:
         return 2 * self.num_layers * self.n_kv_heads * self.head_dim * element
 
 
+class AttentionBatch(Protocol):
+    """What a model's layers call on a step's batch (the core's paged KV cache builds it: where the
+    new tokens' keys and values go, and how each token attends)."""
+
+    #: The step's shape (``query_lens``: new tokens per sequence).
+    metadata: Any
+    #: The row ranges that are prompt positions, where model.prompt_dtype applies (else empty).
+    prompt_rows: tuple[tuple[int, int], ...]
+
+    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Stores the new keys and values of ``layer`` and returns the attention of ``query``."""
+
+    def stored_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where ``layer``'s new keys and values go (for layers that write them themselves)."""
+
+    def attend_stored(self, layer: int, query: torch.Tensor) -> torch.Tensor:
+        """The attention of ``query`` over ``layer``'s cache as stored."""
+
+
 class RunnerModel(Protocol):
     """The calls the model runner (and the CUDA graphs) make on a model, and nothing else."""
 
     devices: list[torch.device]
     max_seq_len: int
-    kv_manager: "PagedKVCacheManager | None"
     #: Codes each position carries (1; above 1 a depth decoder samples the rest of each frame).
     codes_per_token: int
 

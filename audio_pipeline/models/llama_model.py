@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from audio_pipeline.models.interface import KVCacheParams, PipelineModel
-from audio_pipeline.core.kv_cache import PagedBatch, PagedKVCache, PagedKVCacheManager
+from audio_pipeline.models.interface import AttentionBatch, KVCacheParams, PipelineModel
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
 from audio_pipeline.models.cpu_linear import PackedWeight, pack_linears, pack_weight, use_packed_linears
 from audio_pipeline.models.native_layers import attach_native_layers
@@ -44,10 +42,6 @@ def resolve_cache_dtype(kv_cache_config: "KVCacheConfig", dtype: torch.dtype, de
             and native_attention() is not None):
         return torch.float16
     return dtype
-
-
-#: Tokens per row the CPU's KV cache starts with room for (it grows on demand from there).
-CPU_START_TOKENS = 256
 
 
 class LlamaPipelineModel(PipelineModel):
@@ -107,7 +101,6 @@ class LlamaPipelineModel(PipelineModel):
                         str(self.prompt_dtype).removeprefix("torch."), pipeline_config.model.prompt_dtype, count)
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
         self.forward = self._make_forward(pipeline_config.model.compile)
-        self.kv_manager: PagedKVCacheManager | None = None
 
     def _build_model(self, huggingface_config: Any, model_dir: Path, dtype: torch.dtype, device: torch.device,
                      random_weights: bool) -> torch.nn.Module:
@@ -203,32 +196,6 @@ class LlamaPipelineModel(PipelineModel):
         longest = cls.calculate_max_seq_len(pipeline_config, huggingface_config)
         wanted = pipeline_config.max_batch_size * longest * params.bytes_per_token
         return min(wanted, available_cache_memory)
-
-    def load_kv_manager(self, available_cache_memory: int | None = None, *, reserve_bytes: int = 0
-                        ) -> PagedKVCacheManager:
-        """Builds the paged cache: sized from ``available_cache_memory`` bytes, or from the memory
-        measured free now (after the weights and the decoder are loaded) times
-        device_memory_utilization, less ``reserve_bytes`` for the steps' activations."""
-        params = self.kv_params
-        if available_cache_memory is None:
-            available_cache_memory = max(0, available_memory(self.devices[0],
-                                                             self.kv_cache_config.device_memory_utilization)
-                                         - reserve_bytes)
-        size = self.estimate_kv_cache_size(self.pipeline_config, available_cache_memory, self.devices,
-                                           self.huggingface_config, self.kv_cache_config, self.cache_dtype)
-        blocks = most = size // PagedKVCache.bytes_per_block(params)
-        if self.devices[0].type == "cpu" and self.kv_cache_config.kv_cache_memory_bytes is None:
-            # Start with room for every row's first CPU_START_TOKENS tokens and grow on demand: the
-            # server holds what its streams use (CUDA sizes the cache once, from the measured memory).
-            start = self.pipeline_config.max_batch_size * min(CPU_START_TOKENS, self.max_seq_len)
-            blocks = min(most, max(1, -(-start // params.page_size)))
-        self.kv_manager = PagedKVCacheManager(params, self.devices[0], blocks, max_num_blocks=most,
-                                              enable_prefix_caching=self.kv_cache_config.enable_prefix_caching,
-                                              attention_kernel=self.kv_cache_config.attention_kernel,
-                                              num_heads=self.huggingface_config.num_attention_heads,
-                                              model_dtype=self.dtype,
-                                              prefill_backend=self.kv_cache_config.prefill_backend)
-        return self.kv_manager
 
     # --- execution -------------------------------------------------------------------------------
 
@@ -361,7 +328,7 @@ class StaticBucketForward:
             config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * limit)
         self.compiled = torch.compile(module, dynamic=False)
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, batch: PagedBatch, **extra) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, **extra) -> torch.Tensor:
         rows = tokens.shape[0]
         if rows in self.buckets and len(batch.metadata.query_lens) == rows:  # a decode step of a bucket
             return self.compiled(tokens, positions, batch, **extra)
@@ -374,12 +341,3 @@ def candidate_groups(starts: np.ndarray) -> tuple[np.ndarray, list[tuple[int, in
     ordered = starts[order]
     edges = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(starts)]
     return order, [(a, b, int(ordered[a])) for a, b in zip(edges[:-1], edges[1:])]
-
-
-def available_memory(device: torch.device, utilization: float) -> int:
-    """Bytes the KV cache may use on ``device``: free memory times ``utilization``."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free * utilization)
-    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(pages * utilization)
