@@ -200,7 +200,7 @@ class TTSEngine:
     def _prepare_decoder_graphs(self) -> None:
         """Captures the decoder's CUDA graphs (where it has them) for the windows the chunk schedule
         makes, now rather than while the first requests wait (decoders/snac_graphs.py)."""
-        graphs = getattr(self.decoder, "graphs", None)
+        graphs = self.decoder.graphs
         settings = self.core.streaming
         if graphs is None or settings.block_causal or self.decoder.causal_state or settings.chunk_size is None:
             return  # block-causal chunks decode on states (decode_blocks), not as windows
@@ -252,7 +252,7 @@ class TTSEngine:
 
     def _open_voice_store(self) -> VoiceStore | None:
         """The registered voices (None when the decoder cannot encode audio, so no cloning)."""
-        if not getattr(self.decoder, "supports_encoding", hasattr(self.decoder, "encode")):
+        if not self.decoder.supports_encoding:
             return None
         from audio_pipeline.builtin import builtin_cache_dir
 

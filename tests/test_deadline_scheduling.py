@@ -153,7 +153,7 @@ def test_without_deadlines_or_with_them_off_steps_are_as_before():
     clock = Clock()
     for knobs in ({}, {"deadline_scheduling": False}):
         scheduler, _ = make(blocks=512, clock=clock, max_num_steps=4, **knobs)
-        plain = Request("plain", prompt(6), budget=20)  # no deadline attributes at all
+        plain = Request("plain", prompt(6), budget=20)  # no deadline
         started(scheduler, [plain])
         scheduler.add(Request("next", prompt(300, 9000), budget=4))
         assert scheduler.schedule().input_tokens == 300

@@ -15,95 +15,8 @@ from audio_pipeline.core.scheduler import AudioGenerationScheduler, Finished, Qu
 from audio_pipeline.core.stop import StopReason
 
 
-@dataclass(eq=False)
-class Request:
-    request_id: str
-    prompt: list[int]
-    budget: int = 8
-    arrival_time: float = 0.0
-    generated: list[int] = field(default_factory=list)
-    processed: int = 0
-    stop_reason: StopReason | None = None
-    #: A sampled id that ends the speech (not recorded).
-    stop_id: int | None = None
-
-    def append_sample(self, token):
-        if token == self.stop_id:
-            return StopReason.END_OF_SPEECH
-        self.generated.append(token)
-        return StopReason.MAX_TOKENS if len(self.generated) >= self.budget else None
-
-    @property
-    def all_tokens(self):
-        return self.prompt + self.generated
-
-    @property
-    def total_length(self):
-        return len(self.prompt) + len(self.generated)
-
-    @property
-    def max_length(self):
-        return len(self.prompt) + self.budget
-
-    @property
-    def is_done(self):
-        return self.stop_reason is not None
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-def make(blocks=64, block_size=4, prefix=True, clock=None, **knobs):
-    """A scheduler with ``knobs`` set as a server's configuration sets them (resolved for the CPU)."""
-    manager = BlockManager(blocks, block_size, enable_prefix_caching=prefix)
-    config = SchedulerConfig.from_config(PipelineConfig(**knobs).for_device("cpu"))
-    return AudioGenerationScheduler(config, manager, clock=clock or Clock()), manager
-
-
-def run_step(scheduler, output):
-    """What the engine does with a step, for each of its forward passes in order (a multi-step
-    decode has several): the runner computes the items of requests still going and samples
-    1000 + (tokens generated) where an item samples; the scheduler's update applies the result.
-    Returns what the updates let go."""
-    finished = []
-    for index, items in enumerate(output.steps):
-        items = [item for item in items if not item.request.is_done]  # the runner skips ended requests
-        for item in items:
-            request = item.request
-            assert item.start == request.processed, "a step must start where the KV cache ends"
-            assert item.start + item.num_tokens <= request.total_length
-            if item.sample:
-                assert item.start + item.num_tokens == request.total_length, \
-                    "samples only at the end of the known tokens"
-        result = StepResult(items, [[1000 + len(i.request.generated)] if i.sample else [] for i in items])
-        finished += scheduler.update(output, result, last=index == output.num_steps - 1)
-    return finished
-
-
-def drain(scheduler, limit=500):
-    kinds = []
-    for _ in range(limit):
-        output = scheduler.schedule()
-        if not output.items:
-            if not scheduler.num_running and not scheduler.num_waiting:
-                return kinds
-            continue
-        kinds.append(output)
-        run_step(scheduler, output)
-    raise AssertionError("the scheduler did not finish its requests")
-
-
-def prompt(n, base=0):
-    return list(range(base, base + n))
-
-
 def test_prefill_then_decode_until_every_request_finishes_and_frees_its_blocks():
-    scheduler, manager = make()
+    scheduler, manager = make_scheduler()
     requests = [Request(f"r{i}", prompt(10, 100 * i)) for i in range(3)]
     for r in requests:
         scheduler.add(r)
@@ -115,7 +28,7 @@ def test_prefill_then_decode_until_every_request_finishes_and_frees_its_blocks()
 
 
 def test_max_batch_size_caps_every_step():
-    scheduler, manager = make(max_batch_size=2, max_num_steps=1)
+    scheduler, manager = make_scheduler(max_batch_size=2, max_num_steps=1)
     requests = [Request(f"r{i}", prompt(6, 10 * i)) for i in range(5)]
     for request in requests:
         scheduler.add(request)
@@ -126,7 +39,7 @@ def test_max_batch_size_caps_every_step():
 
 
 def test_chunked_prefill_splits_long_prompts_across_steps():
-    scheduler, _ = make(max_batch_input_tokens=8)
+    scheduler, _ = make_scheduler(max_batch_input_tokens=8)
     long = Request("long", prompt(20))
     scheduler.add(long)
     first = scheduler.schedule()
@@ -140,19 +53,19 @@ def test_chunked_prefill_splits_long_prompts_across_steps():
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_that_holds_all_of_it():
-    scheduler, _ = make(max_batch_input_tokens=10, enable_chunked_prefill=False)
+    scheduler, _ = make_scheduler(max_batch_input_tokens=10, enable_chunked_prefill=False)
     scheduler.add(Request("a", prompt(6)))
     scheduler.add(Request("b", prompt(6, 50)))
     first = scheduler.schedule()
     assert [(i.request.request_id, i.num_tokens) for i in first.items] == [("a", 6)]
     # An oversize prompt (after a preemption, say) still runs, alone in its step.
-    scheduler2, _ = make(max_batch_input_tokens=4, enable_chunked_prefill=False)
+    scheduler2, _ = make_scheduler(max_batch_input_tokens=4, enable_chunked_prefill=False)
     scheduler2.add(Request("big", prompt(9)))
     assert [i.num_tokens for i in scheduler2.schedule().items] == [9]
 
 
 def test_in_flight_batching_mixes_prefill_into_decode_steps():
-    scheduler, manager = make(enable_in_flight_batching=True, max_batch_input_tokens=6)
+    scheduler, manager = make_scheduler(enable_in_flight_batching=True, max_batch_input_tokens=6)
     first_request = Request("a", prompt(4), budget=20)
     scheduler.add(first_request)
     run_step(scheduler, scheduler.schedule())
@@ -169,7 +82,7 @@ def test_in_flight_batching_mixes_prefill_into_decode_steps():
 
 
 def test_alternating_mode_keeps_prefill_and_decode_apart():
-    scheduler, _ = make(max_batch_input_tokens=6)
+    scheduler, _ = make_scheduler(max_batch_input_tokens=6)
     scheduler.add(Request("a", prompt(4), budget=20))
     run_step(scheduler, scheduler.schedule())
     scheduler.add(Request("b", prompt(12, 100), budget=4))
@@ -178,13 +91,13 @@ def test_alternating_mode_keeps_prefill_and_decode_apart():
 
 
 def test_min_batch_size_tg_keeps_decoding_while_enough_requests_decode():
-    scheduler, _ = make(min_batch_size_tg=2, max_num_steps=1)
+    scheduler, _ = make_scheduler(min_batch_size_tg=2, max_num_steps=1)
     for i in range(2):
         scheduler.add(Request(f"r{i}", prompt(4, 10 * i), budget=10))
     run_step(scheduler, scheduler.schedule())  # both prefilled together
     scheduler.add(Request("late", prompt(4, 99)))
     assert scheduler.schedule().kind == "tg"  # two decoding >= floor: the newcomer waits
-    scheduler3, _ = make(min_batch_size_tg=3, max_num_steps=1)
+    scheduler3, _ = make_scheduler(min_batch_size_tg=3, max_num_steps=1)
     for i in range(2):
         scheduler3.add(Request(f"r{i}", prompt(4, 10 * i), budget=10))
     run_step(scheduler3, scheduler3.schedule())
@@ -194,7 +107,7 @@ def test_min_batch_size_tg_keeps_decoding_while_enough_requests_decode():
 
 def test_prioritize_first_decode_runs_decode_right_after_prefill():
     for prioritize, expected in ((True, "tg"), (False, "ce")):
-        scheduler, _ = make(enable_prioritize_first_decode=prioritize, max_batch_size=1, max_queue_size_tg=4,
+        scheduler, _ = make_scheduler(enable_prioritize_first_decode=prioritize, max_batch_size=1, max_queue_size_tg=4,
                             max_num_steps=1)
         scheduler.add(Request("a", prompt(4)))
         scheduler.add(Request("b", prompt(4, 50)))
@@ -206,7 +119,7 @@ def test_prioritize_first_decode_runs_decode_right_after_prefill():
 
 def test_ce_delay_holds_a_lone_prompt_until_the_delay_or_a_full_batch():
     clock = Clock()
-    scheduler, _ = make(ce_delay_ms=50, max_batch_size=3, clock=clock)
+    scheduler, _ = make_scheduler(ce_delay_ms=50, max_batch_size=3, clock=clock)
     scheduler.add(Request("a", prompt(4), arrival_time=0.0))
     held = scheduler.schedule()
     assert not held.items and held.wait_s == pytest.approx(0.05)
@@ -217,7 +130,7 @@ def test_ce_delay_holds_a_lone_prompt_until_the_delay_or_a_full_batch():
     assert scheduler.schedule().batch_size == 3
 
     clock2 = Clock()
-    scheduler2, _ = make(ce_delay_ms=50, clock=clock2)
+    scheduler2, _ = make_scheduler(ce_delay_ms=50, clock=clock2)
     scheduler2.add(Request("a", prompt(4)))
     assert not scheduler2.schedule().items
     clock2.now = 0.051
@@ -225,7 +138,7 @@ def test_ce_delay_holds_a_lone_prompt_until_the_delay_or_a_full_batch():
 
 
 def test_max_num_steps_runs_multi_step_decode():
-    scheduler, _ = make(max_num_steps=3)
+    scheduler, _ = make_scheduler(max_num_steps=3)
     r = Request("a", prompt(4), budget=7)
     scheduler.add(r)
     run_step(scheduler, scheduler.schedule())
@@ -242,13 +155,13 @@ def test_max_num_steps_runs_multi_step_decode():
 
 
 def test_max_queue_size_tg_admits_more_than_a_batch_and_rotates_decode():
-    scheduler, _ = make(max_batch_size=2, max_queue_size_tg=4, max_num_steps=1)
+    scheduler, _ = make_scheduler(max_batch_size=2, max_queue_size_tg=4, max_num_steps=1)
     requests = [Request(f"r{i}", prompt(4, 10 * i), budget=6) for i in range(4)]
     for r in requests:
         scheduler.add(r)
     drain(scheduler)
     assert all(len(r.generated) == 6 for r in requests)
-    scheduler2, _ = make(max_batch_size=2, max_queue_size_tg=2, max_num_steps=1)
+    scheduler2, _ = make_scheduler(max_batch_size=2, max_queue_size_tg=2, max_num_steps=1)
     for r in [Request(f"s{i}", prompt(4, 10 * i)) for i in range(4)]:
         scheduler2.add(r)
     run_step(scheduler2, scheduler2.schedule())
@@ -256,7 +169,7 @@ def test_max_queue_size_tg_admits_more_than_a_batch_and_rotates_decode():
 
 
 def test_watermark_defers_admission():
-    scheduler, manager = make(blocks=10, block_size=4, kvcache_ce_watermark=0.5)
+    scheduler, manager = make_scheduler(blocks=10, block_size=4, kvcache_ce_watermark=0.5)
     scheduler.add(Request("a", prompt(16), budget=2))  # 4 blocks: 40 %
     scheduler.add(Request("b", prompt(8, 50), budget=2))  # +2 blocks would be 60 %
     first = scheduler.schedule()
@@ -265,21 +178,21 @@ def test_watermark_defers_admission():
 
 def test_queue_limit_and_oversize_requests():
     # One batch slot, two queue places: three requests fit (the slot is free), a fourth does not.
-    scheduler, _ = make(max_queue_size=2, max_batch_size=1, blocks=4, block_size=4)
+    scheduler, _ = make_scheduler(max_queue_size=2, max_batch_size=1, blocks=4, block_size=4)
     for name in "abc":
         scheduler.add(Request(name, prompt(4)))
     with pytest.raises(QueueFull, match="queue is full"):
         scheduler.add(Request("d", prompt(4)))
     with pytest.raises(ValueError, match="already in flight"):
         scheduler.add(Request("a", prompt(4)))
-    scheduler2, _ = make(blocks=2, block_size=4)
+    scheduler2, _ = make_scheduler(blocks=2, block_size=4)
     with pytest.raises(ValueError, match="more than the whole cache"):
         scheduler2.add(Request("huge", prompt(6), budget=8))
 
 
 def test_preemption_recomputes_and_every_request_still_finishes():
     # 6 blocks of 4 tokens: three requests of up to 12 tokens cannot all hold their KV at once.
-    scheduler, manager = make(blocks=6, block_size=4, max_num_steps=1, kvcache_ce_watermark=1.0)
+    scheduler, manager = make_scheduler(blocks=6, block_size=4, max_num_steps=1, kvcache_ce_watermark=1.0)
     requests = [Request(f"r{i}", prompt(4, 10 * i), budget=8) for i in range(3)]
     for r in requests:
         scheduler.add(r)
@@ -298,7 +211,7 @@ def test_preemption_recomputes_and_every_request_still_finishes():
 
 
 def test_requests_sharing_a_prompt_prefix_skip_its_prefill():
-    scheduler, manager = make(blocks=16, block_size=4)
+    scheduler, manager = make_scheduler(blocks=16, block_size=4)
     voice = prompt(9, 500)  # a shared voice preamble: two full blocks
     scheduler.add(Request("first", voice + [1, 2]))
     drain(scheduler)
@@ -310,7 +223,7 @@ def test_requests_sharing_a_prompt_prefix_skip_its_prefill():
 
 
 def test_cancel_works_for_queued_and_running_requests():
-    scheduler, manager = make(max_batch_size=1, max_queue_size_tg=1)
+    scheduler, manager = make_scheduler(max_batch_size=1, max_queue_size_tg=1)
     a, b = Request("a", prompt(4)), Request("b", prompt(4, 50))
     scheduler.add(a)
     scheduler.add(b)
@@ -322,7 +235,7 @@ def test_cancel_works_for_queued_and_running_requests():
 
 
 def test_update_returns_the_requests_that_finished_with_their_reasons_and_frees_their_blocks():
-    scheduler, manager = make(max_num_steps=1)
+    scheduler, manager = make_scheduler(max_num_steps=1)
     eos = Request("eos", prompt(4), stop_id=1001)  # its second sample is its end of speech
     full = Request("max", prompt(4, 10), budget=2)
     cancelled, failed, going = (Request(name, prompt(4, base)) for name, base in
@@ -348,7 +261,7 @@ def test_update_returns_the_requests_that_finished_with_their_reasons_and_frees_
 
 
 def test_a_request_ended_while_in_flight_is_let_go_by_the_update_that_ends_its_flight():
-    scheduler, manager = make()
+    scheduler, manager = make_scheduler()
     r = Request("a", prompt(4))
     scheduler.add(r)
     output = scheduler.schedule()
@@ -361,7 +274,7 @@ def test_a_request_ended_while_in_flight_is_let_go_by_the_update_that_ends_its_f
 def test_overlapping_steps_let_a_finished_request_go_with_its_last_step_in_flight():
     """With overlap the next step is planned before the previous one is applied: a request whose
     end of speech comes in the first is let go by the update of the second."""
-    scheduler, manager = make(max_num_steps=1)
+    scheduler, manager = make_scheduler(max_num_steps=1)
     r = Request("a", prompt(4), stop_id=1001)
     scheduler.add(r)
     first, second = scheduler.schedule(), scheduler.schedule()
@@ -376,7 +289,7 @@ def test_overlapping_steps_let_a_finished_request_go_with_its_last_step_in_fligh
 def test_a_failure_after_a_failed_step_lets_go_at_once():
     """After a failed step the caller gives up what it launched: ``stopped`` lets the request go
     though the scheduler still counts a step of it in flight, and that step's late update is a no-op."""
-    scheduler, manager = make()
+    scheduler, manager = make_scheduler()
     r = Request("a", prompt(4))
     scheduler.add(r)
     output = scheduler.schedule()
@@ -387,7 +300,7 @@ def test_a_failure_after_a_failed_step_lets_go_at_once():
 
 
 def test_a_request_that_can_never_fit_is_failed_by_schedule():
-    scheduler, manager = make(blocks=4, block_size=4, kvcache_ce_watermark=0.5)
+    scheduler, manager = make_scheduler(blocks=4, block_size=4, kvcache_ce_watermark=0.5)
     r = Request("big", prompt(12), budget=2)  # 4 blocks: within the cache, never within the watermark
     scheduler.add(r)
     output = scheduler.schedule()
@@ -397,7 +310,7 @@ def test_a_request_that_can_never_fit_is_failed_by_schedule():
 
 
 def test_overlap_scheduling_plans_the_next_step_before_the_previous_is_applied():
-    scheduler, _ = make(max_num_steps=1)
+    scheduler, _ = make_scheduler(max_num_steps=1)
     r = Request("a", prompt(4), budget=4)
     scheduler.add(r)
     first = scheduler.schedule()  # prefill, in flight
@@ -410,9 +323,9 @@ def test_overlap_scheduling_plans_the_next_step_before_the_previous_is_applied()
 
 def test_config_validation():
     with pytest.raises(ValueError, match="max_num_steps"):
-        make(max_num_steps=0)
+        make_scheduler(max_num_steps=0)
     with pytest.raises(ValueError, match="kvcache_ce_watermark"):
-        make(kvcache_ce_watermark=0)
+        make_scheduler(kvcache_ce_watermark=0)
     with pytest.raises(ValueError, match="max_batch_size, max_queue_size, enable_in_flight_batching, deadline_scheduling: "
                                          "resolve"):
         SchedulerConfig.from_config(PipelineConfig())  # the open values must be made the device's first
@@ -439,7 +352,7 @@ def test_the_committed_token_prefix_reads_like_the_joined_list():
 def test_a_burst_fills_free_batch_slots_and_the_queue_before_the_next_step():
     """max_batch_size running plus max_queue_size waiting may be held: a burst arriving before the
     scheduler runs is not turned away while batch slots stand empty."""
-    scheduler, _ = make(max_queue_size=8, max_batch_size=4, blocks=64, block_size=4)
+    scheduler, _ = make_scheduler(max_queue_size=8, max_batch_size=4, blocks=64, block_size=4)
     for i in range(12):
         scheduler.add(Request(f"r{i}", prompt(4, 10 * i)))
     with pytest.raises(QueueFull):

@@ -73,7 +73,7 @@ def _largest_step(model, decoder, manager, *, max_step_tokens: int, rows: int, p
     window = max(frame, decode_window - decode_window % frame)
     # Eagerly: the reserve covers an eager call of every row at once (a window no graph serves);
     # a decoder's captured calls (snac_graphs.py) take less, in a pool of their own made later.
-    graphs = getattr(decoder, "graphs", None)
+    graphs = decoder.graphs
     if graphs is not None:
         decoder.graphs = None
     try:

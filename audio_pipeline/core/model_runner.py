@@ -168,7 +168,7 @@ class ModelRunner:
             raise ValueError("ModelRunner(worker=True) is the CPU's overlap; on CUDA the device runs ahead itself")
         self.model = model
         #: The dtype of prompt positions' products where it is not the model's (model.prompt_dtype).
-        self.prompt_dtype = getattr(model, "prompt_dtype", None)
+        self.prompt_dtype = model.prompt_dtype
         #: Intra-op threads of a large prompt step on the CPU (PREFILL_THREADS_MIN_TOKENS).
         self.prefill_threads = prefill_threads
         #: Seconds of the inputs, model and sample phases (the engine's step metrics).
@@ -192,9 +192,9 @@ class ModelRunner:
         self.tracks = track_inputs(model, layout)
         self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
                                        before_grow=self.wait)
-        if hasattr(model, "pack_candidate_ranges"):  # the candidate logits' products (model.packed_linears)
-            model.pack_candidate_ranges({(layout.token_range(slot)[0], layout.codebook_size)
-                                         for slot in range(layout.tokens_per_frame)})
+        # The candidate logits' products (model.packed_linears; a no-op where they are not packed).
+        model.pack_candidate_ranges({(layout.token_range(slot)[0], layout.codebook_size)
+                                     for slot in range(layout.tokens_per_frame)})
         #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
         #: sample's position in the request's tokens).
         self._latest_sample: dict[str, tuple[torch.Tensor, int, int]] = {}

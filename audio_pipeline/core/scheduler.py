@@ -65,11 +65,48 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from audio_pipeline.core.deadlines import StepCosts
 from audio_pipeline.core.kv_cache.block_manager import BlockManager
 from audio_pipeline.core.stop import StopReason
+
+
+class ScheduledRequest(Protocol):
+    """What the scheduler reads and calls of a request (core/request.py's TTSContext; the tests'
+    plain requests), declared here and never probed."""
+
+    request_id: str
+    arrival_time: float
+    #: Tokens whose keys and values are in the KV cache.
+    processed: int
+    stop_reason: StopReason | None
+    #: A later piece of a client request (a long text's next segment): waiting, it is not queued.
+    continuation: bool
+    #: Playback deadlines, written by the engine before each round (None: no deadline).
+    deadline: float | None
+    heard: bool
+    passes_to_chunk: int
+    #: What the prefix cache compares of each prompt and generated position (their tokens, or
+    #: keys of positions that are frames), as lists the request appends to.
+    cache_prompt: list
+    cache_generated: list
+
+    @property
+    def max_length(self) -> int: ...
+
+    @property
+    def total_length(self) -> int: ...
+
+    @property
+    def is_done(self) -> bool: ...
+
+    def tokens_per_sample(self, position: int) -> int:
+        """Tokens known after sampling the token at ``position``: 1, or more where the request's
+        layout forces the tokens that follow (appended without a model step of their own)."""
+
+    def append_sample(self, token: Any) -> StopReason | None:
+        """Records a sampled token; the reason the request ends, if it does."""
 
 #: The fewest prompt tokens a prefill step that deadlines shorten is worth running for.
 MIN_PREFILL_TOKENS = 16
@@ -84,7 +121,7 @@ class Finished:
     """A request the scheduler let go: it ended (``reason``; ``error`` says why it failed), nothing
     of it is in flight and its KV blocks are released."""
 
-    request: Any
+    request: ScheduledRequest
     reason: StopReason
     error: str | None = None
 
@@ -132,7 +169,7 @@ class SchedulerConfig:
 
 @dataclass(eq=False)
 class _Entry:
-    request: Any
+    request: ScheduledRequest
     #: Position of the next token to schedule (tokens before it are computed or in flight).
     next_pos: int = 0
     #: Tokens the request will have known once its in-flight steps are done.
@@ -191,36 +228,23 @@ class _TokenPrefix(Sequence[int]):
         return self._prompt[start:min(stop, split)] + self._generated[max(start - split, 0):max(stop - split, 0)]
 
 
-def _computed_tokens(request: Any) -> Sequence[int]:
-    """The tokens of ``request`` whose KV is in the cache (its first ``processed``)."""
-    prompt = getattr(request, "cache_prompt", getattr(request, "prompt_ids", None))
-    generated = getattr(request, "cache_generated", getattr(request, "generated", None))
-    if isinstance(prompt, list) and isinstance(generated, list):
-        return _TokenPrefix(prompt, generated, request.processed)
-    return _cache_keys(request)[:request.processed]
+def _computed_tokens(request: ScheduledRequest) -> Sequence[int]:
+    """The cache keys of ``request``'s positions whose KV is in the cache (its first ``processed``)."""
+    return _TokenPrefix(request.cache_prompt, request.cache_generated, request.processed)
 
 
-def _cache_keys(request: Any) -> Sequence:
-    """What the prefix cache compares of ``request``'s positions: ``cache_keys`` where the request
-    has them (positions that are frames), else its tokens."""
-    keys = getattr(request, "cache_keys", None)
-    return keys if keys is not None else request.all_tokens
-
-
-def _tokens_per_sample(request: Any, position: int) -> int:
-    """Tokens known after sampling the token at ``position``: 1, or more where the request's layout
-    forces the tokens that follow (they are appended without a model step of their own)."""
-    per_sample = getattr(request, "tokens_per_sample", None)
-    return per_sample(position) if per_sample is not None else 1
+def _cache_keys(request: ScheduledRequest) -> Sequence:
+    """What the prefix cache compares of ``request``'s positions (all of them)."""
+    return request.cache_prompt + request.cache_generated
 
 
 def _after_samples(entry: "_Entry", steps: int) -> tuple[int, int]:
     """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` (``_decode_plan``) have run."""
     if steps == 1:  # every decode pass with in-flight batching: no plan to build
-        return entry.expected_len, entry.expected_len + _tokens_per_sample(entry.request, entry.expected_len)
+        return entry.expected_len, entry.expected_len + entry.request.tokens_per_sample(entry.expected_len)
     last = _decode_plan(entry, steps)[-1]
     computed = last.start + last.num_tokens
-    return computed, computed + _tokens_per_sample(entry.request, computed)
+    return computed, computed + entry.request.tokens_per_sample(computed)
 
 
 def _decode_plan(entry: "_Entry", steps: int) -> list["ScheduledItem"]:
@@ -230,7 +254,7 @@ def _decode_plan(entry: "_Entry", steps: int) -> list["ScheduledItem"]:
     for _ in range(steps):
         plan.append(ScheduledItem(entry.request, computed, known - computed, True))
         computed = known
-        known += _tokens_per_sample(entry.request, known)
+        known += entry.request.tokens_per_sample(known)
     return plan
 
 
@@ -238,7 +262,7 @@ def _decode_plan(entry: "_Entry", steps: int) -> list["ScheduledItem"]:
 class ScheduledItem:
     """Compute tokens [start, start + num_tokens) of ``request``; sample after them if ``sample``."""
 
-    request: Any
+    request: ScheduledRequest
     start: int
     num_tokens: int
     sample: bool
@@ -339,10 +363,10 @@ class AudioGenerationScheduler:
     def queue_wait(self) -> float:
         """Seconds the oldest waiting request that starts a stream (not a later piece of one running)
         has waited for admission; 0 when none waits."""
-        oldest = next((e.request for e in self._waiting if not getattr(e.request, "continuation", False)), None)
+        oldest = next((e.request for e in self._waiting if not e.request.continuation), None)
         return max(0.0, self.clock() - oldest.arrival_time) if oldest is not None else 0.0
 
-    def add(self, request: Any) -> None:
+    def add(self, request: ScheduledRequest) -> None:
         """Queues ``request``; QueueFull when the queue is full, ValueError when it can never fit."""
         if request.request_id in self._by_id:
             raise ValueError(f"request_id {request.request_id!r} is already in flight")
@@ -368,7 +392,7 @@ class AudioGenerationScheduler:
         self.block_manager.release(request_id)
         return entry.request
 
-    def finish(self, request: Any, reason: StopReason, error: str | None = None, *,
+    def finish(self, request: ScheduledRequest, reason: StopReason, error: str | None = None, *,
                stopped: bool = False) -> list[Finished]:
         """Ends ``request`` for the caller (CANCELLED, or FAILED with ``error``). A request that
         ended already keeps its reason, except that a failure overrides any: what it made is lost.
@@ -458,9 +482,9 @@ class AudioGenerationScheduler:
         out = {}
         for entry in entries:
             request = entry.request
-            deadline = getattr(request, "deadline", None)
+            deadline = request.deadline
             out[entry] = (math.inf if deadline is None else
-                          deadline - now - getattr(request, "passes_to_chunk", 0) * pass_seconds - margin)
+                          deadline - now - request.passes_to_chunk * pass_seconds - margin)
         return out
 
     def _prefill_budget(self, slack: dict[_Entry, float], prefill: list[_Entry], rows: int, budget: int) -> int:
@@ -468,7 +492,7 @@ class AudioGenerationScheduler:
         before the heard row with the least slack runs dry; 0 where that is not worth a step (less
         than MIN_PREFILL_TOKENS, or than the next prompt's rest). Rows not heard yet do not hold a
         prompt back: their first audio is as late as the new one's, and no listener runs dry."""
-        least = min((value for entry, value in slack.items() if getattr(entry.request, "heard", True)),
+        least = min((value for entry, value in slack.items() if entry.request.heard),
                     default=math.inf)
         if math.isinf(least):
             return budget
@@ -529,7 +553,7 @@ class AudioGenerationScheduler:
         entry.next_pos += num_tokens
         entry.in_flight += 1
         if sample:
-            entry.expected_len += _tokens_per_sample(entry.request, entry.expected_len)
+            entry.expected_len += entry.request.tokens_per_sample(entry.expected_len)
         output.items.append(ScheduledItem(entry.request, start, num_tokens, sample))
 
     def _prefill_chunk(self, entry: _Entry, budget: int, first: bool) -> int:
@@ -654,8 +678,8 @@ class AudioGenerationScheduler:
         end = steps
         for entry in chosen:
             request = entry.request
-            passes = getattr(request, "passes_to_chunk", 0)
-            if passes > 0 and (not getattr(request, "heard", True) or slack[entry] < round_seconds):
+            passes = request.passes_to_chunk
+            if passes > 0 and (not request.heard or slack[entry] < round_seconds):
                 end = min(end, passes)
         return end
 

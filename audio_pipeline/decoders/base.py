@@ -22,9 +22,13 @@ class AudioDecoder(ABC):
     block on top of it with :meth:`decode_blocks`; the past is never recomputed and never sees the
     block, and the block never sees the future.
 
-    A decoder whose audio depends on a frame's index in its stream (SNAC's positional noise) takes
-    a ``frame_offsets`` keyword in ``decode_batch`` and ``decode_blocks``: the index in its stream
-    of each input's first frame. Streaming passes it wherever the method accepts it.
+    A decoder whose audio depends on a frame's index in its stream (SNAC's positional noise) says
+    so (``takes_frame_offsets``) and takes a ``frame_offsets`` keyword in ``decode_batch`` and
+    ``decode_blocks``: the index in its stream of each input's first frame. Streaming passes it to
+    the decoders that declare it.
+
+    Traits are declared here, with their defaults, and read as declared: nothing probes a decoder
+    for a method or an attribute.
     """
 
     #: Registry name (``audio_decoder`` in the configuration).
@@ -39,6 +43,13 @@ class AudioDecoder(ABC):
     #: one-shot audio. Streams then always decode on that state, whatever ``block_causal`` says (for
     #: such a decoder the two modes mean the same audio; only the state path has no restarts).
     causal_state: ClassVar[bool] = False
+    #: Whether the decoder turns a recording into codes (``encode``): what voice cloning needs.
+    supports_encoding: ClassVar[bool] = False
+    #: Whether ``decode_batch`` and ``decode_blocks`` take ``frame_offsets`` (see above).
+    takes_frame_offsets: ClassVar[bool] = False
+    #: Captured CUDA graphs of the batched decode, where the decoder has them (SNAC on CUDA with
+    #: cuda_graphs: decoders/snac_graphs.py; the engine prepares their shapes); None otherwise.
+    graphs: Any = None
 
     #: Output sample rate in Hz.
     sample_rate: int
@@ -46,6 +57,9 @@ class AudioDecoder(ABC):
     samples_per_frame: int
     #: Frames on each side of a frame that influence its audio (the decoder's receptive field).
     receptive_field_frames: int
+    #: Codes per codebook (codes run from 0), where every position of a frame has the same
+    #: codebook; a decoder without one overrides ``code_limits``.
+    codebook_size: int
 
     @property
     def samples_per_token(self) -> float:
@@ -85,6 +99,11 @@ class AudioDecoder(ABC):
         """Decodes several independent code sequences; decoders override this to batch."""
         return [self.decode(codes) for codes in batch]
 
+    def encode(self, waveform: torch.Tensor) -> torch.Tensor:
+        """A recording (mono float at ``sample_rate``) as codes, frame-major: decoders that declare
+        ``supports_encoding`` implement it."""
+        raise NotImplementedError(f"audio decoder {self.name!r} cannot encode audio")
+
     def init_state(self) -> Any:
         """A stream's block-causal state before its first block (as at the start of ``decode``)."""
         raise NotImplementedError(f"block_causal: audio decoder {self.name!r} cannot decode block-causally")
@@ -112,7 +131,7 @@ class AudioDecoder(ABC):
         """For each position in a frame, the exclusive upper bound of its codes (codes start at
         0): what a benchmark or fuzzer may draw. Every decoder here has one ``codebook_size``
         unless it says otherwise."""
-        return [int(self.codebook_size)] * self.tokens_per_frame  # type: ignore[attr-defined]
+        return [int(self.codebook_size)] * self.tokens_per_frame
 
     def check_code_values(self, codes: torch.Tensor, codebook_size: int, where=None) -> None:
         """Raises ValueError unless ``codes`` is an integer tensor of whole frames (check_codes)

@@ -366,6 +366,9 @@ class SNACDecoder(AudioDecoder):
     #: decode_blocks). Checkpoints with windowed attention (the 32/44 kHz models) cannot: their
     #: instances say False.
     supports_block_causal = True
+    supports_encoding = True
+    #: The positional noise depends on a frame's index in its stream.
+    takes_frame_offsets = True
 
     def __init__(self, model_config: dict[str, Any], quantizer: ResidualQuantizer, synthesis: SNACSynthesis,
                  *, device: torch.device, dtype: torch.dtype, noise_seed: int | None = 0,

@@ -20,8 +20,7 @@ tokens and the chunks of a stream add up to the one-shot decode's length.
 
 from __future__ import annotations
 
-import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -98,22 +97,18 @@ class DecoderStream:
             self.prompt_state = None  # no later chunk gets prompt context
 
 
-def _with_offsets(method: Callable[..., Any], offsets: list[int]) -> dict[str, Any]:
-    """``frame_offsets`` for a decoder method that takes it (see AudioDecoder), else nothing."""
-    try:
-        takes = "frame_offsets" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        takes = False
-    return {"frame_offsets": offsets} if takes else {}
+def _with_offsets(decoder: AudioDecoder, offsets: list[int]) -> dict[str, Any]:
+    """``frame_offsets`` for a decoder that declares it takes them (see AudioDecoder), else nothing."""
+    return {"frame_offsets": offsets} if decoder.takes_frame_offsets else {}
 
 
 def _decode_blocks(decoder: AudioDecoder, blocks: list[torch.Tensor], states: list[Any],
                    offsets: list[int]) -> list[tuple[torch.Tensor, Any]]:
-    return decoder.decode_blocks(blocks, states, **_with_offsets(decoder.decode_blocks, offsets))
+    return decoder.decode_blocks(blocks, states, **_with_offsets(decoder, offsets))
 
 
 def _decode_batch(decoder: AudioDecoder, batch: list[torch.Tensor], offsets: list[int]) -> list[torch.Tensor]:
-    return decoder.decode_batch(batch, **_with_offsets(decoder.decode_batch, offsets))
+    return decoder.decode_batch(batch, **_with_offsets(decoder, offsets))
 
 
 def decode_windows(decoder: AudioDecoder, jobs: list[tuple[DecoderStream, DecodeWindow, torch.Tensor]]

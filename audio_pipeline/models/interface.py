@@ -54,11 +54,16 @@ class RunnerModel(Protocol):
 
     devices: list[torch.device]
     max_seq_len: int
+    #: The dtype of prompt positions' products (model.prompt_dtype); None: the model's own.
+    prompt_dtype: torch.dtype | None
     #: Codes each position carries (1; above 1 a depth decoder samples the rest of each frame).
     codes_per_token: int
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, batch: Any, **inputs) -> torch.Tensor:
         """Hidden states after the final norm of every new token of a ragged step ([T] -> [T, hidden])."""
+
+    def pack_candidate_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Prepares the output products of the (start id, size) candidate ranges the layout samples."""
 
     def compute_candidate_logits(self, hidden: torch.Tensor, groups: Sequence[tuple[int, int, int]],
                                  order: torch.Tensor, extra_ids: torch.Tensor, width: int) -> torch.Tensor:
