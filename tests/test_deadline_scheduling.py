@@ -6,7 +6,7 @@ import math
 import pytest
 
 from audio_pipeline.core.deadlines import Listeners, StepCosts
-from test_scheduler import Clock, Request, make, prompt, run_step
+from scheduler_harness import Clock, Request, make_scheduler, prompt, run_step
 
 
 # --- listeners ---------------------------------------------------------------------------------
@@ -90,20 +90,21 @@ def started(scheduler, requests):
 
 def test_rows_close_to_running_dry_go_first_where_the_batch_cannot_hold_them_all():
     clock = Clock()
-    scheduler, _ = make(clock=clock, max_batch_size=2, max_queue_size_tg=8, max_num_steps=1, deadline_margin_ms=0)
+    scheduler, _ = make_scheduler(clock=clock, max_batch_size=2, max_queue_size_tg=8, max_num_steps=1,
+                                  deadline_margin_ms=0)
     scheduler.costs = StepCosts(pass_seconds=0.001, per_row=0.0)
     started(scheduler, [timed("far", clock, 5.0), timed("mid", clock, 0.5), timed("near", clock, 0.1)])
     step = scheduler.schedule()
     assert [i.request.request_id for i in step.items] == ["near", "mid"]  # the batch holds two: least slack first
     # A batch that holds them all runs them all: a stream ahead of its listener keeps its lead.
-    wide, _ = make(clock=clock, max_num_steps=1, deadline_margin_ms=0)
+    wide, _ = make_scheduler(clock=clock, max_num_steps=1, deadline_margin_ms=0)
     started(wide, [timed("far", clock, 5.0), timed("mid", clock, 0.5), timed("near", clock, 0.1)])
     assert [i.request.request_id for i in wide.schedule().items] == ["near", "mid", "far"]
 
 
 def test_a_multi_step_round_ends_where_a_new_streams_first_chunk_is_due():
     clock = Clock()
-    scheduler, _ = make(clock=clock, max_num_steps=4)
+    scheduler, _ = make_scheduler(clock=clock, max_num_steps=4)
     scheduler.costs = StepCosts(pass_seconds=0.001, per_row=0.0)
     old = timed("old", clock, 3.0, passes=3)
     new = timed("new", clock, 0.1, passes=2, heard=False)
@@ -116,7 +117,8 @@ def test_a_multi_step_round_ends_where_a_new_streams_first_chunk_is_due():
 
 def test_a_prefill_step_is_no_longer_than_the_least_slack_allows():
     clock = Clock()
-    scheduler, _ = make(blocks=512, clock=clock, max_num_steps=1, deadline_margin_ms=0, max_batch_input_tokens=4096)
+    scheduler, _ = make_scheduler(blocks=512, clock=clock, max_num_steps=1, deadline_margin_ms=0,
+                                  max_batch_input_tokens=4096)
     scheduler.costs = StepCosts(pass_seconds=0.002, per_row=0.0, per_prompt_token=0.0001)
     running = timed("running", clock, 0.05, passes=1, budget=100)
     started(scheduler, [running])
@@ -140,7 +142,7 @@ def test_a_prefill_step_is_no_longer_than_the_least_slack_allows():
 def test_a_stream_not_heard_yet_does_not_hold_another_prompt_back():
     """Its first audio is as late as the new prompt's would be, and no listener runs dry."""
     clock = Clock()
-    scheduler, _ = make(blocks=512, clock=clock, max_num_steps=1, deadline_margin_ms=0)
+    scheduler, _ = make_scheduler(blocks=512, clock=clock, max_num_steps=1, deadline_margin_ms=0)
     scheduler.costs = StepCosts(pass_seconds=0.002, per_row=0.0, per_prompt_token=0.0001)
     new = timed("new", clock, -0.5, passes=2, heard=False)  # long past its first-audio target
     started(scheduler, [new])
@@ -152,12 +154,12 @@ def test_a_stream_not_heard_yet_does_not_hold_another_prompt_back():
 def test_without_deadlines_or_with_them_off_steps_are_as_before():
     clock = Clock()
     for knobs in ({}, {"deadline_scheduling": False}):
-        scheduler, _ = make(blocks=512, clock=clock, max_num_steps=4, **knobs)
+        scheduler, _ = make_scheduler(blocks=512, clock=clock, max_num_steps=4, **knobs)
         plain = Request("plain", prompt(6), budget=20)  # no deadline
         started(scheduler, [plain])
         scheduler.add(Request("next", prompt(300, 9000), budget=4))
         assert scheduler.schedule().input_tokens == 300
-    off, _ = make(clock=clock, max_num_steps=4, deadline_scheduling=False)
+    off, _ = make_scheduler(clock=clock, max_num_steps=4, deadline_scheduling=False)
     urgent = timed("urgent", clock, 0.0, passes=1, heard=False)
     started(off, [urgent])
     assert off.schedule().num_steps == 4
@@ -165,7 +167,7 @@ def test_without_deadlines_or_with_them_off_steps_are_as_before():
 
 def test_the_queue_wait_is_the_oldest_new_requests_not_a_later_piece_of_a_running_stream():
     clock = Clock()
-    scheduler, _ = make(clock=clock, max_batch_size=1, max_queue_size_tg=1)
+    scheduler, _ = make_scheduler(clock=clock, max_batch_size=1, max_queue_size_tg=1)
     started(scheduler, [Request("running", prompt(4), budget=100)])
     later = Request("running-1", prompt(4, 50))
     later.continuation, later.arrival_time = True, 0.0

@@ -1,18 +1,15 @@
 """AudioGenerationScheduler (torch-free): every knob, chunked prefill, in-flight batching, preemption.
 
 Requests here are plain objects with the scheduler's documented duck type; ``run_step`` plays the
-model runner's part (one id sampled where the step samples) and hands each result to the
-scheduler's update, which applies it.
+model runner's part (tests/scheduler_harness.py).
 """
-
-from dataclasses import dataclass, field
 
 import pytest
 
-from audio_pipeline.core.kv_cache.block_manager import BlockManager
 from audio_pipeline.config import PipelineConfig
-from audio_pipeline.core.scheduler import AudioGenerationScheduler, Finished, QueueFull, SchedulerConfig, StepResult
+from audio_pipeline.core.scheduler import Finished, QueueFull, SchedulerConfig
 from audio_pipeline.core.stop import StopReason
+from scheduler_harness import Clock, Request, drain, make_scheduler, prompt, run_step
 
 
 def test_prefill_then_decode_until_every_request_finishes_and_frees_its_blocks():
