@@ -118,6 +118,8 @@ class TTSEngine:
         hf_config = read_model_config(self.model_dir, plain=plain)
         self.tokenizer = load_tokenizer(self.model_dir, plain=plain)
         self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
+        #: The languages a request may name (text/languages.py): the manifest's, the checkpoint's, or the family's.
+        self.languages = self.manifest.spoken_languages(self.layout)
         if hf_config.vocab_size < self.layout.min_vocab_size:
             raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "
                              f"speech tokens of the {self.manifest.family} layout (needs {self.layout.min_vocab_size})")

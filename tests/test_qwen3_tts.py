@@ -360,24 +360,49 @@ def test_a_random_model_of_a_real_shape_serves_for_the_benchmark(tmp_path):
     assert result.sample_rate == 24000 and result.samples.size == 6 * 1920
 
 
-@pytest.mark.parametrize("name", ["custom_voice_serena_en_nonstreaming", "custom_voice_eric_dialect_chinese"])
-def test_a_requests_language_is_the_prompts(name, tmp_path):
-    """The language a request names (here on a model whose setting is auto) makes the reference's
-    prompt and frames; a dialect speaker asked for Chinese speaks its dialect."""
+@pytest.mark.parametrize("name,spelling", [("custom_voice_serena_en_nonstreaming", None),
+                                           ("custom_voice_serena_en_nonstreaming", "en-US"),
+                                           ("custom_voice_eric_dialect_chinese", None),
+                                           ("custom_voice_eric_dialect_chinese", "zh")])
+def test_a_requests_language_is_the_prompts(name, spelling, tmp_path):
+    """The language a request names (here on a model whose setting is auto), as the reference
+    names it or as a code or BCP 47 tag, makes the reference's prompt and frames; a dialect speaker
+    asked for Chinese speaks its dialect."""
     info, inputs, kind = case_info(name)
     engine = engine_for(model_copy(tmp_path, kind, "auto", False))
     try:
-        [context] = run(engine, [{**case_request(name), "language": inputs["language"]}], [inputs["text"]])
+        [context] = run(engine, [{**case_request(name), "language": spelling or inputs["language"]}],
+                        [inputs["text"]])
     finally:
         engine.stop()
     assert context.frames == case_array(name, "codes.npy").tolist()
 
 
-def test_a_model_that_is_not_told_the_language_refuses_one(tiny_model_dir):
-    from audio_pipeline.engine import TTSEngine
+def test_the_languages_are_the_checkpoints_and_another_is_refused(tmp_path):
+    """A Qwen3-TTS model speaks the languages its checkpoint names (its dialects by their names),
+    each in any usual spelling, and auto; another is refused naming the field and listing them."""
     from audio_pipeline.errors import InvalidArgument
-    from tests.conftest import make_config
 
-    engine = TTSEngine(make_config(tiny_model_dir))
-    with pytest.raises(InvalidArgument, match="language: this model .* is not told the language"):
-        engine.create_context("Hello.", language="english")
+    engine = engine_for(model_copy(tmp_path, "custom_voice", "english", False))
+    try:
+        assert engine.languages.entries == ("beijing_dialect", "chinese", "english", "french", "german", "italian",
+                                            "japanese", "korean", "portuguese", "russian", "sichuan_dialect",
+                                            "spanish")
+        for spelling, resolved in (("German", "german"), ("de", "german"), ("deu", "german"), ("ger", "german"),
+                                   ("pt-BR", "portuguese"), ("Beijing_Dialect", "beijing_dialect"),
+                                   ("Auto", "auto"), ("auto", "auto")):
+            assert engine.languages.resolve(spelling) == resolved, spelling
+        # Auto is the model's choice even where the manifest names a language: no language id.
+        auto = engine.create_context("Hello.", voice="ryan", language="Auto", max_tokens=16)
+        english = engine.create_context("Hello.", voice="ryan", max_tokens=16)
+        assert engine.layout.language_id("auto", None) is None
+        assert len(auto.prompt_ids) == len(english.prompt_ids) - 1
+        with pytest.raises(InvalidArgument) as refused:
+            engine.create_context("Hello.", voice="ryan", language="Hindi", max_tokens=16)
+        assert refused.value.field == "language"
+        assert str(refused.value) == (
+            "language: 'Hindi' is not a language this model speaks; supported: beijing_dialect, Chinese (zh), "
+            "English (en), French (fr), German (de), Italian (it), Japanese (ja), Korean (ko), Portuguese (pt), "
+            "Russian (ru), sichuan_dialect, Spanish (es), or auto")
+    finally:
+        engine.stop()

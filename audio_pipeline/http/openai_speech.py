@@ -119,7 +119,9 @@ class OpenAISpeech:
         normalize = body.get("normalize_text")  # extension
         if normalize is not None and not isinstance(normalize, bool):
             raise InvalidArgument("must be true or false", field="normalize_text")
-        language = body.get("language")  # extension: for a model that is told the language
+        # extension: one of the model's languages (a name, an ISO 639 code, a BCP 47 tag) or auto;
+        # the service refuses another
+        language = body.get("language")
         if language is not None and not isinstance(language, str):
             raise InvalidArgument("must be a string", field="language")
         ssml = body.get("ssml")  # extension: the input is SSML (default: when it starts with <speak)

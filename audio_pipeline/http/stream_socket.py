@@ -4,8 +4,9 @@ LLM's tokens), audio out as binary frames, several utterances on one connection.
 Client -> server, JSON text frames (``context_id`` names an utterance within the connection):
 
 - ``{"type": "start", "context_id": "a", "voice": ..., "response_format": "pcm", "sample_rate": ...,
-  "normalize_text": ..., "seed": ..., "pronunciations": [...]}``: a new utterance (every field but
-  the id optional; ``response_format`` as POST /v1/audio/speech, default ``pcm``). With ``input``
+  "normalize_text": ..., "seed": ..., "language": ..., "pronunciations": [...]}``: a new utterance
+  (every field but the id optional; each as POST /v1/audio/speech's, ``response_format``'s default
+  ``pcm``; a language the model does not speak is refused at the start). With ``input``
   (a whole text, or an SSML document; ``ssml`` as POST /v1/audio/speech) the utterance is complete:
   no text, flush or end follows. Live text is plain text;
 - ``{"type": "text", "context_id": "a", "text": "..."}``: more of its text (a sentence is spoken

@@ -26,7 +26,9 @@ Optional capabilities (the defaults here say "not this family")
     ``requires_reference`` (every request speaks as a reference recording), ``described_voices``
     (a voice is a description in words), ``takes_instructions`` (``build_prompt`` takes a request's
     ``instructions``, a style, beside its voice), ``takes_language`` (``build_prompt`` takes a
-    request's ``language``; ``check_language`` refuses one it does not know), ``supports_speed``
+    request's ``language``, one of the model's languages as it declares them, or ``auto``),
+    ``spoken_languages()`` (a checkpoint that lists its languages: they, not the family's
+    declaration, are what a request may name), ``supports_speed``
     (a request may set a speed), ``clonable`` (False: a reference recording gives no voice),
     ``takes_pronunciations`` (``build_prompt`` and ``word_frames``
     take ``overrides``: words' phonemes, audio_pipeline/text/lexicon.py's Overrides),
@@ -112,8 +114,10 @@ class Layout:
         position, raw vectors), where ``has_text_track``; None otherwise."""
         return None
 
-    def check_language(self, language: str) -> None:
-        """InvalidArgument naming ``language`` where the layout does not know it (takes_language)."""
+    def spoken_languages(self) -> tuple[str, ...] | None:
+        """The languages the checkpoint says it speaks, as ``build_prompt`` takes them; None: the
+        family's declaration (layouts/registry.py's ``Family.languages``)."""
+        return None
 
     def check_decoder(self, decoder) -> None:
         """ValueError unless ``decoder`` speaks this layout's codes (beyond its frame size, which

@@ -142,7 +142,7 @@ register_family(Family(
     "csm", make_layout=_make_layout, detect=lambda config, model_dir: config.get("model_type") == "csm",
     voices=tuple(VoiceInfo(v, f"CSM speaker {v}") for v in DEFAULT_SPEAKERS), default_voice=DEFAULT_SPEAKERS[0],
     # CSM's Mimi codec is in the checkpoint (``codec_model.*``).
-    decoder="mimi", decoder_weights=".",
+    decoder="mimi", decoder_weights=".", languages=("en",),
     # Mimi is causal and keeps its streaming state: each chunk's frames are decoded as they come
     # (block-causal), the first after 2 frames (160 ms of audio), then 4, 8. Counted in codes: 32
     # per frame for CSM-1B.

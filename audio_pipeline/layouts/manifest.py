@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from audio_pipeline.errors import RequestError
 from audio_pipeline.layouts.registry import DEFAULT_FAMILY, Family, detect_family, family_voices, get_family
 from audio_pipeline.layouts.voice_info import VoiceInfo
+from audio_pipeline.text.languages import AUTO, SpokenLanguages
 
 if TYPE_CHECKING:
     from audio_pipeline.layouts.base import Layout
@@ -40,6 +42,10 @@ class ModelManifest:
     front_end_dir: str | None = None
     #: Settings of the family's layout (its record's ``layout_options`` says which it takes).
     layout_options: dict = field(default_factory=dict)
+    #: The languages the model speaks (names, ISO 639 codes or BCP 47 tags: English, en, en-US);
+    #: None: the checkpoint's own list where it has one (Qwen3-TTS), else its family's declaration
+    #: (layouts/registry.py). A request's ``language`` must name one of them, or auto.
+    languages: tuple[str, ...] | None = None
     #: The directory holds no language model checkpoint: its weights are drawn at load (a random
     #: model of a real shape, for benchmarks; testing/random_models.py).
     random_weights: bool = False
@@ -58,7 +64,11 @@ class ModelManifest:
             data = json.loads(path.read_text())
             names_voices = isinstance(data, dict) and "voices" in data
             voices = tuple(VoiceInfo(**v) for v in data.pop("voices", []))
-            manifest = cls(voices=voices, **data)
+            languages = data.pop("languages", None)
+            if languages is not None and (not isinstance(languages, list)
+                                          or not all(isinstance(v, str) and v.strip() for v in languages)):
+                raise ValueError("languages must be a list of language names, codes or tags")
+            manifest = cls(voices=voices, languages=None if languages is None else tuple(languages), **data)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: invalid model manifest: {exc}") from exc
         unknown = set(manifest.streaming) - set(STREAMING_KEYS)
@@ -94,6 +104,27 @@ class ModelManifest:
     def family_record(self) -> Family:
         """The family's declaration (layouts/registry.py)."""
         return get_family(self.family)
+
+    def spoken_languages(self, layout: "Layout") -> SpokenLanguages:
+        """The languages the model speaks, as its ``layout`` takes them: the manifest's
+        ``languages`` (where the checkpoint lists its own, each must be one of them), else the
+        checkpoint's own list, else the family's declaration. ValueError naming the manifest's
+        field where it names what the model cannot speak."""
+        own = layout.spoken_languages()
+        if self.languages is None:
+            return SpokenLanguages(tuple(own) if own is not None else tuple(self.family_record.languages))
+        declared = SpokenLanguages(tuple(entry for entry in self.languages if entry.strip().lower() != AUTO))
+        if own is None:
+            declared.check(f"{MANIFEST_NAME}: languages")
+            return declared
+        checkpoint, entries = SpokenLanguages(tuple(own)), []
+        for entry in declared.entries:
+            try:
+                entries.append(checkpoint.resolve(entry))
+            except RequestError:
+                raise ValueError(f"{MANIFEST_NAME}: languages: {entry!r} is not one of the checkpoint's: "
+                                 f"{checkpoint.listing()}") from None
+        return SpokenLanguages(tuple(entries))
 
     def make_layout(self, model_dir: Path, tokenizer=None) -> "Layout":
         """The speech-token layout of this model's family (prompt format, token ids <-> codes:

@@ -127,7 +127,7 @@ def _make_layout(model_dir: Path, tokenizer, manifest) -> NeuTTSLayout:
 
 
 register_family(Family(
-    "neutts", make_layout=_make_layout,
+    "neutts", make_layout=_make_layout, languages=("en",),  # NeuTTS Air; a manifest names another model's
     # NeuCodec is not causal: every chunk is decoded after a second of left context (50 frames), the
     # voice's reference codes where the speech has less (rolling), from 15 frames (0.3 s) first, then
     # 25 and 50; a chunk's last frames are decoded without the frames after them, where streamed

@@ -106,4 +106,5 @@ STREAMING = {"chunk_size": [28, 56, 112]}
 register_family(Family(
     "orpheus", make_layout=lambda model_dir, tokenizer, manifest: OrpheusLayout(),
     voices=tuple(VoiceInfo(v, f"Orpheus preset voice {v}") for v in ORPHEUS_VOICES), default_voice=ORPHEUS_VOICES[0],
-    streaming=STREAMING))
+    # The English fine-tunes; a manifest's languages names another's.
+    languages=("en",), streaming=STREAMING))

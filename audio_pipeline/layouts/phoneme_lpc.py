@@ -465,6 +465,8 @@ class PhonemeLPCLayout(Layout):
 #: Text front ends a phoneme-lpc(-frame) model may name (its manifest's ``front_end``): eSpeak NG's
 #: phonemes and durations, or lexicon.txt.gz and prosody.json in the manifest's front_end_dir.
 FRONT_ENDS = ("espeak", "lexicon")
+#: The language the voices speak (US English phonemes, either front end).
+US_ENGLISH = ("en-US",)
 
 
 def layout_factory(layout_class: type[PhonemeLPCLayout]):
@@ -514,4 +516,4 @@ SILENCE_FRAME_OPTION = {"silence_frame": "[envelope, prosody] codes of a silent 
                                          "leading pause's unspoken frames hold it (unset: the whole pause is spoken)"}
 
 register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), front_ends=FRONT_ENDS,
-                       plain_checkpoint=True, layout_options=SILENCE_FRAME_OPTION))
+                       plain_checkpoint=True, layout_options=SILENCE_FRAME_OPTION, languages=US_ENGLISH))

@@ -27,7 +27,8 @@ from typing import ClassVar, Sequence
 import torch
 
 from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, FRONT_ENDS, PHONEME,
-                                              PROSODY, SILENCE_FRAME_OPTION, TOKENS_PER_FRAME, PhonemeLPCLayout,
+                                              PROSODY, SILENCE_FRAME_OPTION, TOKENS_PER_FRAME, US_ENGLISH,
+                                              PhonemeLPCLayout,
                                               alignment_tokens, layout_factory, prompt_schedule, slot_token,
                                               split_prompt)
 from audio_pipeline.layouts.registry import Family, register_family
@@ -125,6 +126,6 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
 
 
 register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS,
-                       plain_checkpoint=True,
+                       plain_checkpoint=True, languages=US_ENGLISH,
                        layout_options={"prompt": "pairs (two positions per phoneme, the default) or folded (one: "
                                                  "the model's frame_head has a fold)", **SILENCE_FRAME_OPTION}))

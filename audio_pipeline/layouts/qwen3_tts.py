@@ -148,8 +148,10 @@ class Qwen3TTSLayout(Layout):
 
     # --- prompts ---------------------------------------------------------------------------------
 
-    def check_language(self, language: str) -> None:
-        self.language_id(language, None)
+    def spoken_languages(self) -> tuple[str, ...]:
+        """The languages the checkpoint's codec names (``codec_language_id``: english, chinese, ...,
+        and dialects such as beijing_dialect)."""
+        return tuple(sorted(self.languages))
 
     def language_id(self, language: str | None, speaker: str | None) -> int | None:
         """The codec's language id (None: auto), switched to a dialect speaker's dialect where the
@@ -307,6 +309,8 @@ def _preset_voices(model_dir: Path) -> tuple[VoiceInfo, ...]:
 register_family(Family(
     "qwen3-tts", make_layout=_make_layout, detect=lambda config, model_dir: config.get("model_type") == "qwen3_tts",
     preset_voices=_preset_voices,
+    # The languages its checkpoint's codec names (Qwen3TTSLayout.spoken_languages), none otherwise.
+    languages=(),
     layout_options={"language": "the language the prompt names (auto, english, chinese, ...; default auto)",
                     "streaming_text": "true: each frame reads the next text token (the reference's default for "
                                       "Base models); false: the whole text is in the prompt (its default for "

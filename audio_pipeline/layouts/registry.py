@@ -50,6 +50,11 @@ class Family:
     #: Sampling defaults where the reference implementation samples otherwise than the
     #: configuration's defaults (below every source).
     sampling: Mapping[str, Any] = field(default_factory=dict)
+    #: The languages the family's checkpoints speak: names, ISO 639 codes or BCP 47 tags
+    #: (text/languages.py). A checkpoint that lists its own (the layout's ``spoken_languages``:
+    #: Qwen3-TTS) speaks those instead, and a manifest's ``languages`` wins over both. A request's
+    #: ``language`` must name one of them, or auto.
+    languages: tuple[str, ...] = ("en",)
     #: Text front ends a manifest may name (``front_end``); empty: the family has one.
     front_ends: tuple[str, ...] = ()
     #: Settings of the family's layout a manifest may give (``layout_options``; the factory reads

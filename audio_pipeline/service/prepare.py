@@ -44,7 +44,8 @@ class RequestSettings:
     explicit_max_tokens: bool
     #: A style beside the voice, for a layout that takes_instructions (else None).
     instructions: str | None = None
-    #: The language to speak, for a layout that takes_language (None: the model's setting).
+    #: The language asked for, as the model declares it (engine.languages), or "auto"; None: not
+    #: asked (the model's setting). A layout that takes_language gets it.
     language: str | None = None
     #: Pronunciations (the voice's lexicon with the request's entries over it), worked out once
     #: for every segment: word -> respelling, and (word, the voice's units) where the layout
@@ -106,20 +107,17 @@ class RequestPreparer:
                          normalize_text: bool | None = None, speed: float | None = None,
                          instructions: str | None = None, language: str | None = None,
                          pronunciations: Lexicon | None = None, **sampling_overrides: Any) -> RequestSettings:
-        """A request's settings checked against this model (the voice exists, the sampling values
-        and stop ids are valid, the layout speaks at ``speed``), for every segment of its text.
+        """A request's settings checked against this model (the voice exists, the language is one
+        it speaks, the sampling values and stop ids are valid, it speaks at ``speed``), for every
+        segment of its text.
         The speed's range is the caller's to check (:meth:`check_speed`). ``instructions`` describe
         the voice to a model whose voices are descriptions (Maya1); other models ignore them."""
         limits = self.engine.config.limits
-        layout = self.engine.layout
-        if language:
+        if language:  # one the model speaks, in any usual spelling (text/languages.py), or auto
             if len(language) > limits.max_voice_name_chars:
                 raise InvalidArgument(f"{len(language)} characters, over the limit of {limits.max_voice_name_chars}",
                                       field="language")
-            if not layout.takes_language:
-                raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) is not told the language: "
-                                      "leave it empty", field="language")
-            layout.check_language(language)
+            language = self.engine.languages.resolve(language)
         if self.engine.describes_voices:
             voice = self._voice_description(voice, instructions)
             instructions = None

@@ -30,7 +30,8 @@ class SpeechRequest:
     #: How to speak: the voice's description for a model whose voices are descriptions (Maya1), or
     #: a style beside a preset voice (a layout that takes_instructions).
     instructions: str | None = None
-    #: The language to speak, for a layout that is told it (None: the model's setting).
+    #: The language to speak: one of the model's languages in any usual spelling, or auto (the
+    #: service resolves it: text/languages.py); None: the model's setting.
     language: str | None = None
     #: The text is an SSML document (True), plain text (False), or SSML if it starts with
     #: ``<speak`` (None).
