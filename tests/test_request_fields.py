@@ -1,6 +1,7 @@
 """Request fields over the three front doors of a real server on the built-in voice: a ``language``
 in any usual spelling of the model's language (or auto) is served and another is refused the same
-way over HTTP (the ``openai`` package), gRPC and the WebSocket."""
+way over HTTP (the ``openai`` package), gRPC and the WebSocket; the HTTP door names unknown fields
+beside the known ones it spoke past (X-Ignored-Fields)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,23 @@ def test_another_language_is_refused_alike_over_every_door(client, idle):
     assert [(e["context_id"], e["param"], e["message"]) for e in errors] == [("whole", "language", REFUSED),
                                                                             ("live", "language", REFUSED)]
     assert ("done", "next") in [(e["type"], e["context_id"]) for e in received]
+
+
+# --- unknown fields --------------------------------------------------------------------------------
+
+def test_unknown_fields_are_named_beside_the_known_ones_spoken_past(client, idle):
+    response = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm",
+                                          extra_body={"speeed": 2, "sead": 3})
+    assert response.response.headers["x-ignored-fields"] == "voice=alloy, speeed, sead"
+    # Every known field acted on: no header.
+    response = client.audio.speech.create(model="tts-1", voice="slt-en", input=TEXT, response_format="wav",
+                                          speed=1.5, extra_body={"seed": 3, "normalize_text": True,
+                                                                 "language": "en", "stream": False, "ssml": False})
+    assert "x-ignored-fields" not in response.response.headers
+    # Odd names come JSON-quoted (no forged headers); many are counted past the first 16.
+    odd = {"a\r\nX-Forged: 1": 1, "naïve": 2, **{f"f{i}": i for i in range(20)}}
+    response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=60,
+                          json={"model": "tts-1", "input": TEXT, "response_format": "pcm", **odd})
+    assert response.status_code == 200 and "x-forged" not in response.headers
+    assert response.headers["x-ignored-fields"] == ", ".join(
+        ['"a\\r\\nX-Forged: 1"', '"na\\u00efve"', *(f"f{i}" for i in range(14)), "+6 more"])

@@ -2,8 +2,16 @@
 
 Routes:
 - ``POST /v1/audio/speech``: OpenAI's request (``model``, ``input``, ``voice``, ``response_format``,
-  ``speed``, ``instructions`` (the voice's description for a Maya1 model), ``stream_format``); the
-  audio streams as it is made, in chunked
+  ``speed``, ``instructions`` (the voice's description for a Maya1 model), ``stream_format``) and
+  this server's extensions (``stream``, ``sample_rate``, ``seed``, ``normalize_text``,
+  ``language``, ``ssml``, ``pronunciations``). A field the request does not act on is not refused
+  but named in the ``X-Ignored-Fields`` response header, comma-separated: a known one spoken past
+  (``voice=alloy``: an OpenAI voice this server lacks, spoken with the default voice;
+  ``instructions`` for a model that takes none), and any field neither OpenAI's request nor the
+  extensions have, by name (a misspelt ``speeed``; a name with other than letters, digits,
+  ``_ . -`` JSON-quoted). ``language`` names one of the model's languages in any usual spelling
+  (``English``, ``en``, ``eng``, ``en-US``) or ``auto``; another is refused (400, ``param``
+  ``language``, the message listing the supported ones). The audio streams as it is made, in chunked
   transfer (``stream_format: audio``) or as server-sent events (``sse``: ``speech.audio.delta``
   with base64 audio, then ``speech.audio.done`` with the usage). FLAC comes as one complete file
   once the speech is done (its header holds the length, which FLAC readers such as libsndfile need);
@@ -39,7 +47,8 @@ from audio_pipeline.http.playground import routes as playground_routes
 from starlette.websockets import WebSocket
 
 from audio_pipeline.errors import RequestError
-from audio_pipeline.http.openai_speech import OpenAISpeech, error_fields, error_response, request_error
+from audio_pipeline.http.openai_speech import (OpenAISpeech, error_fields, error_response, ignored_header,
+                                               request_error)
 from audio_pipeline.http.stream_socket import StreamSocket
 from audio_pipeline.http.voices import voice_handlers
 from audio_pipeline.service.auth import Role, bearer_token
@@ -79,8 +88,9 @@ def create_app(running) -> Starlette:
         except RequestError as error:
             return request_error(error)
         headers = {"X-Request-Id": stream.request_id}
-        if wanted.ignored:
-            headers["X-Ignored-Fields"] = ", ".join(wanted.ignored)
+        ignored = ignored_header(wanted.ignored, wanted.unknown)
+        if ignored:
+            headers["X-Ignored-Fields"] = ignored
         if stream.whole_file:
             return await _whole_file(stream, wanted.sse, headers)
         media_type = "text/event-stream" if wanted.sse else stream.output.media_type

@@ -4,7 +4,9 @@ body and status. The HTTP routes (app.py) and the WebSocket (stream_socket.py) b
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 from starlette.responses import JSONResponse
 
@@ -33,6 +35,13 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                503: "server_error", 500: "server_error"}
 #: The service's field names as OpenAI's request names them.
 FIELDS = {"text": "input", "format": "response_format", "sampling.seed": "seed"}
+#: The body's fields: OpenAI's, then this server's extensions. Any other is named in the
+#: X-Ignored-Fields header (a misspelt field is not silently dropped).
+OPENAI_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format")
+EXTENSION_FIELDS = ("stream", "sample_rate", "seed", "normalize_text", "language", "ssml", "pronunciations")
+#: Unknown fields the header names at most (then how many more).
+MAX_NAMED_FIELDS = 16
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 #: The header the ``openai`` package sends with ``with_streaming_response`` (it reads the body as it comes).
 STREAMING_CLIENT_HEADER = ("x-stainless-raw-response", "stream")
 
@@ -68,9 +77,33 @@ def client_streams(body: dict, headers) -> bool:
     return body.get("stream_format") == "sse" or headers.get(name, "").lower() == value
 
 
+def field_name(name: str) -> str:
+    """A client's field name as a header may carry it: as sent where it is plain (letters, digits,
+    ``_ . -``), else JSON-quoted in ASCII and cut to 40 characters (no control characters, no
+    forged headers)."""
+    return name if _PLAIN_NAME.fullmatch(name) else json.dumps(name[:40] + ("..." if len(name) > 40 else ""))
+
+
+def ignored_header(ignored: list[str], unknown: list[str]) -> str | None:
+    """The X-Ignored-Fields value: the known fields spoken past (``voice=alloy``, ``instructions``),
+    then the unknown ones by name (at most MAX_NAMED_FIELDS, then ``+N more``); None: none."""
+    named = [*ignored, *(field_name(name) for name in unknown[:MAX_NAMED_FIELDS])]
+    if len(unknown) > MAX_NAMED_FIELDS:
+        named.append(f"+{len(unknown) - MAX_NAMED_FIELDS} more")
+    return ", ".join(named) or None
+
+
 class OpenAISpeech:
     """A POST /v1/audio/speech body (or a WebSocket utterance's start): its types checked and
-    mapped to the service's request; the values are the service's to check."""
+    mapped to the service's request; the values are the service's to check.
+
+    Fields the request does not act on are listed, not refused (a client written for OpenAI keeps
+    working): ``ignored`` holds the known ones spoken past (an OpenAI voice name this server does
+    not have, spoken with the default voice: ``voice=alloy``; ``instructions`` for a model that
+    takes none), ``unknown`` the fields neither OpenAI's request nor this server's extensions have
+    (OPENAI_FIELDS, EXTENSION_FIELDS), a misspelling among them. POST /v1/audio/speech names both
+    in its ``X-Ignored-Fields`` response header (:func:`ignored_header`). ``model`` is never
+    listed: the server speaks with its one model whatever the request names."""
 
     def __init__(self, body, voices: list[str], default_voice: str | None, voice_map: dict[str, str],
                  headers=None, default_format: str = "mp3", takes_instructions: bool = False):
@@ -87,8 +120,10 @@ class OpenAISpeech:
             voice = voice.get("id")
         if voice is not None and not isinstance(voice, str):
             raise InvalidArgument("must be a voice name", field="voice")
-        #: Fields spoken past (named in the X-Ignored-Fields header).
+        #: Known fields spoken past, and fields this request does not have (both named in the
+        #: X-Ignored-Fields header).
         self.ignored: list[str] = []
+        self.unknown: list[str] = [name for name in body if name not in OPENAI_FIELDS and name not in EXTENSION_FIELDS]
         if voice in voice_map:
             voice = voice_map[voice]
         elif voice and voice not in voices and voice.lower() in OPENAI_VOICES:
