@@ -376,8 +376,8 @@ class TTSEngine:
     def cloning_store(self) -> VoiceStore:
         """The voice store; InvalidArgument naming ``reference`` when the decoder cannot encode audio."""
         if self.voice_store is None:
-            raise InvalidArgument(f"the audio decoder {self.decoder_name!r} cannot encode audio, so this "
-                                  "server cannot clone voices", field="reference")
+            raise InvalidArgument("this server cannot clone voices: its model's audio codec cannot encode a "
+                                  "recording", field="reference")
         return self.voice_store
 
     @property

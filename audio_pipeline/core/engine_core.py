@@ -101,6 +101,9 @@ class _Request:
 
 #: Consecutive failed rounds of the engine loop after which it stops and reports unhealthy.
 MAX_LOOP_FAILURES = 3
+#: A failed request's error in place of the exception that failed it (no internal names in what a
+#: client reads; the exception and its traceback are in the log).
+LOGGED = "the server's log has the details"
 
 
 class EngineCore:
@@ -300,10 +303,10 @@ class EngineCore:
                 if not self._iterate():
                     return
                 failures = 0
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
+            except Exception:  # noqa: BLE001 - the loop must outlive any one failure
                 failures += 1
                 logger.exception("engine loop failed (%d in a row); failing the requests it held", failures)
-                self._fail_all(f"internal error: {type(exc).__name__}")
+                self._fail_all(f"internal error ({LOGGED})")
                 if failures >= MAX_LOOP_FAILURES:
                     self._give_up()
                     return
@@ -535,7 +538,7 @@ class EngineCore:
                 batch.extend(item.request for item in failed.items)
             for context in batch:
                 if context.request_id in self._requests:
-                    self._take_ended(self.scheduler.finish(context, StopReason.FAILED, f"generation failed: {exc}",
+                    self._take_ended(self.scheduler.finish(context, StopReason.FAILED, f"generation failed ({LOGGED})",
                                                            stopped=True))
             self._deliver_ended()
             self._update_load()
@@ -605,10 +608,10 @@ class EngineCore:
             if self._requests.get(context.request_id) is not request or request.stream.closed:
                 continue  # it ended while its audio was decoded (cancelled, failed): nothing to send
             if isinstance(wave, Exception):
-                logger.warning("request %s: audio decoding failed: %s", context.request_id, wave)
+                logger.warning("request %s: audio decoding failed: %s", context.request_id, wave, exc_info=wave)
                 with self._lock:  # let go once no step of it is in flight
                     self._take_ended(self.scheduler.finish(context, StopReason.FAILED,
-                                                           f"audio decoding failed: {wave}"))
+                                                           f"audio decoding failed ({LOGGED})"))
                 continue
             samples = wave.numpy()
             context.decoded_index = window.end

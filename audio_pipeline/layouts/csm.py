@@ -94,7 +94,7 @@ class CsmLayout(OrpheusLayout):
     def speaker(voice: str | None) -> str:
         speaker = voice or DEFAULT_SPEAKERS[0]
         if not speaker.isdigit():
-            raise InvalidArgument(f"a CSM speaker is a number (0, 1, ...), got {speaker[:40]!r}", field="voice")
+            raise InvalidArgument(f"this model's speakers are numbers (0, 1, ...), got {speaker[:40]!r}", field="voice")
         return speaker
 
     def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:

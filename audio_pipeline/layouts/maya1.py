@@ -35,7 +35,7 @@ class Maya1Layout(OrpheusLayout):
 
     def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
         if reference is not None:
-            raise InvalidArgument("a Maya1 model speaks in a described voice and cannot clone a recording: "
+            raise InvalidArgument("this model speaks in a described voice and cannot clone a recording: "
                                   "describe the voice instead", field="reference")
         return self.prompt_ids(tokenizer(self.prompt_text(text, voice)).input_ids)
 

@@ -96,7 +96,7 @@ class NeuTTSLayout(OrpheusLayout):
         from audio_pipeline.text.espeak import ipa_with_punctuation
 
         if reference is None:
-            raise InvalidArgument("a NeuTTS model speaks in the voice of a reference recording: give one with "
+            raise InvalidArgument("this model speaks in the voice of a reference recording: give one with "
                                   "its transcript, or a registered voice", field="reference")
         phonemes = f"{ipa_with_punctuation(reference.transcript)} {ipa_with_punctuation(text)}"
         return [*self.prompt_head, self.text_prompt_start, *tokenizer.encode(phonemes, add_special_tokens=False),

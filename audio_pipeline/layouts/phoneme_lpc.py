@@ -393,7 +393,8 @@ class PhonemeLPCLayout(Layout):
         from audio_pipeline.errors import InvalidArgument
 
         if reference is not None:
-            raise InvalidArgument("the built-in phoneme-lpc voice cannot be cloned", field="reference")
+            raise InvalidArgument("this model speaks only in its own voice and cannot clone a recording",
+                                  field="reference")
         phonemes = self.phonemes(tokenizer, text, speed, overrides)
         if not phonemes:
             raise InvalidArgument("has nothing to speak", field="text")

@@ -175,12 +175,12 @@ class Qwen3TTSLayout(Layout):
         if self.model_type == VOICE_DESIGN:
             instruction = voice or instructions
             if reference is not None:
-                raise InvalidArgument("a VoiceDesign model speaks in a described voice and cannot clone a "
-                                      "recording: describe the voice instead", field="reference")
+                raise InvalidArgument("this model speaks in a described voice and cannot clone a recording: "
+                                      "describe the voice instead", field="reference")
         elif self.model_type == CUSTOM_VOICE:
             if reference is not None:
-                raise InvalidArgument("a CustomVoice model speaks in its preset voices and cannot clone a "
-                                      "recording (a Base model can)", field="reference")
+                raise InvalidArgument("this model speaks in its preset voices and cannot clone a recording "
+                                      "(a Base checkpoint of it can)", field="reference")
             name = (voice or "").lower()
             if name not in self.speakers:
                 raise InvalidArgument(f"unknown speaker {voice!r}; available: {', '.join(sorted(self.speakers))}",
@@ -190,7 +190,7 @@ class Qwen3TTSLayout(Layout):
                 instruction = None
         else:
             if reference is None:
-                raise InvalidArgument("a Base model speaks in the voice of a reference recording: give one "
+                raise InvalidArgument("this model speaks in the voice of a reference recording: give one "
                                       "with its transcript, or a registered voice", field="reference")
             vector = getattr(reference, "speaker_embedding", None)
             if vector is None:

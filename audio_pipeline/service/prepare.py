@@ -149,16 +149,14 @@ class RequestPreparer:
                 raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
             reference = self.engine.preset_prompts.get(voice)
         if reference is None and self.engine.clones_only:
-            raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) speaks only in the voice of a reference "
-                                  "recording and has no default voice: give a reference with its transcript, or a "
-                                  "registered voice", field="reference")
+            raise InvalidArgument("this model speaks only in the voice of a reference recording and has no default "
+                                  "voice: give a reference with its transcript, or a registered voice", field="reference")
         sampling = self.engine.sampling_defaults.with_overrides(
             max_tokens_limit=self.engine.config.sampling.max_tokens_limit,
             tokens_per_frame=self.engine.layout.tokens_per_frame, **sampling_overrides)
         speed = 1.0 if speed is None else float(speed)
         if speed != 1.0 and not self.engine.speaks_at_any_speed:
-            raise InvalidArgument(f"this model ({self.engine.manifest.family} layout) speaks at one speed: only 1.0 is "
-                                  "supported", field="speed")
+            raise InvalidArgument("this model speaks at one speed: only 1.0 is supported", field="speed")
         lexicons = self.engine.voice_lexicons
         lexicon = lexicons.get("*", Lexicon()).merged(lexicons.get(voice or "", Lexicon())).merged(
             pronunciations or Lexicon())
@@ -178,8 +176,8 @@ class RequestPreparer:
         if not changed:
             return
         if not self.engine.speaks_at_any_speed:
-            raise InvalidArgument(f"SSML <prosody rate>: this model ({self.engine.manifest.family} layout) speaks at "
-                                  "one speed; a request's speed time-stretches the whole stream instead", field="text")
+            raise InvalidArgument("SSML <prosody rate>: this model speaks at one speed; a request's speed "
+                                  "time-stretches the whole stream instead", field="text")
         for rate in changed:
             if not MIN_SPEED <= settings.speed * rate <= MAX_SPEED:
                 raise InvalidArgument(f"SSML <prosody rate> times the request's speed is {settings.speed * rate:g}, "

@@ -58,9 +58,9 @@ class RegisteredVoice:
 
 def _decoder_message(exc: Exception) -> str:
     """The audio library's reason, without its description of our in-memory file object (which
-    would show the client a memory address)."""
+    would show the client a memory address), and never the library's class names."""
     reason = getattr(exc, "error_string", None) or str(exc)
-    return re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>:? ?", "", reason).strip() or type(exc).__name__
+    return re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>:? ?", "", reason).strip() or "an unknown or damaged format"
 
 
 def read_reference_audio(data: bytes, sample_rate: int, *, max_seconds: float,
