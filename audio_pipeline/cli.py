@@ -91,10 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_config(args: argparse.Namespace):
+    """The configuration from every source, checked (the audio decoder's streaming settings too)."""
     from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.decoders.settings_check import check_decoder_settings
 
-    return AudioGenerationConfig.load(config_file=args.config_file, section_name=args.section_name,
-                                      audio_flags=args.task_arg, **config_overrides(args))
+    return check_decoder_settings(AudioGenerationConfig.load(config_file=args.config_file,
+                                                             section_name=args.section_name,
+                                                             audio_flags=args.task_arg, **config_overrides(args)))
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.decoders import load_audio_decoder
+from audio_pipeline.decoders.settings_check import check_decoder_settings
 from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, ResourceExhausted, echo
 from audio_pipeline.core.metrics import EngineMetrics
 from audio_pipeline.layouts.manifest import ModelManifest
@@ -105,6 +106,7 @@ class TTSEngine:
     def __init__(self, config: AudioGenerationConfig):
         from audio_pipeline.models.registry import pipeline_model_class, read_model_config
 
+        check_decoder_settings(config)  # before anything loads
         self.model_dir = resolve_model_dir(config.model.model_path)
         self.manifest = ModelManifest.read(self.model_dir)
         device = resolve_device(config.model.device)

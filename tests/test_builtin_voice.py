@@ -85,6 +85,7 @@ def test_the_shipped_voice_is_a_small_hugging_face_directory(voice_dir):
 
 def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+    from audio_pipeline.decoders.settings_check import check_decoder_settings
 
     config = AudioGenerationConfig.load(env={})
     assert DEFAULT_MODEL == config.model.model_path == "builtin:slt-en-v5"
@@ -93,7 +94,7 @@ def test_the_default_model_is_the_built_in_voice_with_the_decoder_it_names():
     explicit = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=causal-conv"])
     assert explicit.resolved_audio_decoder == "causal-conv"
     with pytest.raises(ValueError, match=r"chunk_size \[7\].*mcep's 4 tokens per frame"):
-        AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=7"])
+        check_decoder_settings(AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=7"]))
     tiny = AudioGenerationConfig.load(env={}, model={"model_path": "builtin:tiny-orpheus"})
     assert tiny.resolved_audio_decoder == "snac"
 

@@ -23,6 +23,7 @@ from audio_pipeline.config import (
     SamplingConfig,
 )
 from audio_pipeline.decoders import AudioDecoder, register_audio_decoder
+from audio_pipeline.decoders.settings_check import check_decoder_settings
 
 
 class _TestDecoder(AudioDecoder):
@@ -57,7 +58,9 @@ D7 = Frame7Decoder.name
 
 
 def make(**fields: Any) -> AudioGenerationConfig:
-    return AudioGenerationConfig(**{"audio_decoder": D7, **fields})
+    """A configuration of ``fields`` checked as the engine and the command line check it (its own
+    rules, then what its audio decoder can honour)."""
+    return check_decoder_settings(AudioGenerationConfig(**{"audio_decoder": D7, **fields}))
 
 
 # --- defaults -------------------------------------------------------------------------------------
@@ -474,9 +477,9 @@ def test_assignment_checks_the_field_and_resolve_the_rules():
     config = make()
     config.buffer = 5  # a valid int, but not a multiple of the decoder's frame
     with pytest.raises(ValueError, match="buffer"):
-        config.resolve()
+        check_decoder_settings(config.resolve())
     config.buffer = 7
-    config.resolve()  # the rules read the fields as they are now: the fixed value passes
+    check_decoder_settings(config.resolve())  # the rules read the fields as they are now: the fixed value passes
 
 
 # --- only fields that act are accepted -------------------------------------------------------------

@@ -265,14 +265,17 @@ def test_a_decoder_without_block_causal_is_refused_with_the_setting_named(tmp_pa
 
 def test_config_refuses_block_causal_for_a_snac_checkpoint_with_attention(tmp_path):
     from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.decoders.settings_check import check_decoder_settings
 
     attention = save_random_snac_checkpoint(tmp_path / "attn", **{**TINY_SNAC_CONFIG, "decoder_dim": 64,
                                                                   "encoder_dim": 4, "attn_window_size": 8})
     plain = save_random_snac_checkpoint(tmp_path / "plain", **TINY_SNAC_CONFIG)
     with pytest.raises(ValueError, match=r"block_causal=true is not supported by audio_decoder 'snac' with the "
                                          r"checkpoint .*windowed attention"):
-        AudioGenerationConfig(audio_decoder="snac", audio_decoder_weights=str(attention), block_causal=True)
-    assert AudioGenerationConfig(audio_decoder="snac", audio_decoder_weights=str(plain), block_causal=True).block_causal
+        check_decoder_settings(AudioGenerationConfig(audio_decoder="snac", audio_decoder_weights=str(attention),
+                                                     block_causal=True))
+    assert check_decoder_settings(AudioGenerationConfig(audio_decoder="snac", audio_decoder_weights=str(plain),
+                                                        block_causal=True)).block_causal
     assert not AudioGenerationConfig(audio_decoder="snac", audio_decoder_weights=str(attention)).block_causal
     assert not load_audio_decoder("snac", str(attention)).supports_block_causal
 

@@ -210,6 +210,7 @@ def test_a_preset_voice_without_its_reference_is_a_load_error(bare_dir, tmp_path
 
 def test_the_familys_streaming_and_sampling_defaults_and_flags_over_them(model_dir):
     from audio_pipeline.config import AudioGenerationConfig, PrependPromptSpeechTokens
+    from audio_pipeline.decoders.settings_check import check_decoder_settings
 
     config = AudioGenerationConfig.load(env={}, model={"model_path": str(model_dir)})
     assert (config.chunk_size, config.buffer, config.block_causal) == ([15, 25, 50], 50, False)
@@ -225,7 +226,8 @@ def test_the_familys_streaming_and_sampling_defaults_and_flags_over_them(model_d
     other = AudioGenerationConfig.load(env={}, audio_flags=["audio_decoder=snac"], model={"model_path": str(model_dir)})
     assert (other.sampling.top_k, other.chunk_size, other.buffer) == (50, None, 0)
     with pytest.raises(ValueError, match="block_causal=true is not supported by audio_decoder 'neucodec'"):
-        AudioGenerationConfig.load(env={}, audio_flags=["block_causal=true"], model={"model_path": str(model_dir)})
+        check_decoder_settings(AudioGenerationConfig.load(env={}, audio_flags=["block_causal=true"],
+                                                          model={"model_path": str(model_dir)}))
 
 
 # --- served for real -------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from typing_extensions import Self
 
 import audio_pipeline.config.sources as sources
 from audio_pipeline.config.defaults import DEFAULT_PAGE_SIZE, device_defaults
-from audio_pipeline.decoders.registry import audio_decoder_class
 
 #: The model served when none is named: the built-in voice shipped in the package (audio_pipeline/builtin/).
 DEFAULT_MODEL = "builtin:slt-en-v5"
@@ -553,25 +552,9 @@ class AudioGenerationConfig(PipelineConfig):
         return shown
 
     def _rule_problems(self) -> list[str]:
+        # What the audio decoder can honour (whole frames, block-causal decoding) is the decoder's
+        # to check: decoders/settings_check.py, run by the engine and the command line.
         problems = super()._rule_problems()
-        name = self.resolved_audio_decoder
-        try:
-            decoder = audio_decoder_class(name)
-        except (ValueError, ImportError) as exc:
-            return problems + [f"audio_decoder {name!r} cannot be used: {exc}"]
-        frame = decoder.tokens_per_frame
-        if self.chunk_size is not None and any(size % frame for size in self.chunk_size):
-            problems.append(f"chunk_size {self.chunk_size}: every entry must be a multiple of "
-                            f"{name}'s {frame} tokens per frame")
-        if self.buffer % frame:
-            problems.append(f"buffer ({self.buffer}) must be a multiple of {name}'s "
-                            f"{frame} tokens per frame")
-        try:
-            decoder.check_streaming_settings(block_causal=self.block_causal,
-                                             prepend_causal=self.prepend_prompt_speech_tokens_causal,
-                                             weights=self.audio_decoder_weights or None)
-        except ValueError as exc:
-            problems.append(str(exc))
         prepend = self.prepend_prompt_speech_tokens
         if self.prepend_prompt_speech_tokens_causal and prepend is PrependPromptSpeechTokens.NEVER:
             problems.append("prepend_prompt_speech_tokens_causal=true has no effect while "

@@ -46,9 +46,12 @@ def config_sources(config_file: str | None = None, section_name: str | None = No
 
 
 def load_config(sources: dict) -> AudioGenerationConfig:
-    return AudioGenerationConfig.load(config_file=sources["config_file"], section_name=sources["section_name"],
-                                      env=sources["env"], audio_flags=sources["audio_flags"],
-                                      **sources["overrides"])
+    """The configuration from ``sources``, checked (the audio decoder's streaming settings too)."""
+    from audio_pipeline.decoders.settings_check import check_decoder_settings
+
+    return check_decoder_settings(AudioGenerationConfig.load(
+        config_file=sources["config_file"], section_name=sources["section_name"], env=sources["env"],
+        audio_flags=sources["audio_flags"], **sources["overrides"]))
 
 
 def max_ongoing_requests(config: AudioGenerationConfig, device_type: str = "cpu") -> int:
