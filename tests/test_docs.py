@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from audio_pipeline.config import reference
+import audio_pipeline.config_reference as reference
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

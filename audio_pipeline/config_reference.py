@@ -1,5 +1,5 @@
 """The configuration reference page, docs/configuration-reference.md, written from the settings' own
-field descriptions: ``python -m audio_pipeline.config.reference --write`` (without ``--write`` it
+field descriptions: ``python -m audio_pipeline.config_reference --write`` (without ``--write`` it
 prints the page). ``tests/test_docs.py`` fails while the committed page differs from it."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from audio_pipeline.config.settings import AudioGenerationConfig
 #: The committed page, relative to the repository root.
 PAGE = Path("docs") / "configuration-reference.md"
 #: The command that rewrites it.
-REGENERATE = ".venv/bin/python -m audio_pipeline.config.reference --write"
+REGENERATE = ".venv/bin/python -m audio_pipeline.config_reference --write"
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m audio_pipeline.config.reference", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m audio_pipeline.config_reference", description=__doc__)
     parser.add_argument("--write", action="store_true", help=f"write {PAGE} (from the repository root)")
     args = parser.parse_args(argv)
     page = render()
