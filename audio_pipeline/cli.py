@@ -24,7 +24,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--audio-decoder-weights", metavar="PATH",
                        help="decoder weights directory or file (default: the ones shipped with the model)")
     group.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
-    group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype")
+    group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weight and activation dtype, prompt positions' products included (default: auto)")
     group.add_argument("--task-arg", action="append", default=[], metavar="NAME=VALUE",
                        help="any configuration field, e.g. chunk_size=28,56,112 or sampling.temperature=0.5 "
                             "(repeatable; see `audio-pipeline config`)")

@@ -154,3 +154,48 @@ def test_the_rows_taken_as_prompt_are_exactly_the_prompt_positions_of_mixed_step
         assert {row for first, end in rows for row in range(first, end)} == expected
         mixed += any(flags) and not all(flags)
     assert mixed, "no step mixed prompt and generated positions: the case this test is for did not occur"
+
+
+def test_auto_follows_an_explicit_model_dtype_whatever_the_cpu(monkeypatch):
+    """``--dtype float32`` means float32 throughout: auto's own choice (bfloat16 on a CPU with native
+    products) only where model.dtype is auto too, so greedy speech does not depend on the CPU."""
+    from audio_pipeline.models import prompt_precision
+
+    monkeypatch.setattr(prompt_precision, "native_bfloat16_cpu", lambda: True)  # whatever CPU runs this
+    choose = prompt_precision.choose_prompt_dtype
+    assert choose("auto", torch.float32, CPU, dtype_setting="float32") == (
+        None, "model.prompt_dtype=auto follows model.dtype=float32, set explicitly")
+    assert choose("auto", torch.float32, CPU, dtype_setting="auto") == (
+        torch.bfloat16, "model.prompt_dtype=auto: model.dtype is auto and this CPU multiplies bfloat16 natively "
+        "(AVX512-BF16 or AMX)")
+    assert choose("auto", torch.bfloat16, CPU, dtype_setting="bfloat16")[0] is None
+    assert choose("bfloat16", torch.float32, CPU, dtype_setting="float32")[0] == torch.bfloat16  # asked for by name
+    assert resolve_prompt_dtype("auto", torch.float32, CPU, dtype_setting="float32") is None
+    monkeypatch.setattr(prompt_precision, "native_bfloat16_cpu", lambda: False)
+    assert choose("auto", torch.float32, CPU) == (None, "model.prompt_dtype=auto: this CPU has no native bfloat16 "
+                                                        "products")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_the_start_up_log_says_what_auto_chose_in_one_line(tiny_model_dir, caplog, monkeypatch, dtype):
+    """On a CPU with native bfloat16 products: an explicit --dtype float32 engine keeps float32 prompt
+    products, the default one takes bfloat16; one INFO line says which and why."""
+    import logging
+
+    from audio_pipeline.models import prompt_precision
+
+    monkeypatch.setattr(prompt_precision, "native_bfloat16_cpu", lambda: True)
+    with caplog.at_level(logging.INFO, logger="audio_pipeline.models.llama_model"):
+        engine = TTSEngine(make_config(tiny_model_dir, model={"dtype": dtype}))
+    lines = [r.getMessage() for r in caplog.records if "prompt positions' products" in r.getMessage()]
+    assert len(lines) == 1 and all(r.levelno == logging.INFO for r in caplog.records
+                                   if "prompt positions' products" in r.getMessage())
+    if dtype == "float32":
+        assert engine.model.prompt_dtype is None
+        assert lines == ["prompt positions' products in float32, the model's dtype (model.prompt_dtype=auto follows "
+                         "model.dtype=float32, set explicitly)"]
+    else:
+        assert engine.model.prompt_dtype == torch.bfloat16
+        assert lines[0].startswith("prompt positions' products in bfloat16 (model.prompt_dtype=auto: model.dtype is "
+                                   "auto and this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)): ")
+        assert lines[0].endswith(" weight copies")

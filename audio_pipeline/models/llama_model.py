@@ -13,7 +13,7 @@ from audio_pipeline.models.interface import AttentionBatch, KVCacheParams, Pipel
 from audio_pipeline.models.llama import LlamaForCausalLM, fuse_layers
 from audio_pipeline.models.cpu_linear import PackedWeight, pack_linears, pack_weight, use_packed_linears
 from audio_pipeline.models.native_layers import attach_native_layers
-from audio_pipeline.models.prompt_precision import add_prompt_weights, resolve_prompt_dtype
+from audio_pipeline.models.prompt_precision import add_prompt_weights, choose_prompt_dtype
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline_kernels import native_attention
 from audio_pipeline_kernels.native_decode import native_decode
@@ -93,12 +93,16 @@ class LlamaPipelineModel(PipelineModel):
                         "on the native kernels", "the native kernel's" if kernel is not None else "oneDNN's", layers,
                         depth, sum(not weight.lone_exact for weight in packed), native, len(self.backbone_layers()))
         #: The dtype of prompt positions' products (model.prompt_dtype), None: the model's own.
-        self.prompt_dtype = resolve_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
-                                                 quantized=quantization == "int8")
+        self.prompt_dtype, why = choose_prompt_dtype(pipeline_config.model.prompt_dtype, dtype, self.devices[0],
+                                                     quantized=quantization == "int8",
+                                                     dtype_setting=pipeline_config.model.dtype)
         if self.prompt_dtype is not None:
             count = add_prompt_weights(self.backbone_layers(), self.prompt_dtype)
-            logger.info("prompt positions' products in %s (model.prompt_dtype=%s): %d weight copies",
-                        str(self.prompt_dtype).removeprefix("torch."), pipeline_config.model.prompt_dtype, count)
+            logger.info("prompt positions' products in %s (%s): %d weight copies",
+                        str(self.prompt_dtype).removeprefix("torch."), why, count)
+        else:
+            logger.info("prompt positions' products in %s, the model's dtype (%s)",
+                        str(dtype).removeprefix("torch."), why)
         #: The forward pass the steps run: the module itself, or its torch.compile'd twin (model.compile).
         self.forward = self._make_forward(pipeline_config.model.compile)
 

@@ -11,7 +11,8 @@ choice goes by position, never by how a step was batched, so it adds no dependen
 audio on what it shared its steps with (bfloat16 products here give each row the same bits
 whatever the rows beside it; ``tests/test_prompt_precision.py`` checks it on the machine it runs
 on). The float32 products beside them still round by row count (models/cpu_linear.py), which is
-why this is not the default yet.
+why this is not the default yet. An explicit model.dtype (``--dtype float32``) turns auto off: the
+model's dtype throughout, so greedy speech does not depend on which CPU runs it.
 """
 
 from __future__ import annotations
@@ -44,21 +45,39 @@ def native_bfloat16_cpu() -> bool:
     return False
 
 
-def resolve_prompt_dtype(setting: str, model_dtype: torch.dtype, device: torch.device,
-                         quantized: bool = False) -> torch.dtype | None:
-    """The dtype of prompt positions' products, or None when they run in the model's dtype.
-    auto: bfloat16 for a float32 model on a CPU with native bfloat16 products, else the model's."""
-    if setting == "auto":
-        native = device.type == "cpu" and native_bfloat16_cpu() and not quantized
-        wanted = torch.bfloat16 if native else model_dtype
+def choose_prompt_dtype(setting: str, model_dtype: torch.dtype, device: torch.device, *, quantized: bool = False,
+                        dtype_setting: str = "auto") -> tuple[torch.dtype | None, str]:
+    """(The dtype of prompt positions' products, None where they run in the model's dtype; why,
+    for the start-up log). ``dtype_setting`` is model.dtype as set: auto follows an explicit one
+    (``--dtype float32`` means float32 throughout, the same greedy speech on any CPU), and only
+    where model.dtype is auto too is it bfloat16 for a float32 model on a CPU with native
+    bfloat16 products, else the model's dtype."""
+    if setting != "auto":
+        wanted, why = PROMPT_DTYPES[setting], f"model.prompt_dtype={setting}"
+    elif dtype_setting != "auto":
+        wanted, why = model_dtype, f"model.prompt_dtype=auto follows model.dtype={dtype_setting}, set explicitly"
+    elif device.type != "cpu":
+        wanted, why = model_dtype, f"model.prompt_dtype=auto: the model's dtype on {device.type}"
+    elif quantized:
+        wanted, why = model_dtype, "model.prompt_dtype=auto: the model's dtype for an int8-quantized model"
+    elif not native_bfloat16_cpu():
+        wanted, why = model_dtype, "model.prompt_dtype=auto: this CPU has no native bfloat16 products"
     else:
-        wanted = PROMPT_DTYPES[setting]
+        wanted, why = torch.bfloat16, ("model.prompt_dtype=auto: model.dtype is auto and this CPU multiplies "
+                                       "bfloat16 natively (AVX512-BF16 or AMX)")
     if wanted == model_dtype:
-        return None
+        return None, why
     if quantized:
         raise ValueError("model.prompt_dtype: an int8-quantized model has no float weights to copy; "
                          "use prompt_dtype=auto or the model's dtype")
-    return wanted
+    return wanted, why
+
+
+def resolve_prompt_dtype(setting: str, model_dtype: torch.dtype, device: torch.device,
+                         quantized: bool = False, dtype_setting: str = "auto") -> torch.dtype | None:
+    """The dtype of prompt positions' products, or None when they run in the model's dtype
+    (:func:`choose_prompt_dtype`)."""
+    return choose_prompt_dtype(setting, model_dtype, device, quantized=quantized, dtype_setting=dtype_setting)[0]
 
 
 def add_prompt_weights(layers: nn.Module, dtype: torch.dtype) -> int:
