@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 SHIPPED = Path(__file__).resolve().parent.parent / "audio_pipeline" / "builtin" / "slt-en"
-#: The shipped voices' shared front end (their manifests' front_end_dir).
+#: The shipped voices' shared front end (their manifests' layout option front_end_dir).
 FRONT_END = SHIPPED.parent / "front-end-en"
 
 
@@ -42,7 +42,7 @@ def write_tiny_frame_voice(path: Path, seed: int = 0, folded: bool = False) -> P
               path / "model.safetensors")
     manifest = json.loads((SHIPPED / "audio_pipeline.json").read_text())
     manifest.update(family="phoneme-lpc-frame", description="tiny random phoneme-lpc-frame voice (tests)")
-    manifest.pop("front_end_dir")  # the files are copied beside the model
+    manifest["layout_options"].pop("front_end_dir")  # the files are copied beside the model
     if folded:
         manifest["layout_options"] = {**manifest.get("layout_options", {}), "prompt": "folded"}
     (path / "audio_pipeline.json").write_text(json.dumps(manifest, indent=2))

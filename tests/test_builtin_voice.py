@@ -351,7 +351,8 @@ def test_the_second_generation_voice_ships_its_front_end_codec_and_licences():
 
     directory = shipped_model_dir("slt-en")
     manifest = ModelManifest.read(directory)
-    assert (manifest.front_end, manifest.audio_decoder, manifest.default_voice) == ("lexicon", "mcep", "slt-en")
+    assert (manifest.layout_options["front_end"], manifest.audio_decoder, manifest.default_voice) == ("lexicon", "mcep",
+                                                                                                     "slt-en")
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
     assert size < 20e6
     licences = (directory / "LICENSES.md").read_text()

@@ -281,7 +281,8 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
     out = export.export(run_dir, tmp_path / "voice", decoder="mcep", decoder_dir=SHIPPED / "decoder", front_end=FRONT_END,
                         voice="tiny-frame")
     manifest = json.loads((out / "audio_pipeline.json").read_text())
-    assert manifest["family"] == "phoneme-lpc-frame" and manifest["layout_options"] == {"prompt": "folded"}
+    assert manifest["family"] == "phoneme-lpc-frame"
+    assert manifest["layout_options"] == {"front_end": "lexicon", "prompt": "folded"}
     engine = TTSEngine(make_config(out, *FLAGS))
     engine.start()
     try:

@@ -536,17 +536,16 @@ class AudioGenerationConfig(PipelineConfig):
         manifest, or its family's) and its family's sampling defaults, below every source: a
         setting any source makes, even to none, is kept. The streaming ones are made for the
         model's own decoder: with another audio_decoder there are none."""
-        from audio_pipeline.layouts.manifest import declared_audio_decoder, declared_sampling, declared_streaming
+        from audio_pipeline.layouts.manifest import declared_defaults
 
         model = chosen.get("model")
         path = getattr(model, "model_path", None) if not isinstance(model, Mapping) else model.get("model_path")
-        path = path or DEFAULT_MODEL
-        sampling = declared_sampling(path)
+        decoder, streaming, sampling = declared_defaults(path or DEFAULT_MODEL)
         defaults = {"sampling": sampling} if sampling else {}
-        decoder = chosen.get("audio_decoder")
-        if decoder and decoder != (declared_audio_decoder(path) or cls.model_fields["audio_decoder"].default):
+        chosen_decoder = chosen.get("audio_decoder")
+        if chosen_decoder and chosen_decoder != (decoder or cls.model_fields["audio_decoder"].default):
             return defaults
-        return {**defaults, **declared_streaming(path)}
+        return {**defaults, **streaming}
 
     def to_display_dict(self) -> dict[str, Any]:
         """Every field, with audio_decoder as resolved (the decoder the model names, if not set)."""

@@ -131,7 +131,7 @@ class CsmLayout(OrpheusLayout):
         return [int(c) for c in list(codes)[::self.codes_per_token]]
 
 
-def _make_layout(model_dir, tokenizer, manifest) -> CsmLayout:
+def _make_layout(model_dir, tokenizer, options) -> CsmLayout:
     from transformers import AutoConfig, AutoTokenizer
 
     return CsmLayout.from_config(tokenizer or AutoTokenizer.from_pretrained(model_dir),

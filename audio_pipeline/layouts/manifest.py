@@ -32,15 +32,11 @@ class ModelManifest:
     audio_decoder: str | None = None
     #: Decoder weights, relative to the model directory.
     audio_decoder_weights: str | None = None
-    #: Streaming defaults for this model (chunk_size, buffer, block_causal); the configuration wins.
+    #: Streaming defaults for this model (chunk_size, buffer, block_causal, prepend), below every
+    #: configuration source: the manifest's ``streaming``, else its family's.
     streaming: dict = field(default_factory=dict)
-    #: The phoneme-lpc family's text front end: "espeak" (eSpeak NG's phonemes and durations) or
-    #: "lexicon" (lexicon.txt.gz and prosody.json in front_end_dir).
-    front_end: str = "espeak"
-    #: Where the lexicon front end's files are, relative to the model directory (the built-in
-    #: voices share one folder); the model directory itself when unset.
-    front_end_dir: str | None = None
-    #: Settings of the family's layout (its record's ``layout_options`` says which it takes).
+    #: Settings of the family's layout (its record's ``layout_options`` says which it takes; the
+    #: phoneme-lpc families' text front end among them).
     layout_options: dict = field(default_factory=dict)
     #: The languages the model speaks (names, ISO 639 codes or BCP 47 tags: English, en, en-US);
     #: None: the checkpoint's own list where it has one (Qwen3-TTS), else its family's declaration
@@ -58,11 +54,18 @@ class ModelManifest:
         if not path.is_file():
             family = detect_family(model_dir)
             voices, default = family_voices(family, model_dir)
-            return cls(family=family.name, voices=voices, default_voice=default,
-                       audio_decoder=family.decoder, audio_decoder_weights=family.decoder_weights)
+            return cls(family=family.name, voices=voices, default_voice=default, audio_decoder=family.decoder,
+                       audio_decoder_weights=family.decoder_weights, streaming=dict(family.streaming))
         try:
             data = json.loads(path.read_text())
-            names_voices = isinstance(data, dict) and "voices" in data
+            if not isinstance(data, dict):
+                raise ValueError("the manifest must be a JSON object")
+            names_voices = "voices" in data
+            names_streaming = "streaming" in data
+            # Manifests written before the front end became a layout option name it at the top.
+            moved = {key: data.pop(key) for key in ("front_end", "front_end_dir") if key in data}
+            if moved:
+                data["layout_options"] = {**moved, **data.get("layout_options", {})}
             voices = tuple(VoiceInfo(**v) for v in data.pop("voices", []))
             languages = data.pop("languages", None)
             if languages is not None and (not isinstance(languages, list)
@@ -82,6 +85,8 @@ class ModelManifest:
         if manifest.audio_decoder is None and family.decoder is not None:  # the family's own codec
             manifest = dataclasses.replace(manifest, audio_decoder=family.decoder,
                                            audio_decoder_weights=manifest.audio_decoder_weights or family.decoder_weights)
+        if not names_streaming:  # the family's streaming defaults, where the manifest names none
+            manifest = dataclasses.replace(manifest, streaming=dict(family.streaming))
         if not names_voices:  # the family's presets, where the manifest names none
             voices, default = family_voices(family, model_dir)
             manifest = dataclasses.replace(manifest, voices=voices, default_voice=manifest.default_voice or default)
@@ -90,11 +95,6 @@ class ModelManifest:
             known = ", ".join(family.layout_options) or "none"
             raise ValueError(f"{path}: unknown layout_options {sorted(unknown)} for the {family.name} family "
                              f"(known: {known})")
-        if family.front_ends and manifest.front_end not in family.front_ends:
-            raise ValueError(f"{path}: unknown front_end {manifest.front_end!r} (known: {', '.join(family.front_ends)})")
-        if manifest.front_end_dir is not None and manifest.front_end != "lexicon":
-            raise ValueError(f"{path}: front_end_dir is the lexicon front end's folder, and front_end is "
-                             f"{manifest.front_end!r}")
         names = [v.name for v in manifest.voices]
         if manifest.default_voice is not None and manifest.default_voice not in names:
             raise ValueError(f"{path}: default_voice {manifest.default_voice!r} is not one of its voices {names}")
@@ -130,64 +130,47 @@ class ModelManifest:
         """The speech-token layout of this model's family (prompt format, token ids <-> codes:
         layouts/base.py); ``tokenizer`` is the model's own (read from ``model_dir`` where a family
         needs it and none is given)."""
-        return self.family_record.make_layout(Path(model_dir), tokenizer, self)
+        return self.family_record.make_layout(Path(model_dir), tokenizer, self.layout_options)
 
 
-def _declared(model_path: str) -> dict:
-    """The manifest of the model at ``model_path`` (a directory or ``builtin:NAME``) as written, read
-    without loading or writing anything; {} when there is none or it cannot be read (the engine
-    reports that properly when it loads the model)."""
+def declared_manifest(model_path: str) -> ModelManifest | None:
+    """The manifest of the model at ``model_path`` (a directory or ``builtin:NAME``), read as the
+    engine reads it but without loading or writing anything: what the configuration takes the
+    model's defaults from. None where there is no such directory yet (a test model written on
+    first use) or its manifest is invalid (the engine reports that when it loads the model)."""
     if model_path.startswith("builtin:"):
         from audio_pipeline.builtin import SHIPPED_MODELS, shipped_model_dir
 
         name = model_path.removeprefix("builtin:")
         if name not in SHIPPED_MODELS:  # the test models written on first use are Orpheus-layout
-            return {}
+            return None
         try:
             directory = shipped_model_dir(name)
         except FileNotFoundError:
-            return {}
+            return None
     else:
         directory = Path(model_path).expanduser()
+    if not directory.is_dir():
+        return None
     try:
-        data = json.loads((directory / MANIFEST_NAME).read_text())
+        return ModelManifest.read(directory)
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return None
+
+
+def declared_defaults(model_path: str) -> tuple[str | None, dict, dict]:
+    """What the model at ``model_path`` declares for the configuration, from one reading of its
+    manifest: its audio decoder, its streaming defaults (only the known settings) and its
+    family's sampling defaults; the default family's where the manifest cannot be read."""
+    manifest = declared_manifest(model_path)
+    if manifest is None:
+        family = get_family(DEFAULT_FAMILY)
+        return family.decoder, dict(family.streaming), dict(family.sampling)
+    streaming = {k: v for k, v in manifest.streaming.items() if k in STREAMING_KEYS}
+    return manifest.audio_decoder, streaming, dict(manifest.family_record.sampling)
 
 
 def declared_audio_decoder(model_path: str) -> str | None:
-    """The audio decoder named by the manifest of the model at ``model_path``, else its family's, or None."""
-    decoder = _declared(model_path).get("audio_decoder")
-    if isinstance(decoder, str) and decoder:
-        return decoder
-    return declared_family(model_path).decoder
-
-
-def declared_family(model_path: str) -> Family:
-    """The family of the model at ``model_path``: its manifest's, else what its files say
-    (an unknown family name: the default's, and the engine reports it when it loads the model)."""
-    family = _declared(model_path).get("family")
-    if isinstance(family, str) and family:
-        try:
-            return get_family(family)
-        except ValueError:
-            return get_family(DEFAULT_FAMILY)
-    if model_path.startswith("builtin:"):
-        return get_family(DEFAULT_FAMILY)
-    return detect_family(Path(model_path).expanduser())
-
-
-def declared_sampling(model_path: str) -> dict:
-    """The sampling defaults of the model at ``model_path``: its family's, else none."""
-    return dict(declared_family(model_path).sampling)
-
-
-def declared_streaming(model_path: str) -> dict:
-    """The streaming defaults of the model at ``model_path``: its manifest's ``streaming``, else
-    its family's, else none."""
-    data = _declared(model_path)
-    streaming = data.get("streaming")
-    if isinstance(streaming, dict):
-        return {k: v for k, v in streaming.items() if k in STREAMING_KEYS}
-    return dict(declared_family(model_path).streaming)
+    """The audio decoder the model at ``model_path`` speaks with: its manifest's, else its
+    family's, or None."""
+    return declared_defaults(model_path)[0]

@@ -53,5 +53,5 @@ def is_maya1(config: dict, model_dir: Path) -> bool:
 
 
 register_family(Family(
-    "maya1", make_layout=lambda model_dir, tokenizer, manifest: Maya1Layout(), detect=is_maya1,
+    "maya1", make_layout=lambda model_dir, tokenizer, options: Maya1Layout(), detect=is_maya1,
     voices=PRESET_VOICES, default_voice=PRESET_VOICES[0].name, languages=("en",), streaming=STREAMING))

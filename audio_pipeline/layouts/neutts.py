@@ -118,7 +118,7 @@ def _check_input_format(model_dir: Path) -> None:
                          "neuphonic.input_format); the neutts layout writes phonemes only")
 
 
-def _make_layout(model_dir: Path, tokenizer, manifest) -> NeuTTSLayout:
+def _make_layout(model_dir: Path, tokenizer, options) -> NeuTTSLayout:
     if tokenizer is None:
         from transformers import AutoTokenizer
 

@@ -104,7 +104,7 @@ class OrpheusLayout(Layout):
 STREAMING = {"chunk_size": [28, 56, 112]}
 
 register_family(Family(
-    "orpheus", make_layout=lambda model_dir, tokenizer, manifest: OrpheusLayout(),
+    "orpheus", make_layout=lambda model_dir, tokenizer, options: OrpheusLayout(),
     voices=tuple(VoiceInfo(v, f"Orpheus preset voice {v}") for v in ORPHEUS_VOICES), default_voice=ORPHEUS_VOICES[0],
     # The English fine-tunes; a manifest's languages names another's.
     languages=("en",), streaming=STREAMING))

@@ -463,8 +463,8 @@ class PhonemeLPCLayout(Layout):
         return [self.token_range(first_position + i)[0] + int(c) for i, c in enumerate(codes)]
 
 
-#: Text front ends a phoneme-lpc(-frame) model may name (its manifest's ``front_end``): eSpeak NG's
-#: phonemes and durations, or lexicon.txt.gz and prosody.json in the manifest's front_end_dir.
+#: Text front ends a phoneme-lpc(-frame) model may name (its layout option ``front_end``): eSpeak
+#: NG's phonemes and durations, or lexicon.txt.gz and prosody.json in the option ``front_end_dir``.
 FRONT_ENDS = ("espeak", "lexicon")
 #: The language the voices speak (US English phonemes, either front end).
 US_ENGLISH = ("en-US",)
@@ -474,7 +474,7 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
     """The family's layout factory: ``layout_class`` with the front end the manifest names (and
     the prompt form its layout_options name, where the family takes one)."""
 
-    def make_layout(model_dir, tokenizer, manifest) -> PhonemeLPCLayout:
+    def make_layout(model_dir, tokenizer, layout_options) -> PhonemeLPCLayout:
         if tokenizer is None:  # the vocabulary alone: which ids are pauses
             from audio_pipeline.models.plain_config import VocabularyTokenizer
 
@@ -484,25 +484,31 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
                if phoneme_token_name(name) in vocab}
         options: dict[str, Any] = {"pause_ids": frozenset(ids[n] for n in PAUSE_NAMES if n in ids),
                                    "quiet_onset_ids": frozenset(ids[n] for n in QUIET_ONSETS if n in ids)}
-        silence = manifest.layout_options.get("silence_frame")
+        silence = layout_options.get("silence_frame")
         if silence is not None:
             if (not isinstance(silence, list) or len(silence) != 2
                     or not all(isinstance(c, int) and 0 <= c < CODEBOOK_SIZE for c in silence)):
                 raise ValueError(f"{model_dir}: layout_options.silence_frame must be [envelope, prosody] codes in "
                                  f"0..{CODEBOOK_SIZE - 1}, got {silence!r}")
             options["silence_frame"] = tuple(silence)
-        prompt = manifest.layout_options.get("prompt", "pairs")
+        prompt = layout_options.get("prompt", "pairs")
         if prompt not in ("pairs", "folded"):
             raise ValueError(f"{model_dir}: layout_options.prompt {prompt!r} is not pairs or folded")
         if prompt == "folded":
             options["folded_prompt"] = True
-        if manifest.front_end == "lexicon":
+        front_end, front_end_dir = layout_options.get("front_end", "espeak"), layout_options.get("front_end_dir")
+        if front_end not in FRONT_ENDS:
+            raise ValueError(f"{model_dir}: unknown layout_options.front_end {front_end!r} (known: {', '.join(FRONT_ENDS)})")
+        if front_end_dir is not None and front_end != "lexicon":
+            raise ValueError(f"{model_dir}: layout_options.front_end_dir is the lexicon front end's folder, and "
+                             f"front_end is {front_end!r}")
+        if front_end == "lexicon":
             from audio_pipeline.text.lexicon import LexiconFrontEnd
 
-            files = Path(model_dir) / (manifest.front_end_dir or ".")
+            files = Path(model_dir) / (front_end_dir or ".")
             missing = [name for name in LexiconFrontEnd.FILES if not (files / name).is_file()]
             if missing:
-                where = f"front_end_dir {manifest.front_end_dir!r}" if manifest.front_end_dir else "the model directory"
+                where = f"front_end_dir {front_end_dir!r}" if front_end_dir else "the model directory"
                 raise ValueError(f"{model_dir}: the lexicon front end's {' and '.join(missing)} is missing from {where} "
                                  f"({files.resolve()})")
             return layout_class(front_end=LexiconFrontEnd.load(files), **options)
@@ -513,8 +519,13 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
 
 # The built-in voices' manifests name their decoder and streaming settings.
 #: The layout options both phoneme-lpc families take.
-SILENCE_FRAME_OPTION = {"silence_frame": "[envelope, prosody] codes of a silent frame in the voice's codec: the "
-                                         "leading pause's unspoken frames hold it (unset: the whole pause is spoken)"}
+SHARED_OPTIONS = {
+    "silence_frame": "[envelope, prosody] codes of a silent frame in the voice's codec: the leading pause's "
+                     "unspoken frames hold it (unset: the whole pause is spoken)",
+    "front_end": "the text front end: espeak (eSpeak NG's phonemes and durations, the default) or lexicon "
+                 "(lexicon.txt.gz and prosody.json in front_end_dir)",
+    "front_end_dir": "where the lexicon front end's files are, relative to the model directory (the built-in "
+                     "voices share one folder); unset: the model directory"}
 
-register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), front_ends=FRONT_ENDS,
-                       plain_checkpoint=True, layout_options=SILENCE_FRAME_OPTION, languages=US_ENGLISH))
+register_family(Family("phoneme-lpc", make_layout=layout_factory(PhonemeLPCLayout), plain_checkpoint=True,
+                       layout_options=SHARED_OPTIONS, languages=US_ENGLISH))

@@ -26,8 +26,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, FRONT_ENDS, PHONEME,
-                                              PROSODY, SILENCE_FRAME_OPTION, TOKENS_PER_FRAME, US_ENGLISH,
+from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME,
+                                              PROSODY, SHARED_OPTIONS, TOKENS_PER_FRAME, US_ENGLISH,
                                               PhonemeLPCLayout,
                                               alignment_tokens, layout_factory, prompt_schedule, slot_token,
                                               split_prompt)
@@ -125,7 +125,7 @@ class PhonemeLPCFrameLayout(PhonemeLPCLayout):
 
 
 
-register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout), front_ends=FRONT_ENDS,
+register_family(Family("phoneme-lpc-frame", make_layout=layout_factory(PhonemeLPCFrameLayout),
                        plain_checkpoint=True, languages=US_ENGLISH,
                        layout_options={"prompt": "pairs (two positions per phoneme, the default) or folded (one: "
-                                                 "the model's frame_head has a fold)", **SILENCE_FRAME_OPTION}))
+                                                 "the model's frame_head has a fold)", **SHARED_OPTIONS}))

@@ -279,11 +279,10 @@ def _table(talker, name: str) -> dict:
     return dict(vars(table)) if table is not None else {}
 
 
-def _make_layout(model_dir: Path, tokenizer, manifest) -> Qwen3TTSLayout:
+def _make_layout(model_dir: Path, tokenizer, options) -> Qwen3TTSLayout:
     from audio_pipeline.models.qwen3_tts import read_config
 
     layout = Qwen3TTSLayout.from_config(read_config(model_dir))
-    options = manifest.layout_options
     if "streaming_text" in options:
         if not isinstance(options["streaming_text"], bool):
             raise ValueError(f"{model_dir}: layout_options.streaming_text must be true or false")

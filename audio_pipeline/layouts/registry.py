@@ -20,7 +20,6 @@ from audio_pipeline.layouts.voice_info import VoiceInfo
 
 if TYPE_CHECKING:
     from audio_pipeline.layouts.base import Layout
-    from audio_pipeline.layouts.manifest import ModelManifest
 
 
 @dataclass(frozen=True)
@@ -28,9 +27,10 @@ class Family:
     """One model family's declaration."""
 
     name: str
-    #: ``(model_dir, tokenizer, manifest) -> Layout``; the tokenizer is the model's own (None: the
-    #: factory reads it from ``model_dir`` where it needs one).
-    make_layout: Callable[[Path, Any, "ModelManifest"], "Layout"]
+    #: ``(model_dir, tokenizer, layout_options) -> Layout``; the tokenizer is the model's own (None:
+    #: the factory reads it from ``model_dir`` where it needs one), the options its manifest's
+    #: ``layout_options`` (checked against the keys below; the factory checks their values).
+    make_layout: Callable[[Path, Any, Mapping[str, Any]], "Layout"]
     #: ``(config.json as a dict, model_dir) -> bool``: a checkpoint without a manifest is of this
     #: family. None: only a manifest names it. The first family (in registration order) whose
     #: ``detect`` says yes wins; a checkpoint none claims is of DEFAULT_FAMILY.
@@ -55,8 +55,6 @@ class Family:
     #: Qwen3-TTS) speaks those instead, and a manifest's ``languages`` wins over both. A request's
     #: ``language`` must name one of them, or auto.
     languages: tuple[str, ...] = ("en",)
-    #: Text front ends a manifest may name (``front_end``); empty: the family has one.
-    front_ends: tuple[str, ...] = ()
     #: Settings of the family's layout a manifest may give (``layout_options``; the factory reads
     #: them from the manifest), with what each does.
     layout_options: Mapping[str, str] = field(default_factory=dict)

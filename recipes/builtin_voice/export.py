@@ -9,7 +9,7 @@ and tokenizer_config.json: one token per id, phonemes as ``<ph:NAME>``), the lpc
 (decoder/config.json and decoder/envelope_codebook.npy) and audio_pipeline.json (family
 ``phoneme-lpc``, the voice, the decoder). With ``--decoder mcep`` the decoder directory comes from
 the codec's fit (teacher_dataset.py), and ``--front-end DIR`` adds the lexicon front end's files
-(lexicon.txt.gz, prosody.json) with ``front_end: lexicon`` in the manifest, and the licences of
+(lexicon.txt.gz, prosody.json) with the layout option ``front_end: lexicon`` in the manifest, and the licences of
 what the voice learned from (LICENSES.md).
 """
 
@@ -115,14 +115,15 @@ def export(run: Path, out: Path, *, decoder: str = "lpc", decoder_dir: Path | No
         for name in ("lexicon.txt.gz", "prosody.json"):
             shutil.copyfile(front_end / name, out / name)
         write_notices(out)
-        manifest.update(front_end="lexicon", description=SECOND_DESCRIPTION, voices=[{
+        manifest.setdefault("layout_options", {})["front_end"] = "lexicon"
+        manifest.update(description=SECOND_DESCRIPTION, voices=[{
             "name": voice, "language": "en-US",
             "description": "US English, learned from Festival's cmu_us_slt_arctic_hts voice (the project's own small voice)"}])
     if "frame_head" in config:  # trained with --layout phoneme-lpc-frame
         manifest.update(family="phoneme-lpc-frame", description=manifest["description"].replace(
             "a 4-layer Llama", "a 4-layer Llama run once per 20 ms frame, with a depth head,"))
         if config["frame_head"].get("fold"):  # trained with --fold-prompt
-            manifest["layout_options"] = {"prompt": "folded"}
+            manifest.setdefault("layout_options", {})["prompt"] = "folded"
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 
