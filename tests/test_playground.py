@@ -2,8 +2,10 @@
 behind a bearer token: it loads with no console errors and nothing from elsewhere, speaks a
 sentence while it streams (first audio, real-time factor, words lit in order, a waveform), its
 player holds as much audio as the server's WAV of the same text, a bad request shows the server's
-own words, and a reference upload registers a cloned voice where the model can clone. A
-screenshot goes to $PLAYGROUND_SCREENSHOT (default: the test's temporary folder)."""
+own words, and a reference upload registers a cloned voice where the model can clone. It fits a
+390 px phone and a 1280 px screen; Speak sends the model and speed chosen (over the API's speed
+range) and streams PCM whatever the download format; Ctrl/Cmd+Enter in the text speaks.
+A screenshot goes to $PLAYGROUND_SCREENSHOT (default: the test's temporary folder)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from conftest import make_config, scratch_voices_dir
 pytestmark = pytest.mark.slow
 TOKEN = "playground-token-0123456789"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+PLAYER = "document.getElementById('player')"
+
+
 
 
 def started(config, **kwargs):
@@ -64,6 +69,26 @@ def speak(browser, text):
     browser.evaluate(f"document.getElementById('text').value = {json.dumps(text)}; "
                      "document.getElementById('speak').click(); true")
     return browser.wait_for("window.playground.last", timeout=120)
+
+
+def player_duration(browser):
+    return browser.wait_for(f"(() => {{ const p = {PLAYER}; "
+                            "return isFinite(p.duration) && p.duration > 0 ? p.duration : null; })()")
+
+
+def start_messages(browser):
+    """The start messages the page sent on its WebSocket, as the wire carried them."""
+    browser.pump(0.2)
+    sent = [json.loads(e["params"]["response"]["payloadData"]) for e in browser.events
+            if e.get("method") == "Network.webSocketFrameSent"]
+    return [m for m in sent if m.get("type") == "start"]
+
+
+def press_enter(browser, modifiers):
+    """Enter in the focused element, as a keyboard types it (modifiers: 2 Ctrl, 4 Meta/Cmd)."""
+    for kind in ("keyDown", "keyUp"):
+        browser.call("Input.dispatchKeyEvent", type=kind, modifiers=modifiers, key="Enter", code="Enter",
+                     windowsVirtualKeyCode=13, nativeVirtualKeyCode=13, **({"text": "\r"} if kind == "keyDown" else {}))
 
 
 def test_the_page_speaks_streams_highlights_and_matches_the_servers_wav(server, browser, tmp_path):
@@ -164,3 +189,87 @@ def test_a_reference_upload_registers_a_cloned_voice(tiny_model_dir, browser, tm
         assert browser.console_errors == []
     finally:
         running.stop()
+
+
+# --- the layout and the controls ------------------------------------------------------------------
+
+def test_the_page_fits_a_phone_and_a_laptop(server, browser, tmp_path):
+    open_with_token(browser, f"{server.http_url}/")
+    assert speak(browser, SENTENCE)["ok"]
+    player_duration(browser)
+    browser.evaluate("document.getElementById('clone').hidden = false; true")  # its form is laid out too
+    measure = (
+        "(() => { const seen = []; for (const e of document.querySelectorAll("
+        "'input, select, textarea, button, audio, output, canvas, #words, #status')) {"
+        " e.scrollIntoView({ block: 'center', inline: 'center' }); const r = e.getBoundingClientRect();"
+        " const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);"
+        " seen.push({ id: e.id || e.type, left: r.left, right: r.right, width: r.width, height: r.height,"
+        " reachable: hit === e || e.contains(hit) || (hit !== null && hit.contains(e)) }); }"
+        " window.scrollTo(0, 0);"
+        " return { width: document.documentElement.scrollWidth, body: document.body.scrollWidth,"
+        " viewport: window.innerWidth, scrollX: window.scrollX, seen }; })()")
+    try:
+        for width in (390, 1280):
+            browser.call("Emulation.setDeviceMetricsOverride", width=width, height=844, deviceScaleFactor=1,
+                         mobile=width < 600)
+            browser.pump(0.3)
+            page = browser.evaluate(measure)
+            assert page["viewport"] == width
+            assert page["width"] <= width and page["body"] <= width, page
+            for control in page["seen"]:
+                assert control["width"] > 0 and control["height"] > 0, (width, control)
+                assert control["left"] >= 0 and control["right"] <= width + 0.5, (width, control)
+                assert control["reachable"], (width, control)
+            if width == 390:
+                assert browser.screenshot(tmp_path / "phone.png").stat().st_size > 10000
+    finally:
+        browser.call("Emulation.clearDeviceMetricsOverride")
+    assert browser.console_errors == []
+
+
+def test_speak_sends_the_chosen_model_and_speed_and_ctrl_enter_speaks(server, browser):
+    from audio_pipeline.service.prepare import MAX_SPEED, MIN_SPEED
+
+    open_with_token(browser, f"{server.http_url}/")
+    browser.call("Network.enable")
+    try:
+        # The speed slider spans the API's range.
+        assert browser.evaluate("[Number(document.getElementById('speed').min), "
+                                "Number(document.getElementById('speed').max)]") == [MIN_SPEED, MAX_SPEED]
+        # The format is Download's: it sits with Download, says so, and Speak streams PCM whatever it is.
+        placed = browser.evaluate(
+            "(() => { const f = document.getElementById('format'); return [f.closest('.playback') !== null, "
+            "f.closest('.controls') === null, f.closest('label').textContent.trim().startsWith('Download as'), "
+            "document.getElementById(f.getAttribute('aria-describedby')).textContent]; })()")
+        assert placed[:3] == [True, True, True] and "Speak always streams 16-bit PCM" in placed[3]
+        # The shortcut is shown: in the hint under the text and on the Speak button.
+        hint = browser.evaluate("document.getElementById('text-hint').textContent")
+        assert "Ctrl+Enter" in hint and "⌘+Enter" in hint
+        assert "Ctrl+Enter" in browser.evaluate("document.getElementById('speak').title")
+
+        browser.evaluate(
+            "const model = document.getElementById('model'); model.add(new Option('another-model', 'another-model')); "
+            "model.value = 'another-model'; const speed = document.getElementById('speed'); speed.value = speed.max; "
+            "speed.dispatchEvent(new Event('input')); document.getElementById('format').value = 'mp3'; "
+            "document.getElementById('text').value = 'Hello there.'; document.getElementById('text').focus(); true")
+        assert browser.evaluate("document.getElementById('speed-value').textContent") == "4.00"
+        press_enter(browser, modifiers=2)  # Ctrl+Enter
+        last = browser.wait_for("window.playground.last")
+        assert last["ok"], browser.evaluate("document.getElementById('error').textContent")
+        assert browser.evaluate("document.getElementById('text').value") == "Hello there."  # no new line typed
+        start = start_messages(browser)[-1]
+        assert (start["model"], start["speed"], start["response_format"], start["input"]) == \
+            ("another-model", MAX_SPEED, "pcm", "Hello there.")
+        # Cmd+Enter speaks too (at the slowest speed this time); a plain Enter is a new line.
+        browser.evaluate("document.getElementById('speed').value = document.getElementById('speed').min; "
+                         "window.playground.last = null; true")
+        press_enter(browser, modifiers=4)
+        assert browser.wait_for("window.playground.last")["ok"]
+        starts = start_messages(browser)
+        assert len(starts) == 2 and starts[-1]["speed"] == MIN_SPEED
+        press_enter(browser, modifiers=0)
+        assert browser.evaluate("document.getElementById('text').value") == "Hello there.\n"
+        assert len(start_messages(browser)) == 2
+    finally:
+        browser.call("Network.disable")
+    assert browser.console_errors == []

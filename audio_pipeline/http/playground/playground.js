@@ -202,8 +202,8 @@ function speak() {
   $("stop").disabled = false;
   const mine = session;
   socket.onopen = () => socket.send(JSON.stringify({
-    type: "start", context_id: "play", input: wanted.input, voice: wanted.voice, speed: wanted.speed,
-    response_format: "pcm", seed,
+    type: "start", context_id: "play", input: wanted.input, model: wanted.model, voice: wanted.voice,
+    speed: wanted.speed, response_format: "pcm", seed,
   }));
   socket.onmessage = (event) => {
     if (session !== mine) return;
@@ -323,6 +323,13 @@ $("speak").addEventListener("click", speak);
 $("stop").addEventListener("click", stop);
 $("download").addEventListener("click", download);
 $("clone-form").addEventListener("submit", registerVoice);
+$("text").addEventListener("keydown", (event) => {
+  // Ctrl+Enter (Cmd+Enter on a Mac) speaks, as the hint under the text says.
+  if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.altKey || event.shiftKey
+      || event.isComposing) return;
+  event.preventDefault();
+  if (!$("speak").disabled) speak();
+});
 $("speed").addEventListener("input", () => { $("speed-value").textContent = Number($("speed").value).toFixed(2); });
 $("token").value = localStorage.getItem("audio-pipeline-token") || "";
 $("token").addEventListener("change", () => {
