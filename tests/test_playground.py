@@ -5,10 +5,14 @@ player holds as much audio as the server's WAV of the same text, a bad request s
 own words, and a reference upload registers a cloned voice where the model can clone. It fits a
 390 px phone and a 1280 px screen; Speak sends the model and speed chosen (over the API's speed
 range) and streams PCM whatever the download format; Ctrl/Cmd+Enter in the text speaks.
+Stop stays on while the audio plays and stops it; after a stop the player holds the audio
+received (Download saves it), the words are not left lit and no older clip plays; after an error
+the player holds nothing. SSML shows the words spoken, not its markup.
 A screenshot goes to $PLAYGROUND_SCREENSHOT (default: the test's temporary folder)."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -26,6 +30,9 @@ from conftest import make_config, scratch_voices_dir
 pytestmark = pytest.mark.slow
 TOKEN = "playground-token-0123456789"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+#: About 10 s of speech, which the built-in voice speaks in well under that.
+LONG = " ".join([SENTENCE] * 3)
+SSML = '<speak>Hello<break time="300ms"/>there, <sub alias="World Wide Web">WWW</sub> &amp; friends.</speak>'
 PLAYER = "document.getElementById('player')"
 
 
@@ -71,9 +78,35 @@ def speak(browser, text):
     return browser.wait_for("window.playground.last", timeout=120)
 
 
+def click(browser, element_id):
+    browser.evaluate(f"document.getElementById({json.dumps(element_id)}).click(); true")
+
+
 def player_duration(browser):
     return browser.wait_for(f"(() => {{ const p = {PLAYER}; "
                             "return isFinite(p.duration) && p.duration > 0 ? p.duration : null; })()")
+
+
+def lit_words(browser):
+    """The word spans lit as sounding now and as said."""
+    return browser.evaluate("[document.querySelectorAll('#words span.now').length, "
+                            "document.querySelectorAll('#words span.said').length]")
+
+
+def download_state(browser):
+    """Whether Download is off, and whether its format is."""
+    return browser.evaluate("[document.getElementById('download').disabled, "
+                            "document.getElementById('format').disabled]")
+
+
+def page_audio(browser):
+    """The WAV the page's player holds: its samples (floats) and rate."""
+    encoded = browser.evaluate("window.playground.clipBlob().arrayBuffer().then(b => { "
+                               "const bytes = new Uint8Array(b); let s = ''; "
+                               "for (let i = 0; i < bytes.length; i += 32768) "
+                               "s += String.fromCharCode(...bytes.subarray(i, i + 32768)); return btoa(s); })")
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(encoded)), dtype="float32")
+    return samples, rate
 
 
 def start_messages(browser):
@@ -272,4 +305,130 @@ def test_speak_sends_the_chosen_model_and_speed_and_ctrl_enter_speaks(server, br
         assert len(start_messages(browser)) == 2
     finally:
         browser.call("Network.disable")
+    assert browser.console_errors == []
+
+
+# --- playback, stop, errors and the words ---------------------------------------------------------
+
+def test_stop_stays_on_while_the_audio_plays_and_stops_it(server, browser):
+    open_with_token(browser, f"{server.http_url}/")
+    last = speak(browser, LONG)
+    assert last["ok"] and last["seconds"] > 5 and last["elapsed"] < last["seconds"] / 2
+    # The synthesis is over, the audio is not: Stop stays on (and Speak is on again).
+    state = browser.evaluate("[document.getElementById('stop').disabled, document.getElementById('speak').disabled, "
+                             "window.playground.playback, window.playground.audio.state, "
+                             "document.getElementById('status').textContent]")
+    assert state == [False, False, "playing", "running", "playing…"]
+    browser.wait_for("window.playground.highlighted.length >= 2", timeout=30)
+    click(browser, "stop")
+    state = browser.evaluate("[document.getElementById('stop').disabled, window.playground.playback, "
+                             "document.getElementById('status').textContent]")
+    assert state == [True, "stopped", "ready"]
+    # The audio is silenced (its context closed), the words go back to none lit and stay so.
+    browser.wait_for("window.playground.audio.state === 'closed'", timeout=10)
+    heard = len(browser.evaluate("window.playground.highlighted"))
+    browser.pump(0.5)
+    assert len(browser.evaluate("window.playground.highlighted")) == heard
+    assert lit_words(browser) == [0, 0]
+    # The whole text came, so the player holds all of it, and Download offers it in any format.
+    assert abs(player_duration(browser) - last["seconds"]) < 0.002
+    assert download_state(browser) == [False, False]
+
+    # Played to its end, Stop goes off by itself and every word is said.
+    last = speak(browser, "Hello there.")
+    assert last["ok"]
+    browser.wait_for("window.playground.playback === 'ended'", timeout=30)
+    assert browser.evaluate("document.getElementById('stop').disabled") is True
+    words = browser.evaluate("document.querySelectorAll('#words span.word').length")
+    assert words == 2 and lit_words(browser) == [0, words]
+    assert browser.console_errors == []
+
+
+def test_stop_while_speaking_keeps_the_audio_received_and_no_older_clip(server, browser, tmp_path):
+    open_with_token(browser, f"{server.http_url}/")
+    assert speak(browser, SENTENCE)["ok"]
+    first = player_duration(browser)
+    first_src = browser.evaluate(f"{PLAYER}.src")
+    assert browser.evaluate(f"{PLAYER}.play().then(() => !{PLAYER}.paused)") is True
+    # A long text at a quarter speed takes seconds to speak: Stop once its first words have come.
+    text = " ".join(f"Sentence number {n} keeps the speaker busy for a while." for n in range(12))
+    during = browser.evaluate(
+        f"document.getElementById('text').value = {json.dumps(text)}; "
+        "document.getElementById('speed').value = '0.25'; document.getElementById('speak').click(); "
+        "new Promise((resolve) => { const poll = setInterval(() => { const got = window.playground.received(); "
+        "if (!got || got.words < 2) return; clearInterval(poll); "
+        f"const player = [{PLAYER}.paused, {PLAYER}.hasAttribute('src'), {PLAYER}.readyState, {PLAYER}.networkState]; "
+        "document.getElementById('stop').click(); resolve(player); }, 2); })")
+    # The new utterance paused and unloaded the old clip the moment it started.
+    assert during == [True, False, 0, 0]
+    last = browser.wait_for("window.playground.last")
+    assert last["outcome"] == "stopped" and not last["ok"] and last["samples"] > 0
+    assert browser.evaluate("[document.getElementById('stop').disabled, document.getElementById('speak').disabled, "
+                            "window.playground.playback, window.playground.audio.state]") == \
+        [True, False, "stopped", "closed"]
+    # What came stays: the player holds it (not the older clip), Download saves it as WAV.
+    duration = player_duration(browser)
+    assert abs(duration - last["samples"] / last["rate"]) < 0.002 and abs(duration - first) > 0.01
+    assert browser.evaluate(f"{PLAYER}.src") not in ("", first_src)
+    assert download_state(browser) == [False, True]
+    assert "Stopped" in browser.evaluate("document.getElementById('download-note').textContent")
+    samples, rate = page_audio(browser)
+    assert len(samples) == last["samples"] and rate == last["rate"]
+    browser.call("Page.setDownloadBehavior", behavior="allow", downloadPath=str(tmp_path))
+    click(browser, "download")
+    downloaded = tmp_path / "speech.wav"
+    for _ in range(100):
+        if downloaded.is_file() and downloaded.stat().st_size:
+            break
+        browser.pump(0.1)
+    saved, saved_rate = sf.read(downloaded, dtype="float32")
+    assert saved_rate == rate and (saved == samples).all()
+    # The words are not left lit mid-word: none lit, until the player plays them from the start.
+    assert lit_words(browser) == [0, 0]
+    assert browser.evaluate(f"{PLAYER}.play().then(() => true)") is True
+    browser.wait_for("window.playground.highlighted.length >= 1", timeout=30)
+    assert browser.evaluate("window.playground.highlighted")[0] == "Sentence"
+    browser.evaluate(f"{PLAYER}.pause(); document.getElementById('speed').value = '1'; true")
+    assert browser.console_errors == []
+
+
+def test_an_error_leaves_no_earlier_clip_in_the_player(server, browser):
+    open_with_token(browser, f"{server.http_url}/")
+    assert speak(browser, SENTENCE)["ok"]
+    player_duration(browser)
+    last = speak(browser, "<speak>Hello <blink>there</blink></speak>")
+    assert not last["ok"] and last["outcome"] == "failed"
+    assert browser.evaluate("document.getElementById('error').hidden") is False
+    state = browser.evaluate(f"[{PLAYER}.hasAttribute('src'), {PLAYER}.readyState, {PLAYER}.networkState, "
+                             f"{PLAYER}.paused, "
+                             "document.getElementById('download').disabled, "
+                             "document.getElementById('duration').textContent, "
+                             "document.getElementById('stop').disabled]")
+    assert state == [False, 0, 0, True, True, "–", True]
+    # Nothing to play: the old clip is gone, not just hidden (play() finds no media and waits for some).
+    played = browser.evaluate(f"Promise.race([{PLAYER}.play().then(() => 'played', (e) => e.name), "
+                              "new Promise((resolve) => setTimeout(() => resolve('nothing'), 500))])")
+    assert played == "nothing"
+    assert browser.evaluate(f"[{PLAYER}.readyState, {PLAYER}.currentTime]") == [0, 0]
+    browser.evaluate(f"{PLAYER}.pause(); true")
+    assert browser.console_errors == []
+
+
+def test_ssml_shows_the_words_spoken_not_its_markup(server, browser):
+    open_with_token(browser, f"{server.http_url}/")
+    # Before its words come, the document reads without its tags and entities.
+    before = browser.evaluate(f"document.getElementById('text').value = {json.dumps(SSML)}; "
+                              "document.getElementById('speak').click(); document.getElementById('words').textContent")
+    assert before == "Hello there, WWW & friends."
+    last = browser.wait_for("window.playground.last")
+    assert last["ok"], browser.evaluate("document.getElementById('error').textContent")
+    spoken = [w["spoken"] for w in last["words"]]
+    assert spoken == ["Hello", "there", "World Wide Web", "and", "friends"]
+    assert browser.evaluate("[...document.querySelectorAll('#words span.word')].map(s => s.textContent)") == spoken
+    shown = browser.evaluate("document.getElementById('words').textContent")
+    assert shown == "Hello there, World Wide Web and friends."
+    # The words light up as spoken, in order.
+    browser.wait_for("window.playground.playback === 'ended'", timeout=30)
+    lit = browser.evaluate("window.playground.highlighted")
+    assert lit == spoken[:len(lit)] and len(lit) >= len(spoken) - 1
     assert browser.console_errors == []

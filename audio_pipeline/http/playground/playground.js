@@ -1,14 +1,27 @@
 // The playground: speaks through the server's WebSocket (/v1/audio/stream) and plays the PCM as it
 // comes with Web Audio, so the first audio plays before the speech is done; the words light up from
 // the word timings the server sends with the audio. Everything it loads comes from this server.
+//
+// An utterance (a "session") is spoken, then played: Stop stays on until its playback ends. When
+// the synthesis ends (done, stopped or failed) the player holds the audio received for it, and only
+// that: a new utterance or an error leaves no earlier clip behind.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-// What a test (or a curious user in the console) can read: the words highlighted, in order, and
-// the last utterance's figures.
-const playground = (window.playground = { highlighted: [], last: null, errors: [] });
+// What a test (or a curious user in the console) can read: the words highlighted, in order, the
+// last utterance's figures (set when its synthesis ends), the errors shown, where its playback
+// stands (idle, playing, ended, stopped) and its Web Audio context (audio); the functions below add
+// the player's WAV and how much has come of the utterance in progress.
+const playground = (window.playground = { highlighted: [], last: null, errors: [], playback: "idle", audio: null });
 
-let session = null; // the utterance in progress (see speak())
+let session = null; // the utterance being spoken or played (see speak())
+let clip = null; // what the player holds: the audio received for the last utterance (see setClip())
+let connected = false;
+// The WAV the player holds (null: none).
+playground.clipBlob = () => (clip ? clip.blob : null);
+// How much of the utterance in progress has come: samples and timed words (null: none in progress).
+playground.received = () => (session && session.synthesizing
+  ? { samples: session.total, words: session.words.length } : null);
 
 function token() {
   return $("token").value.trim();
@@ -48,12 +61,13 @@ async function loadServer() {
     const model = $("model");
     model.replaceChildren(...models.data.map((m) => new Option(m.id, m.id)));
     fillVoices(voices);
-    $("status").textContent = "ready";
+    connected = true;
     showError("");
   } catch (error) {
-    $("status").textContent = "not connected";
+    connected = false;
     showError(error.message);
   }
+  update();
 }
 
 function fillVoices(body, chosen) {
@@ -76,43 +90,91 @@ function fillVoices(body, chosen) {
 
 // --- words ------------------------------------------------------------------------------------
 
-function renderWords(text, words) {
-  // The text as the client sent it, each timed word a span over its [text_start, text_end).
-  const box = $("words");
-  const nodes = [];
+function isSsml(text) {
+  return text.trimStart().startsWith("<speak");
+}
+
+const TAG = /<!--[\s\S]*?-->|<(?:[^>"']|"[^"]*"|'[^']*')*>/g;
+const ENTITIES = { amp: "&", lt: "<", gt: ">", quot: '"', apos: "'" };
+
+// What SSML text reads as: no tags (one between two letters parts them: "a<break/>b" is "a b"),
+// entities decoded.
+function ssmlText(source) {
+  const untagged = source.replace(TAG, "\u0000").replace(/(?<=[\p{L}\p{N}])\u0000+(?=[\p{L}\p{N}])/gu, " ")
+    .replace(/\u0000/g, "");
+  return untagged.replace(/&(#x[0-9a-f]+|#[0-9]+|[a-z]+);/gi, (whole, name) => {
+    if (name[0] === "#") {
+      const code = name[1] === "x" || name[1] === "X" ? parseInt(name.slice(2), 16) : parseInt(name.slice(1), 10);
+      return Number.isFinite(code) && code <= 0x10ffff ? String.fromCodePoint(code) : whole;
+    }
+    return ENTITIES[name.toLowerCase()] ?? whole;
+  });
+}
+
+// The words of an utterance as the page shows them: [text between, word, text between, ...]. Plain
+// text reads as the client wrote it, each timed word a span over its [text_start, text_end); an
+// SSML document reads as it is spoken: the words as said (a <sub>'s alias, an entity's word), no
+// markup, its whitespace folded.
+function wordParts(text, words, ssml) {
+  const parts = [];
   let at = 0;
   words.forEach((word, index) => {
     if (word.text_start < at) return;
-    if (word.text_start > at) nodes.push(document.createTextNode(text.slice(at, word.text_start)));
-    const span = document.createElement("span");
-    span.className = "word";
-    span.dataset.index = String(index);
-    span.textContent = text.slice(word.text_start, word.text_end);
-    nodes.push(span);
+    parts.push({ text: text.slice(at, word.text_start) });
+    const shown = ssml ? (word.spoken || ssmlText(text.slice(word.text_start, word.text_end)).trim())
+      : text.slice(word.text_start, word.text_end);
+    parts.push({ text: shown, index });
     at = word.text_end;
   });
-  if (at < text.length) nodes.push(document.createTextNode(text.slice(at)));
-  box.replaceChildren(...nodes);
+  parts.push({ text: text.slice(at) });
+  if (ssml) {
+    parts.forEach((part, i) => {
+      if (part.index !== undefined) return;
+      const between = i > 0 && i < parts.length - 1;
+      let shown = ssmlText(part.text).replace(/\s+/g, " ");
+      // Markup between two words parts them (<break/>): "a<break/>b" reads "a b", "a</sub>,b" "a, b".
+      if (between && part.text.includes("<") && !/\s/.test(shown)) shown += " ";
+      if (i === 0) shown = shown.trimStart();
+      if (i === parts.length - 1) shown = shown.trimEnd();
+      part.text = shown;
+    });
+  }
+  return parts;
 }
 
-function highlight() {
-  if (!session) return;
-  const t = session.audio.currentTime - session.playStart;
-  let now = -1;
-  session.words.forEach((word, index) => {
-    if (word.start <= t && t < Math.max(word.end, word.start + 0.02)) now = index;
+function renderWords(view) {
+  const nodes = wordParts(view.wanted.input, view.words, view.ssml).filter((p) => p.text).map((part) => {
+    if (part.index === undefined) return document.createTextNode(part.text);
+    const span = document.createElement("span");
+    span.className = "word";
+    span.dataset.index = String(part.index);
+    span.textContent = part.text;
+    return span;
   });
-  if (now >= 0 && now !== session.now) {
-    session.now = now;
-    playground.highlighted.push(session.words[now].text);
+  $("words").replaceChildren(...nodes);
+  if (view.heard !== undefined) paint(view, view.heard);
+}
+
+// Lights the words of ``view`` (the utterance playing, or the player's clip) at ``t`` seconds into
+// its audio: the word sounding then, and those already said; null: none (a reset).
+function paint(view, t) {
+  view.heard = t;
+  let now = -1;
+  if (t !== null) {
+    view.words.forEach((word, index) => {
+      if (word.start <= t && t < Math.max(word.end, word.start + 0.02)) now = index;
+    });
+  }
+  if (now >= 0 && now !== view.lit) {
+    view.lit = now;
+    const span = $("words").querySelector(`span.word[data-index="${now}"]`);
+    playground.highlighted.push(span ? span.textContent : view.words[now].text);
   }
   for (const span of $("words").querySelectorAll("span.word")) {
-    const word = session.words[Number(span.dataset.index)];
-    span.classList.toggle("now", Number(span.dataset.index) === session.now && t < word.end + 0.05);
-    span.classList.toggle("said", word.end <= t);
+    const index = Number(span.dataset.index);
+    span.classList.toggle("now", index === now);
+    span.classList.toggle("said", t !== null && index !== now && view.words[index].end <= t);
   }
-  const playing = session.audio.currentTime < session.nextTime + 0.05;
-  if (!session.finished || playing) session.frame = requestAnimationFrame(highlight);
 }
 
 // --- waveform ---------------------------------------------------------------------------------
@@ -162,6 +224,47 @@ function wavBlob(chunks, rate) {
   return new Blob([buffer], { type: "audio/wav" });
 }
 
+// --- the player: the last utterance's audio -----------------------------------------------------
+
+function clearClip() {
+  const player = $("player");
+  player.pause();
+  if (clip) URL.revokeObjectURL(clip.url);
+  clip = null;
+  // Without load() the element keeps playing the old source after its src is gone.
+  player.removeAttribute("src");
+  player.load();
+  $("download").disabled = true;
+  $("format").disabled = false;
+  $("download-note").textContent = "";
+}
+
+// The player gets the audio received for ``mine``: all of it (``complete``), or what came before a
+// stop or an error, which is all Download can offer then (as WAV: the server's other formats
+// would be the whole text).
+function setClip(mine, complete) {
+  clearClip();
+  if (!mine.total) return;
+  const blob = wavBlob(mine.chunks, mine.rate);
+  clip = { blob, url: URL.createObjectURL(blob), complete, chunks: mine.chunks, total: mine.total,
+           rate: mine.rate, words: mine.words, wanted: mine.wanted, ssml: mine.ssml, seed: mine.seed, lit: -1,
+           heard: null };
+  $("player").src = clip.url;
+  $("download").disabled = false;
+  $("format").disabled = !complete;
+  if (!complete) {
+    const seconds = (mine.total / mine.rate).toFixed(2);
+    $("download-note").textContent = `Stopped: Download saves the ${seconds} s received, as WAV.`;
+  }
+}
+
+function followPlayer() {
+  const player = $("player");
+  if (!clip || player.paused) return;
+  paint(clip, player.currentTime);
+  requestAnimationFrame(followPlayer);
+}
+
 // --- speaking ---------------------------------------------------------------------------------
 
 function request() {
@@ -173,8 +276,19 @@ function request() {
   };
 }
 
+// The buttons and the status line, from where the utterance stands.
+function update() {
+  const s = session;
+  $("speak").disabled = Boolean(s && s.synthesizing);
+  $("stop").disabled = !(s && (s.synthesizing || s.playing));
+  $("status").textContent = s && s.synthesizing ? "speaking…" : s && s.playing ? "playing…"
+    : connected ? "ready" : "not connected";
+}
+
 function speak() {
-  if (session) stop();
+  if (session && session.synthesizing) return;
+  if (session) stopPlayback(session);
+  clearClip();
   showError("");
   const wanted = request();
   if (!wanted.input.trim()) {
@@ -187,57 +301,60 @@ function speak() {
   // A browser cannot set headers on a WebSocket: the token travels as its subprotocol.
   const socket = new WebSocket(`${scheme}//${location.host}/v1/audio/stream`, token() ? [`bearer.${token()}`] : []);
   socket.binaryType = "arraybuffer";
-  session = {
-    socket, audio, seed, wanted, words: [], chunks: [], total: 0, rate: 24000, now: -1, finished: false,
-    clicked: performance.now(), firstAudio: null, playStart: null, nextTime: 0, frame: null,
+  const mine = session = {
+    socket, audio, seed, wanted, ssml: isSsml(wanted.input), words: [], chunks: [], total: 0, rate: 24000,
+    synthesizing: true, playing: false, sent: null, firstByte: null,
+    schedule: [], nextTime: 0, lastSource: null, frame: null, lit: -1, heard: null,
   };
   playground.highlighted = [];
   playground.last = null;
+  playground.playback = "idle";
+  playground.audio = audio;
   $("first-audio").textContent = $("rtf").textContent = $("duration").textContent = "–";
-  $("download").disabled = true;
-  $("player").removeAttribute("src");
-  renderWords(wanted.input, []);
+  renderWords(mine);
   drawWave([], 0);
-  $("speak").disabled = true;
-  $("stop").disabled = false;
-  const mine = session;
-  socket.onopen = () => socket.send(JSON.stringify({
-    type: "start", context_id: "play", input: wanted.input, model: wanted.model, voice: wanted.voice,
-    speed: wanted.speed, response_format: "pcm", seed,
-  }));
+  update();
+  socket.onopen = () => {
+    mine.sent = performance.now();
+    socket.send(JSON.stringify({
+      type: "start", context_id: "play", input: wanted.input, model: wanted.model, voice: wanted.voice,
+      speed: wanted.speed, response_format: "pcm", seed,
+    }));
+  };
   socket.onmessage = (event) => {
-    if (session !== mine) return;
-    if (typeof event.data !== "string") return play(mine, event.data);
+    if (!mine.synthesizing) return;
+    if (typeof event.data !== "string") return received(mine, event.data);
     const message = JSON.parse(event.data);
     if (message.type === "started") mine.rate = message.sample_rate;
     else if (message.type === "words") {
       mine.words.push(...message.words);
-      renderWords(wanted.input, mine.words);
-    } else if (message.type === "done") finish(mine, message.usage);
+      renderWords(mine);
+    } else if (message.type === "done") synthesisEnded(mine, "done", message.usage);
     else if (message.type === "error") {
       showError(message.message);
-      finish(mine, null);
-    } else if (message.type === "interrupted") finish(mine, null);
+      synthesisEnded(mine, "failed");
+    } else if (message.type === "interrupted") synthesisEnded(mine, "stopped");
   };
   socket.onclose = (event) => {
-    if (session !== mine || mine.finished) return;
+    if (!mine.synthesizing) return;
     showError(event.reason || `the connection closed (code ${event.code})`);
-    finish(mine, null);
+    synthesisEnded(mine, "failed");
   };
 }
 
-function play(mine, data) {
+function received(mine, data) {
   const pcm = new Int16Array(data);
   if (!pcm.length) return;
   const samples = new Float32Array(pcm.length);
   for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
   const audio = mine.audio;
-  if (mine.firstAudio === null) {
-    mine.firstAudio = (performance.now() - mine.clicked) / 1000;
-    $("first-audio").textContent = `${Math.round(mine.firstAudio * 1000)} ms`;
-    mine.playStart = audio.currentTime + 0.05;
-    mine.nextTime = mine.playStart;
-    mine.frame = requestAnimationFrame(highlight);
+  if (mine.firstByte === null) {
+    mine.firstByte = performance.now() - mine.sent;
+    $("first-audio").textContent = `${Math.round(mine.firstByte)} ms`;
+    mine.nextTime = audio.currentTime + 0.05;
+    mine.playing = true;
+    playground.playback = "playing";
+    mine.frame = requestAnimationFrame(() => follow(mine));
   }
   const buffer = audio.createBuffer(1, samples.length, mine.rate);
   buffer.copyToChannel(samples, 0);
@@ -247,57 +364,130 @@ function play(mine, data) {
   // Chunks play back to back; one that comes late starts as soon as it can.
   const at = Math.max(mine.nextTime, audio.currentTime + 0.01);
   source.start(at);
+  source.onended = () => {
+    if (source === mine.lastSource && !mine.synthesizing) playbackEnded(mine);
+  };
+  mine.lastSource = source;
   mine.nextTime = at + buffer.duration;
+  mine.schedule.push({ first: mine.total, length: samples.length, at });
   mine.chunks.push(samples);
   mine.total += samples.length;
   drawWave(mine.chunks, mine.total);
+  update();
 }
 
-function finish(mine, usage) {
-  if (mine.finished) return;
-  mine.finished = true;
-  const seconds = mine.total / mine.rate;
-  const elapsed = (performance.now() - mine.clicked) / 1000;
-  if (usage) {
-    $("duration").textContent = `${seconds.toFixed(2)} s`;
-    $("rtf").textContent = seconds ? (elapsed / seconds).toFixed(3) : "–";
-    $("player").src = URL.createObjectURL(wavBlob(mine.chunks, mine.rate));
-    $("download").disabled = false;
+// Where the listener is in ``mine``'s audio (seconds; null before it starts), from the chunk that
+// plays now: a chunk that came late started late.
+function heardAt(mine) {
+  const now = mine.audio.currentTime;
+  for (let i = mine.schedule.length - 1; i >= 0; i--) {
+    const chunk = mine.schedule[i];
+    if (chunk.at <= now) return (chunk.first + Math.min(chunk.length, (now - chunk.at) * mine.rate)) / mine.rate;
   }
-  playground.last = { seconds, elapsed, firstAudio: mine.firstAudio, rate: mine.rate, words: mine.words,
-                      ok: Boolean(usage), seed: mine.seed, wanted: mine.wanted };
-  $("speak").disabled = false;
-  $("stop").disabled = true;
+  return null;
+}
+
+function follow(mine) {
+  if (!mine.playing) return;
+  paint(mine, heardAt(mine));
+  mine.frame = requestAnimationFrame(() => follow(mine));
+}
+
+// The synthesis is over: ``done`` (the whole text), ``stopped`` (Stop, or the server interrupted
+// it) or ``failed``. After a whole text the audio plays on (Stop stays on); otherwise playback stops
+// and the player holds what came.
+function synthesisEnded(mine, outcome, usage) {
+  if (!mine.synthesizing) return;
+  mine.synthesizing = false;
   try { mine.socket.close(); } catch (_) { /* already closed */ }
+  const complete = outcome === "done";
+  const seconds = mine.total / mine.rate;
+  const elapsed = mine.sent === null ? 0 : (performance.now() - mine.sent) / 1000;
+  $("duration").textContent = mine.total ? `${seconds.toFixed(2)} s` : "–";
+  $("rtf").textContent = complete && seconds ? (elapsed / seconds).toFixed(3) : "–";
+  playground.last = {
+    ok: complete, outcome, complete, seconds, elapsed, rate: mine.rate, words: mine.words, seed: mine.seed,
+    wanted: mine.wanted, samples: mine.total, usage: usage || null,
+    firstAudio: mine.firstByte === null ? null : mine.firstByte / 1000,
+  };
+  if (complete) {
+    setClip(mine, true);
+    if (!mine.playing || mine.audio.currentTime >= mine.nextTime) playbackEnded(mine);
+  } else {
+    stopPlayback(mine);
+    setClip(mine, false);
+  }
+  finishSession(mine);
+}
+
+// Silences what ``mine`` scheduled and frees the output (once: a second close would be refused).
+function closeAudio(mine) {
+  if (mine.audioClosed) return;
+  mine.audioClosed = true;
+  mine.audio.close().catch(() => { /* closed already */ });
+}
+
+// The audio played to its end: every word said.
+function playbackEnded(mine) {
+  if (!mine.playing) {
+    closeAudio(mine);
+    return;
+  }
+  mine.playing = false;
+  cancelAnimationFrame(mine.frame);
+  paint(mine, Infinity);
+  closeAudio(mine);
+  playground.playback = "ended";
+  finishSession(mine);
+}
+
+// Playback stops where it is; the words go back to none lit (the player's clip lights them again).
+function stopPlayback(mine) {
+  const was = mine.playing;
+  mine.playing = false;
+  cancelAnimationFrame(mine.frame);
+  closeAudio(mine);
+  paint(mine, null);
+  if (was) playground.playback = "stopped";
+  finishSession(mine);
+}
+
+function finishSession(mine) {
+  if (session === mine && !mine.synthesizing && !mine.playing) session = null;
+  update();
 }
 
 function stop() {
-  if (!session) return;
   const mine = session;
-  if (!mine.finished && mine.socket.readyState === WebSocket.OPEN) {
-    mine.socket.send(JSON.stringify({ type: "interrupt", context_id: "play" }));
-  }
-  finish(mine, null);
-  cancelAnimationFrame(mine.frame);
-  mine.audio.close();
-  session = null;
+  if (!mine) return;
+  if (mine.synthesizing) {
+    if (mine.socket.readyState === WebSocket.OPEN) {
+      mine.socket.send(JSON.stringify({ type: "interrupt", context_id: "play" }));
+    }
+    synthesisEnded(mine, "stopped");
+  } else stopPlayback(mine);
+}
+
+function save(blob, name) {
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = name;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60000);
 }
 
 async function download() {
+  if (!clip) return;
+  if (!clip.complete) return save(wavBlob(clip.chunks, clip.rate), "speech.wav");
   // The same request and seed in the chosen format: seeded speech is the same speech.
-  const last = playground.last;
-  if (!last) return;
   const format = $("format").value;
   try {
     const response = await api("/v1/audio/speech", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ ...last.wanted, response_format: format, seed: last.seed, stream: false }),
+      body: JSON.stringify({ ...clip.wanted, response_format: format, seed: clip.seed, stream: false }),
     });
-    const link = document.createElement("a");
-    link.href = URL.createObjectURL(await response.blob());
-    link.download = `speech.${format === "pcm" ? "pcm" : format}`;
-    link.click();
+    save(await response.blob(), `speech.${format}`);
   } catch (error) {
     showError(error.message);
   }
@@ -330,6 +520,18 @@ $("text").addEventListener("keydown", (event) => {
   event.preventDefault();
   if (!$("speak").disabled) speak();
 });
+const player = $("player");
+player.addEventListener("play", () => {
+  if (session && session.playing) stopPlayback(session); // one voice at a time
+  if (!clip) return;
+  if (player.currentTime < 0.05) {
+    playground.highlighted = [];
+    clip.lit = -1;
+  }
+  requestAnimationFrame(followPlayer);
+});
+player.addEventListener("seeked", () => { if (clip) paint(clip, player.currentTime); });
+player.addEventListener("ended", () => { if (clip) paint(clip, Infinity); });
 $("speed").addEventListener("input", () => { $("speed-value").textContent = Number($("speed").value).toFixed(2); });
 $("token").value = localStorage.getItem("audio-pipeline-token") || "";
 $("token").addEventListener("change", () => {
