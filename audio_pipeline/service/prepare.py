@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.sampling_params import SamplingParams
@@ -22,7 +22,54 @@ from audio_pipeline.text.timings import word_timings
 from audio_pipeline.service.voices import VoicePrompt, check_reference_size, check_transcript, read_reference_audio
 
 if TYPE_CHECKING:
-    from audio_pipeline.engine import TTSEngine
+    import numpy as np
+    import torch
+
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.decoders.base import AudioDecoder
+    from audio_pipeline.layouts.base import Layout
+    from audio_pipeline.layouts.manifest import ModelManifest
+    from audio_pipeline.layouts.voice_info import VoiceInfo
+    from audio_pipeline.service.voices import VoiceStore
+    from audio_pipeline.text.languages import SpokenLanguages
+
+
+class PreparingEngine(Protocol):
+    """What preparation reads of the engine it prepares for (audio_pipeline/engine.py's TTSEngine):
+    its configuration, model, layout, tokenizer, decoder and voices."""
+
+    config: "AudioGenerationConfig"
+    manifest: "ModelManifest"
+    layout: "Layout"
+    tokenizer: Any
+    model: Any
+    decoder: "AudioDecoder"
+    languages: "SpokenLanguages"
+    sampling_defaults: SamplingParams
+    voice_store: "VoiceStore | None"
+    voice_lexicons: dict
+    preset_prompts: dict
+
+    @property
+    def voices(self) -> "list[VoiceInfo]": ...
+
+    @property
+    def clones_only(self) -> bool: ...
+
+    @property
+    def describes_voices(self) -> bool: ...
+
+    @property
+    def speaks_at_any_speed(self) -> bool: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def cloning_store(self) -> "VoiceStore": ...
+
+    def encode(self, samples: "np.ndarray") -> "torch.Tensor": ...
+
+    def speaker_embedding(self, samples: "np.ndarray") -> "torch.Tensor | None": ...
 
 
 #: The range of a request's speed (OpenAI's).
@@ -58,7 +105,7 @@ class RequestPreparer:
     """Prepares requests for ``engine`` (its configuration, model, layout, tokenizer, decoder and
     voices); holds nothing of its own, so any number may serve one engine."""
 
-    def __init__(self, engine: "TTSEngine"):
+    def __init__(self, engine: PreparingEngine):
         self.engine = engine
 
     def create_context(self, text: str, *, voice: str | None = None, request_id: str | None = None,
