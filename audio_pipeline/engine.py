@@ -90,9 +90,9 @@ class SynthesisResult:
 
 def load_tokenizer(model_dir: Path, *, plain: bool = False) -> Any:
     """The model's tokenizer: transformers' AutoTokenizer, or for a plain checkpoint (a family's
-    ``plain_checkpoint``) its vocabulary through ``tokenizers`` alone (models/plain_config.py)."""
+    ``plain_checkpoint``) its vocabulary through ``tokenizers`` alone (checkpoints/plain_config.py)."""
     if plain:
-        from audio_pipeline.models.plain_config import VocabularyTokenizer
+        from audio_pipeline.checkpoints.plain_config import VocabularyTokenizer
 
         return VocabularyTokenizer(model_dir)
     from transformers import AutoTokenizer

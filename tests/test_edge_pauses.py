@@ -22,7 +22,7 @@ TEXTS = ["Please call Stella.", "It is late.", "Thanks for calling!", "Your orde
 def shipped_layout(name: str):
     from audio_pipeline.builtin import shipped_model_dir
     from audio_pipeline.layouts.manifest import ModelManifest
-    from audio_pipeline.models.plain_config import VocabularyTokenizer
+    from audio_pipeline.checkpoints.plain_config import VocabularyTokenizer
 
     directory = shipped_model_dir(name)
     tokenizer = VocabularyTokenizer(directory)

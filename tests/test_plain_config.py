@@ -1,4 +1,4 @@
-"""The project's own voices load without transformers (models/plain_config.py): the same model,
+"""The project's own voices load without transformers (checkpoints/plain_config.py): the same model,
 the same vocabulary, and a server that never imports transformers' or torch's heavy machinery."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from audio_pipeline.engine import resolve_model_dir
 from audio_pipeline.models.llama import rope_inverse_frequencies
-from audio_pipeline.models.plain_config import PlainLlamaConfig, VocabularyTokenizer
+from audio_pipeline.checkpoints.plain_config import PlainLlamaConfig, VocabularyTokenizer
 
 VOICES = ["builtin:slt-en-v4", "builtin:slt-en-v5", "builtin:slt-en-frame", "builtin:slt-en", "builtin:lpc-en"]
 #: Every config field this project's Llama code reads.

@@ -476,7 +476,7 @@ def layout_factory(layout_class: type[PhonemeLPCLayout]):
 
     def make_layout(model_dir, tokenizer, layout_options) -> PhonemeLPCLayout:
         if tokenizer is None:  # the vocabulary alone: which ids are pauses
-            from audio_pipeline.models.plain_config import VocabularyTokenizer
+            from audio_pipeline.checkpoints.plain_config import VocabularyTokenizer
 
             tokenizer = VocabularyTokenizer(model_dir)
         vocab = _vocabulary(tokenizer)

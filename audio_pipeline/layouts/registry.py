@@ -60,7 +60,7 @@ class Family:
     layout_options: Mapping[str, str] = field(default_factory=dict)
     #: The family's checkpoints are plain Llamas whose layout reads only the tokenizer's vocabulary
     #: (the project's own voices): the engine reads config.json and tokenizer.json without
-    #: transformers (models/plain_config.py), about 77 MiB less resident memory.
+    #: transformers (checkpoints/plain_config.py), about 77 MiB less resident memory.
     plain_checkpoint: bool = False
 
 

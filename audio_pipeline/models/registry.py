@@ -34,11 +34,11 @@ def pipeline_model_class(huggingface_config: Any) -> type:
 def read_model_config(model_dir: Path, *, plain: bool = False) -> Any:
     """The checkpoint's config: transformers' AutoConfig, or this project's reader for a model type
     transformers does not know (CONFIG_READERS); ``plain``: a plain Llama's fields read as they are
-    (models/plain_config.py, the project's own voices)."""
+    (checkpoints/plain_config.py, the project's own voices)."""
     import importlib
 
     if plain:
-        from audio_pipeline.models.plain_config import PlainLlamaConfig
+        from audio_pipeline.checkpoints.plain_config import PlainLlamaConfig
 
         return PlainLlamaConfig.read(model_dir)
 
