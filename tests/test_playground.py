@@ -7,7 +7,8 @@ own words, and a reference upload registers a cloned voice where the model can c
 range) and streams PCM whatever the download format; Ctrl/Cmd+Enter in the text speaks.
 Stop stays on while the audio plays and stops it; after a stop the player holds the audio
 received (Download saves it), the words are not left lit and no older clip plays; after an error
-the player holds nothing. SSML shows the words spoken, not its markup.
+the player holds nothing. SSML shows the words spoken, not its markup. First audio is the
+audible onset (audio/audibility.py's rule, ported to the page) as it played.
 A screenshot goes to $PLAYGROUND_SCREENSHOT (default: the test's temporary folder)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import soundfile as sf
 
@@ -142,7 +144,7 @@ def test_the_page_speaks_streams_highlights_and_matches_the_servers_wav(server, 
 
     last = speak(browser, SENTENCE)
     assert last["ok"], browser.evaluate("document.getElementById('error').textContent")
-    assert 0 < last["firstAudio"] < last["elapsed"]
+    assert 0 < last["firstByte"] < last["elapsed"] and last["firstAudio"] > last["firstByte"]
     shown = browser.evaluate("[document.getElementById('first-audio').textContent, "
                              "document.getElementById('rtf').textContent]")
     assert shown[0].endswith(" ms") and float(shown[1]) > 0
@@ -431,4 +433,95 @@ def test_ssml_shows_the_words_spoken_not_its_markup(server, browser):
     browser.wait_for("window.playground.playback === 'ended'", timeout=30)
     lit = browser.evaluate("window.playground.highlighted")
     assert lit == spoken[:len(lit)] and len(lit) >= len(spoken) - 1
+    assert browser.console_errors == []
+
+
+# --- first audio: the audible onset --------------------------------------------------------------
+
+def onset_cases():
+    """Signals (mono float32) and rates that exercise the onset rule's corners."""
+    rng = np.random.default_rng(7)
+
+    def noise(seconds, rate, dbfs):
+        return (rng.standard_normal(round(seconds * rate)) * 10 ** (dbfs / 20)).astype(np.float32)
+
+    def tone(seconds, rate, amplitude, hz=220.0):
+        t = np.arange(round(seconds * rate)) / rate
+        return (amplitude * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+    cases = []
+    for rate in (24000, 22050, 16000, 44100):
+        # Quiet, then speech-level noise.
+        cases.append((np.concatenate([noise(0.3, rate, -60), noise(0.5, rate, -30)]), rate))
+        # A large DC offset that is not sound, then a tone: only the mean-removed level counts.
+        cases.append((np.concatenate([np.full(round(0.25 * rate), 0.4, np.float32),
+                                      0.4 + tone(0.3, rate, 0.02)]).astype(np.float32), rate))
+    # A tone that swells slowly through -45 dBFS: the onset falls where two frames in a row reach it.
+    t = np.arange(24000) / 24000
+    cases.append(((np.linspace(0, 0.02, t.size) * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000))
+    # A click in the first hop is in one frame alone (not an onset); one later is in two (an onset).
+    for at in (0, 4800):
+        click = np.zeros(24000, np.float32)
+        click[at:at + 10] = 0.5
+        click[12000:] = noise(0.5, 24000, -35)
+        cases.append((click, 24000))
+    # Nothing audible, and too short for a frame.
+    cases.append((noise(0.5, 24000, -55), 24000))
+    cases.append((noise(0.015, 24000, -20), 24000))
+    return cases
+
+
+def page_onsets(browser, samples, rate, pieces):
+    """The page's onset of ``samples``: whole, and fed to its tracker in ``pieces``."""
+    encoded = base64.b64encode(samples.astype("<f4").tobytes()).decode()
+    return browser.evaluate(
+        f"(() => {{ const raw = atob('{encoded}'); const bytes = new Uint8Array(raw.length); "
+        "for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i); "
+        "const x = new Float32Array(bytes.buffer); const A = window.playground.audibility; "
+        f"const tracker = new A.OnsetTracker({rate}); let at = 0, found = null; "
+        f"for (const n of {json.dumps(pieces)}) {{ const got = tracker.feed(x.subarray(at, at + n)); "
+        "if (got !== null) found = got; at += n; } "
+        f"return [A.onset(x, {rate}), found]; }})()")
+
+
+def test_the_pages_audible_onset_is_the_servers_rule(server, browser):
+    from audio_pipeline.audio.audibility import AUDIBLE_DBFS, FRAME_S, FRAMES_NEEDED, HOP_S, audible_onset
+
+    open_with_token(browser, f"{server.http_url}/")
+    constants = browser.evaluate("(() => { const A = window.playground.audibility; "
+                                 "return [A.FRAME_S, A.HOP_S, A.AUDIBLE_DBFS, A.FRAMES_NEEDED]; })()")
+    assert constants == [FRAME_S, HOP_S, AUDIBLE_DBFS, FRAMES_NEEDED]
+    rng = np.random.default_rng(11)
+    found = 0
+    for samples, rate in onset_cases():
+        expected = audible_onset(samples, rate)
+        found += expected is not None
+        # The stream comes in pieces of any size: some under a hop, some single samples.
+        pieces, left = [], samples.size
+        while left:
+            pieces.append(min(left, int(rng.choice([1, 7, 100, 239, 480, 1000, 4800]))))
+            left -= pieces[-1]
+        assert page_onsets(browser, samples, rate, pieces) == [expected, expected], rate
+    assert found == 11  # all but the last two, each where the rule alone puts it
+
+
+def test_first_audio_shown_is_the_audible_onset_as_played(server, browser):
+    from audio_pipeline.audio.audibility import HOP_S, audible_onset
+
+    open_with_token(browser, f"{server.http_url}/")
+    last = speak(browser, SENTENCE)
+    assert last["ok"]
+    samples, rate = page_audio(browser)
+    onset = audible_onset(samples, rate)
+    assert onset is not None and last["onset"] == onset
+    # When the onset sample played, in ms after the request was sent, from the page's schedule of
+    # the chunks it received: the figure shown is that, within one hop.
+    chunk = next(c for c in last["schedule"] if c["first"] <= onset < c["first"] + c["length"])
+    expected = chunk["plays"] + (onset - chunk["first"]) / rate * 1000
+    shown = browser.evaluate("document.getElementById('first-audio').textContent")
+    assert shown.endswith(" ms")
+    assert abs(float(shown[:-3]) - expected) <= HOP_S * 1000
+    assert abs(last["firstAudio"] * 1000 - expected) < 1e-6
+    # It is after the first byte (a chunk plays a little after it comes) and no later than the audio.
+    assert last["firstByte"] * 1000 < expected
     assert browser.console_errors == []

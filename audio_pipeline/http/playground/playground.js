@@ -11,7 +11,7 @@ const $ = (id) => document.getElementById(id);
 // What a test (or a curious user in the console) can read: the words highlighted, in order, the
 // last utterance's figures (set when its synthesis ends), the errors shown, where its playback
 // stands (idle, playing, ended, stopped) and its Web Audio context (audio); the functions below add
-// the player's WAV and how much has come of the utterance in progress.
+// the player's WAV, how much has come of the utterance in progress and the audible-onset rule.
 const playground = (window.playground = { highlighted: [], last: null, errors: [], playback: "idle", audio: null });
 
 let session = null; // the utterance being spoken or played (see speak())
@@ -87,6 +87,91 @@ function fillVoices(body, chosen) {
   }
   $("clone").hidden = !body.cloning;
 }
+
+// --- audible onset ------------------------------------------------------------------------------
+// A port of audio_pipeline/audio/audibility.py (keep the two the same): a sample is the audible
+// onset when it starts the first two consecutive 20 ms frames (10 ms hop, each frame's mean
+// removed) whose RMS is at or above -45 dBFS (full scale 1.0).
+
+const FRAME_S = 0.020;
+const HOP_S = 0.010;
+const AUDIBLE_DBFS = -45.0;
+const FRAMES_NEEDED = 2;
+const AUDIBLE_RMS = 10.0 ** (AUDIBLE_DBFS / 20.0);
+
+// Python's round(): halves go to the even neighbour (22050 Hz: a 220.5-sample hop is 220).
+function roundHalfEven(x) {
+  const nearest = Math.round(x);
+  return nearest - x === 0.5 && nearest % 2 !== 0 ? nearest - 1 : nearest;
+}
+
+// For each frame start 0, hop, 2 hop, ... that fits in samples: whether its RMS, mean removed,
+// reaches the audible level.
+function loudFrames(samples, frame, hop) {
+  const count = Math.max(0, Math.floor((samples.length - frame) / hop) + 1);
+  const loud = new Uint8Array(count);
+  for (let f = 0; f < count; f++) {
+    const start = f * hop, end = start + frame;
+    let sum = 0;
+    for (let i = start; i < end; i++) sum += samples[i];
+    const mean = sum / frame;
+    let power = 0;
+    for (let i = start; i < end; i++) {
+      const d = samples[i] - mean;
+      power += d * d;
+    }
+    loud[f] = Math.sqrt(power / frame) >= AUDIBLE_RMS ? 1 : 0;
+  }
+  return loud;
+}
+
+// The index of the audible onset in samples (mono floats), or null when nothing is audible.
+function audibleOnset(samples, sampleRate) {
+  const frame = roundHalfEven(FRAME_S * sampleRate), hop = roundHalfEven(HOP_S * sampleRate);
+  const loud = loudFrames(samples, frame, hop);
+  let run = 0;
+  for (let f = 0; f < loud.length; f++) {
+    run = loud[f] ? run + 1 : 0;
+    if (run >= FRAMES_NEEDED) return (f - FRAMES_NEEDED + 1) * hop;
+  }
+  return null;
+}
+
+// The audible onset of a stream fed in pieces: feed() returns the onset's sample index (counted
+// from the stream's start) in the piece that completes it, else null; afterwards it returns null.
+// Keeps only the samples of frames not yet analysed between pieces.
+class OnsetTracker {
+  constructor(sampleRate) {
+    this.frame = roundHalfEven(FRAME_S * sampleRate);
+    this.hop = roundHalfEven(HOP_S * sampleRate);
+    this.tail = new Float32Array(0);
+    this.tailStart = 0;
+    this.run = 0; // loud frames in a row up to the last one analysed (a run may straddle pieces)
+    this.onset = null;
+  }
+
+  feed(samples) {
+    if (this.onset !== null) return null;
+    const pending = new Float32Array(this.tail.length + samples.length);
+    pending.set(this.tail);
+    pending.set(samples, this.tail.length);
+    const loud = loudFrames(pending, this.frame, this.hop);
+    for (let f = 0; f < loud.length; f++) {
+      this.run = loud[f] ? this.run + 1 : 0;
+      if (this.run >= FRAMES_NEEDED) {
+        this.onset = this.tailStart + (f - FRAMES_NEEDED + 1) * this.hop;
+        this.tail = new Float32Array(0);
+        return this.onset;
+      }
+    }
+    const consumed = loud.length * this.hop;
+    this.tail = pending.slice(consumed);
+    this.tailStart += consumed;
+    return null;
+  }
+}
+
+playground.audibility = { onset: audibleOnset, OnsetTracker, FRAME_S, HOP_S, AUDIBLE_DBFS, FRAMES_NEEDED };
 
 // --- words ------------------------------------------------------------------------------------
 
@@ -303,7 +388,7 @@ function speak() {
   socket.binaryType = "arraybuffer";
   const mine = session = {
     socket, audio, seed, wanted, ssml: isSsml(wanted.input), words: [], chunks: [], total: 0, rate: 24000,
-    synthesizing: true, playing: false, sent: null, firstByte: null,
+    synthesizing: true, playing: false, sent: null, firstByte: null, onset: null, audible: null, tracker: null,
     schedule: [], nextTime: 0, lastSource: null, frame: null, lit: -1, heard: null,
   };
   playground.highlighted = [];
@@ -342,6 +427,20 @@ function speak() {
   };
 }
 
+// performance.now()'s time when the audio context plays its time ``t``: from the output's own
+// timestamp (which counts the output's latency) once it runs, else from its clock now.
+function contextToPage(audio, t) {
+  const stamp = audio.getOutputTimestamp ? audio.getOutputTimestamp() : null;
+  if (stamp && stamp.performanceTime > 0) return stamp.performanceTime + (t - stamp.contextTime) * 1000;
+  return performance.now() + (t - audio.currentTime) * 1000;
+}
+
+// When sample ``index`` of ``mine`` plays, in ms after the request was sent.
+function playsAt(mine, index) {
+  const chunk = mine.schedule.find((c) => c.first <= index && index < c.first + c.length);
+  return chunk ? chunk.plays + (index - chunk.first) / mine.rate * 1000 : null;
+}
+
 function received(mine, data) {
   const pcm = new Int16Array(data);
   if (!pcm.length) return;
@@ -350,7 +449,7 @@ function received(mine, data) {
   const audio = mine.audio;
   if (mine.firstByte === null) {
     mine.firstByte = performance.now() - mine.sent;
-    $("first-audio").textContent = `${Math.round(mine.firstByte)} ms`;
+    mine.tracker = new OnsetTracker(mine.rate);
     mine.nextTime = audio.currentTime + 0.05;
     mine.playing = true;
     playground.playback = "playing";
@@ -369,9 +468,15 @@ function received(mine, data) {
   };
   mine.lastSource = source;
   mine.nextTime = at + buffer.duration;
-  mine.schedule.push({ first: mine.total, length: samples.length, at });
+  mine.schedule.push({ first: mine.total, length: samples.length, at, plays: contextToPage(audio, at) - mine.sent });
   mine.chunks.push(samples);
   mine.total += samples.length;
+  const onset = mine.tracker.feed(samples);
+  if (onset !== null) {
+    mine.onset = onset;
+    mine.audible = playsAt(mine, onset);
+    $("first-audio").textContent = `${Math.round(mine.audible)} ms`;
+  }
   drawWave(mine.chunks, mine.total);
   update();
 }
@@ -407,8 +512,10 @@ function synthesisEnded(mine, outcome, usage) {
   $("rtf").textContent = complete && seconds ? (elapsed / seconds).toFixed(3) : "–";
   playground.last = {
     ok: complete, outcome, complete, seconds, elapsed, rate: mine.rate, words: mine.words, seed: mine.seed,
-    wanted: mine.wanted, samples: mine.total, usage: usage || null,
-    firstAudio: mine.firstByte === null ? null : mine.firstByte / 1000,
+    wanted: mine.wanted, samples: mine.total, onset: mine.onset, usage: usage || null,
+    firstAudio: mine.audible === null ? null : mine.audible / 1000,
+    firstByte: mine.firstByte === null ? null : mine.firstByte / 1000,
+    schedule: mine.schedule.map(({ first, length, plays }) => ({ first, length, plays })),
   };
   if (complete) {
     setClip(mine, true);
