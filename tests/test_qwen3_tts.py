@@ -22,7 +22,8 @@ import torch
 
 from audio_pipeline.config import AudioGenerationConfig
 from audio_pipeline.layouts.qwen3_tts import Qwen3TTSLayout
-from audio_pipeline.models.qwen3_tts import Qwen3TTSSpeechLM, read_config
+from audio_pipeline.checkpoints.qwen3_tts_config import read_config
+from audio_pipeline.models.qwen3_tts import Qwen3TTSSpeechLM
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline.service.voices import VoicePrompt
 

@@ -3,47 +3,17 @@
 Some families (Qwen3-TTS) add to every position's input a text token (the prompt's text, then one
 per generated frame while the text lasts) and put a raw vector (a cloned voice's speaker
 embedding) where a prompt position has no id. The request's preparation gives the request its
-:class:`TextTrack` (the layout's ``text_track``); the model runner stages it beside the tokens
+:class:`~audio_pipeline.layouts.text_track.TextTrack` (the layout's ``text_track``); the model runner stages it beside the tokens
 (:class:`TrackInputs`, chosen once per model) and the model adds it to its input embeddings.
 Requests of other families carry none, and the runner's :class:`NoTracks` stages nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import torch
-
-
-@dataclass
-class TextTrack:
-    """A request's text track: one id per prompt position (-1: none), the ids its generated
-    positions add in order (then ``pad``), and raw input vectors by prompt position."""
-
-    prompt: list[int]
-    generated: list[int]
-    pad: int
-    vectors: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def ids(self, start: int, end: int) -> list[int]:
-        """The text ids of positions [start, end) (prompt, then generated)."""
-        split = len(self.prompt)
-        out = self.prompt[start:min(end, split)]
-        for position in range(max(start, split), end):
-            index = position - split
-            out.append(self.generated[index] if index < len(self.generated) else self.pad)
-        return out
-
-    def cache_key(self, position: int, key: Any) -> Any:
-        """What the prefix cache compares for ``position`` whose own key is ``key``: the text id
-        too, and a vector's digest in place of its absent id (two voices never share a position)."""
-        vector = self.vectors.get(position)
-        if vector is not None:
-            key = ("vector", hashlib.sha1(vector.float().numpy().tobytes()).hexdigest())
-        return (key, self.ids(position, position + 1)[0])
 
 
 class NoTracks:

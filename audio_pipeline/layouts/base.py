@@ -110,7 +110,7 @@ class Layout:
         return None
 
     def text_track(self, prompt: Sequence[int]) -> Any:
-        """The text track that travels beside ``prompt`` (core/tracks.py's TextTrack: a text id per
+        """The text track that travels beside ``prompt`` (layouts/text_track.py's TextTrack: a text id per
         position, raw vectors), where ``has_text_track``; None otherwise."""
         return None
 

@@ -36,7 +36,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from audio_pipeline.core.tracks import TextTrack
+from audio_pipeline.layouts.text_track import TextTrack
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.base import Layout
 from audio_pipeline.layouts.registry import Family, register_family
@@ -91,7 +91,7 @@ class Qwen3TTSLayout(Layout):
 
     @classmethod
     def from_config(cls, config) -> "Qwen3TTSLayout":
-        """The layout of a checkpoint with ``config`` (models/qwen3_tts.py's read_config)."""
+        """The layout of a checkpoint with ``config`` (checkpoints/qwen3_tts_config.py's read_config)."""
         talker = config.talker_config
         model_type = getattr(config, "tts_model_type", CUSTOM_VOICE)
         if model_type not in (CUSTOM_VOICE, VOICE_DESIGN, BASE):
@@ -280,7 +280,7 @@ def _table(talker, name: str) -> dict:
 
 
 def _make_layout(model_dir: Path, tokenizer, options) -> Qwen3TTSLayout:
-    from audio_pipeline.models.qwen3_tts import read_config
+    from audio_pipeline.checkpoints.qwen3_tts_config import read_config
 
     layout = Qwen3TTSLayout.from_config(read_config(model_dir))
     if "streaming_text" in options:

@@ -15,17 +15,15 @@ The talker's ``codec_head`` gives codebook 0 of the next frame (or its end, ``co
 the code predictor, a small Qwen3 of its own with a fresh cache every frame, then gives codebooks
 1..15 from the talker's hidden state and the codes chosen so far.
 
-transformers does not know the ``qwen3_tts`` model type: the config is read here
-(:func:`read_config`). Parameter names follow the checkpoint, so its safetensors load as they are
+transformers does not know the ``qwen3_tts`` model type: the config is read by
+checkpoints/qwen3_tts_config.py (:func:`read_config`). Parameter names follow the checkpoint, so its safetensors load as they are
 (``speaker_encoder.*`` is read by the speaker encoder, ``speech_tokenizer/`` by the audio decoder).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,34 +32,6 @@ from torch import nn
 from audio_pipeline.models.csm import FrameKVCache
 from audio_pipeline.models.llama import (AttentionBatch, DecoderLayer, RMSNorm, check_supported,
                                          rope_inverse_frequencies, rotary_cos_sin, transformer_view)
-
-MODEL_TYPE = "qwen3_tts"
-
-
-def _namespace(value: Any) -> Any:
-    """JSON objects as attribute namespaces (lists and scalars as they are)."""
-    if isinstance(value, dict):
-        return SimpleNamespace(**{key: _namespace(item) for key, item in value.items()})
-    return value
-
-
-def read_config(model_dir: Path) -> SimpleNamespace:
-    """A Qwen3-TTS checkpoint's config.json as a namespace; the talker's transformer fields are
-    also at the top level (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
-    hidden_size, max_position_embeddings, vocab_size), where the engine's cache sizing reads them."""
-    data = json.loads((Path(model_dir) / "config.json").read_text())
-    if data.get("model_type") != MODEL_TYPE:
-        raise ValueError(f"{model_dir}: not a Qwen3-TTS checkpoint (model_type {data.get('model_type')!r})")
-    talker = data.get("talker_config")
-    if not isinstance(talker, dict) or not isinstance(talker.get("code_predictor_config"), dict):
-        raise ValueError(f"{model_dir}/config.json: talker_config with its code_predictor_config is missing")
-    config = _namespace(data)
-    for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
-                 "max_position_embeddings", "vocab_size", "rms_norm_eps"):
-        setattr(config, name, talker.get(name))
-    config.speaker_encoder_config = data.get("speaker_encoder_config")  # a plain dict for its own loader
-    return config
-
 
 def qwen3_view(source: SimpleNamespace, vocab_size: int):
     """A Qwen3Config carrying ``source``'s transformer fields (what DecoderLayer and the RoPE read):

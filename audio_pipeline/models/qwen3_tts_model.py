@@ -1,7 +1,7 @@
 """The Qwen3-TTS PipelineModel: LlamaPipelineModel's paged-cache execution over a Qwen3TTSSpeechLM.
 
 Only the talker uses the paged cache (its config's transformer fields are promoted to the top level
-by :func:`~audio_pipeline.models.qwen3_tts.read_config`, where the cache sizing reads them); the code
+by :func:`~audio_pipeline.checkpoints.qwen3_tts_config.read_config`, where the cache sizing reads them); the code
 predictor keeps a dense per-frame cache inside ``depth_frame``. A step's inputs beside the codec ids
 are the positions' frames, their text-track ids and any raw vectors (a cloned voice's speaker
 embedding).

@@ -12,7 +12,7 @@ from typing import Any
 PIPELINE_MODELS = {"csm": "audio_pipeline.models.csm_model:CsmPipelineModel",
                    "qwen3_tts": "audio_pipeline.models.qwen3_tts_model:Qwen3TTSPipelineModel"}
 #: model_type -> "module:function" reading a config.json that transformers does not know.
-CONFIG_READERS = {"qwen3_tts": "audio_pipeline.models.qwen3_tts:read_config"}
+CONFIG_READERS = {"qwen3_tts": "audio_pipeline.checkpoints.qwen3_tts_config:read_config"}
 DEFAULT_PIPELINE_MODEL = "audio_pipeline.models.llama_model:LlamaPipelineModel"
 #: A Llama checkpoint whose config has a ``frame_head`` (models/frame_head.py) runs one position per
 #: frame with its depth head.
