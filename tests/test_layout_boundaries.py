@@ -35,9 +35,32 @@ def test_the_tiny_test_model_is_written_by_the_testing_package_on_request(tmp_pa
     assert resolve_builtin_model("tiny-orpheus") == path
 
 
+#: The package's layers, top to bottom: a module imports from its own layer or the ones below it,
+#: never from one above, not even inside a function or for type checkers only. The configuration
+#: sits below what it configures (it reads the families' declared defaults from the layouts);
+#: the models below the decoders, which load their weights with the models' readers.
+LAYERS = (
+    ("doors and tools", {"server", "http", "cli", "config_reference", "bench", "testing"}),
+    ("service", {"service", "engine"}),
+    ("core", {"core"}),
+    ("decoders", {"decoders"}),
+    ("models", {"models"}),
+    ("config", {"config"}),
+    ("layouts", {"layouts"}),
+    ("foundations", {"checkpoints", "text", "audio", "builtin"}),
+    ("errors", {"errors"}),
+)
+
+
+def package_of(module: str) -> str:
+    """``audio_pipeline.core.scheduler`` -> ``core``; a top-level module is its own package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports anywhere in it (inside functions too; imports
-    only for type checkers aside)."""
+    """Module -> the package's modules it imports anywhere in it: inside functions and under
+    ``if TYPE_CHECKING:`` too (a type-only import is still a dependency of the text)."""
     import ast
     from pathlib import Path
 
@@ -50,13 +73,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = {name_of(path): path for path in package.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text())
-        typing_only = {id(node) for block in ast.walk(tree)
-                       if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-                       for child in block.body for node in ast.walk(child)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
             elif isinstance(node, ast.Import):
@@ -65,6 +82,24 @@ def import_graph() -> dict[str, set[str]]:
                 continue
             graph[name].update(t for t in targets if t in modules and t != name)
     return graph
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(m) for m in import_graph()} - {""}
+    placed = set().union(*(members for _, members in LAYERS))
+    assert packages <= placed, f"packages in no layer of LAYERS: {sorted(packages - placed)}"
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    """Imports go down the layers (doors -> service -> core -> decoders -> models -> config ->
+    layouts -> foundations -> errors), type-only and function-level imports included."""
+    rank = {package: index for index, (_, members) in enumerate(LAYERS) for package in members}
+    names = {package: layer for layer, members in LAYERS for package in members}
+    graph = import_graph()
+    upward = sorted(f"{a} ({names[package_of(a)]}) -> {b} ({names[package_of(b)]})"
+                    for a in graph if package_of(a) in rank
+                    for b in graph[a] if package_of(b) in rank and rank[package_of(b)] < rank[package_of(a)])
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
 
 
 def test_the_doors_are_peers_over_the_service():
@@ -80,8 +115,8 @@ def test_the_doors_are_peers_over_the_service():
     assert not {m for m in below if m.startswith("audio_pipeline_client")}
 
 
-def test_no_two_modules_import_each_other_even_inside_functions():
-    """Imports go one way: no cycle among the package's modules."""
+def test_no_two_modules_import_each_other_even_inside_functions_or_for_types():
+    """Imports go one way: no cycle among the package's modules, type-only imports included."""
     graph = import_graph()
 
     def reaches(start: str, goal: str) -> bool:
