@@ -121,9 +121,9 @@ class DepthSampling(TokenSampling):
         floats[:] = rows.floats[None]
         uniform = FLOAT_FIELDS.index("uniform")
         for row, (context, position) in enumerate(zip(contexts, positions)):
-            codes = getattr(context.alignment, "frame_codes", None)  # an alignment may fix frame codes
-            if codes is not None:
-                fixed[row] = codes(position)
+            codes = context.alignment.frame_codes(position) if context.alignment is not None else None
+            if codes is not None:  # the alignment fixes some of this frame's codes
+                fixed[row] = codes
             if context.sampling.temperature > 0:
                 floats[:, uniform, row] = context.uniforms(depth)
         top_k = np.array([c.sampling.top_k for c in contexts], dtype=np.int64)

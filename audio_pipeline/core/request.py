@@ -96,7 +96,7 @@ class TTSContext:
     def edge_pause_frames(self) -> tuple[int, int]:
         """Frames of pause the speech opens and ends with, where the layout's alignment knows them
         (the built-in voices'); else (0, 0)."""
-        return getattr(self.alignment, "edge_pause_frames", (0, 0))
+        return self.alignment.edge_pause_frames if self.alignment is not None else (0, 0)
 
     @property
     def all_tokens(self) -> list[int]:

@@ -49,6 +49,28 @@ import torch
 from audio_pipeline.errors import InvalidArgument
 
 
+class Alignment:
+    """The tokens a request's prompt alone fixes (a layout's ``alignment(prompt)``), and what the
+    engine reads of them. Declared here with their defaults, so nothing probes an alignment."""
+
+    #: Frames of pause the speech opens and ends with (the built-in voices know them).
+    edge_pause_frames: tuple[int, int] = (0, 0)
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens the request makes, end of speech not counted."""
+        raise NotImplementedError
+
+    def forced(self, position: int) -> int | None:
+        """The id generated token ``position`` must be, or None where the model chooses."""
+        raise NotImplementedError
+
+    def frame_codes(self, position: int) -> list[int] | None:
+        """The codes of generated position ``position``'s frame the alignment fixes (-1 where the
+        depth decoder samples), for a layout whose positions are frames; None: it fixes none."""
+        return None
+
+
 class Layout:
     """The base of every layout: what a family must define, and the defaults of what it may."""
 
@@ -99,9 +121,9 @@ class Layout:
         (-1 rows for text), or None where every prompt position is a token."""
         return None
 
-    def alignment(self, prompt: Sequence[int]) -> Any:
-        """The tokens the prompt alone fixes (``forced(position)``, ``tokens``), or None where the
-        model chooses every token."""
+    def alignment(self, prompt: Sequence[int]) -> Alignment | None:
+        """The tokens the prompt alone fixes (an :class:`Alignment`), or None where the model
+        chooses every token."""
         return None
 
     def word_frames(self, text: str, speed: float = 1.0) -> list | None:

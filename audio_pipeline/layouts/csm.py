@@ -83,7 +83,7 @@ class CsmLayout(OrpheusLayout):
         if decoder.tokens_per_frame != self.codes_per_token:
             raise ValueError(f"audio_decoder: {decoder.name!r} takes {decoder.tokens_per_frame} codebooks per frame; "
                              f"the model samples {self.codes_per_token}")
-        if getattr(decoder, "codebook_size", self.codebook_size) < self.codebook_size:
+        if decoder.codebook_size < self.codebook_size:
             raise ValueError(f"audio_decoder: {decoder.name!r} has {decoder.codebook_size} codes per codebook; "
                              f"the model samples {self.codebook_size}")
 

@@ -88,8 +88,8 @@ class NeuTTSLayout(OrpheusLayout):
     def check_decoder(self, decoder) -> None:
         """ValueError unless ``decoder`` speaks this model's codes: one per frame, as many as its
         speech tokens (every code the decoder encodes a reference to must have a token)."""
-        if getattr(decoder, "codebook_size", None) != self.codebook_size:
-            raise ValueError(f"audio_decoder: {decoder.name!r} has {getattr(decoder, 'codebook_size', 'no')} codes; "
+        if decoder.codebook_size != self.codebook_size:
+            raise ValueError(f"audio_decoder: {decoder.name!r} has {decoder.codebook_size} codes; "
                              f"the model's tokenizer has {self.codebook_size} speech tokens")
 
     def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from audio_pipeline.layouts.base import Layout
+from audio_pipeline.layouts.base import Alignment as LayoutAlignment, Layout
 from audio_pipeline.layouts.registry import Family, register_family
 
 logger = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def _kind(pause: bool, quiet: bool) -> str:
     return PAUSE if pause else QUIET if quiet else OTHER
 
 
-class Alignment:
+class Alignment(LayoutAlignment):
     """The forced tokens of one request: every frame's phoneme and context, then end of speech.
     ``edge_pause_frames``: (the leading, the trailing) pause frames it speaks."""
 

@@ -26,6 +26,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from audio_pipeline.layouts.base import Alignment
 from audio_pipeline.layouts.phoneme_lpc import (CODEBOOK_SIZE, CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME,
                                               PROSODY, SHARED_OPTIONS, TOKENS_PER_FRAME, US_ENGLISH,
                                               PhonemeLPCLayout,
@@ -44,7 +45,7 @@ def frame_head_config() -> dict:
             "token_column": ENVELOPE, "depth_column": PROSODY}
 
 
-class FrameAlignment:
+class FrameAlignment(Alignment):
     """One request's alignment: the end of speech after its frames, and each frame's phoneme and
     context codes for the frame columns of the position before it. ``edge_pause_frames``: (the
     leading, the trailing) pause frames it speaks."""
