@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from audio_pipeline.models.depth_pass import DepthTransformer
 from audio_pipeline.models.llama import (AttentionBatch, DecoderLayer, RMSNorm, check_supported,
                                          rope_inverse_frequencies, rotary_cos_sin, transformer_view)
 
@@ -78,39 +78,6 @@ class CsmDepthDecoder(nn.Module):
         super().__init__()
         self.model = CsmDepthModel(config, num_codebooks, backbone_hidden_size)
         self.codebooks_head = CsmCodebooksHead(num_codebooks, config.hidden_size, config.vocab_size)
-
-
-class FrameKVCache:
-    """The depth decoder's dense per-frame KV cache ([layers, B, N, kv_heads, head_dim] keys and
-    values), an AttentionBatch over B sequences that each compute positions
-    [start, start + count) (set with ``step``); tokens are flat, sequence-major: row b * count + i."""
-
-    def __init__(self, num_layers: int, batch: int, length: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.keys = torch.empty(num_layers, batch, length, num_kv_heads, head_dim, dtype=dtype, device=device)
-        self.values = torch.empty_like(self.keys)
-        self.batch = batch
-        self.start = 0
-        self.count = 0
-        self.mask: torch.Tensor | None = None
-
-    def step(self, start: int, count: int) -> None:
-        self.start, self.count = start, count
-        # Causal among the new positions (key j is visible to query i where j <= start + i).
-        self.mask = None if count == 1 else torch.ones(count, start + count, dtype=torch.bool,
-                                                       device=self.keys.device).tril(diagonal=start)
-
-    def attend(self, layer: int, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        batch, start, count = self.batch, self.start, self.count
-        end = start + count
-        self.keys[layer, :, start:end] = keys.view(batch, count, *keys.shape[1:])
-        self.values[layer, :, start:end] = values.view(batch, count, *values.shape[1:])
-        heads = query.shape[1]
-        q = query.view(batch, count, heads, -1).transpose(1, 2)
-        k = self.keys[layer, :, :end].transpose(1, 2)
-        v = self.values[layer, :, :end].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=k.shape[1] != heads)
-        return out.transpose(1, 2).reshape(batch * count, heads, -1)
 
 
 class CsmSpeechLM(nn.Module):
@@ -202,20 +169,6 @@ class CsmSpeechLM(nn.Module):
 
     # --- depth decoder ---------------------------------------------------------------------------
 
-    def _depth_pass(self, embeds: torch.Tensor, start: int, cache: FrameKVCache, cos: torch.Tensor,
-                    sin: torch.Tensor) -> torch.Tensor:
-        """Runs positions [start, start + n) of every frame ([B, n, backbone_hidden] input embeddings)
-        through the depth decoder; [B, n, depth_hidden] after its final norm."""
-        model = self.depth_decoder.model
-        batch, count = embeds.shape[:2]
-        x = model.inputs_embeds_projector(embeds).reshape(batch * count, -1)
-        cache.step(start, count)
-        cos = cos[start:start + count].repeat(batch, 1)
-        sin = sin[start:start + count].repeat(batch, 1)
-        for layer in model.layers:
-            x = layer(x, cos, sin, cache)
-        return model.norm(x).view(batch, count, -1)
-
     @torch.inference_mode()
     def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
                     choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -231,23 +184,9 @@ class CsmSpeechLM(nn.Module):
         model = self.depth_decoder.model
         heads = self.depth_decoder.codebooks_head.weight
         dtype = model.embed_tokens.weight.dtype
-        device = backbone_hidden.device
-        batch, count = backbone_hidden.shape[0], self.num_codebooks
-        attention = model.layers[0].self_attn
-        cache = FrameKVCache(len(model.layers), batch, count, attention.num_kv_heads, attention.head_dim,
-                             dtype, device)
-        cos, sin = rotary_cos_sin(torch.arange(count, device=device), self.depth_inv_freq,
-                                  self.depth_rope_scaling, dtype)
-        frame = torch.empty(batch, count, dtype=torch.long, device=device)
-        frame[:, 0] = first_codes
-        embeds = torch.stack((backbone_hidden.to(dtype), model.embed_tokens(first_codes)), dim=1)
-        hidden = self._depth_pass(embeds, 0, cache, cos, sin)[:, -1]
-        for k in range(1, count):
-            logits = (hidden @ heads[k - 1]).float()
-            codes = choose(k, logits)
-            frame[:, k] = codes
-            if k == count - 1:
-                break
-            embeds = model.embed_tokens(frame[:, k] + k * self.depth_vocab_size)[:, None]
-            hidden = self._depth_pass(embeds, k + 1, cache, cos, sin)[:, -1]
-        return frame
+        depth = DepthTransformer(model.inputs_embeds_projector, model.layers, model.norm, self.depth_inv_freq,
+                                 self.depth_rope_scaling)
+        first = torch.stack((backbone_hidden.to(dtype), model.embed_tokens(first_codes)), dim=1)
+        return depth.frame(first, first_codes, self.num_codebooks, choose,
+                           logits=lambda k, hidden: (hidden @ heads[k - 1]).float(),
+                           embed=lambda k, codes: model.embed_tokens(codes + k * self.depth_vocab_size))

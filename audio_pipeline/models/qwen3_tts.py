@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audio_pipeline.models.csm import FrameKVCache
+from audio_pipeline.models.depth_pass import DepthTransformer
 from audio_pipeline.models.llama import (AttentionBatch, DecoderLayer, RMSNorm, check_supported,
                                          rope_inverse_frequencies, rotary_cos_sin, transformer_view)
 
@@ -193,20 +193,6 @@ class Qwen3TTSSpeechLM(nn.Module):
 
     # --- the code predictor ----------------------------------------------------------------------
 
-    def _depth_pass(self, embeds: torch.Tensor, start: int, cache: FrameKVCache, cos: torch.Tensor,
-                    sin: torch.Tensor) -> torch.Tensor:
-        """Positions [start, start + n) of every frame ([B, n, talker hidden] inputs) through the code
-        predictor; [B, n, its hidden] after its final norm."""
-        predictor = self.talker.code_predictor
-        batch, count = embeds.shape[:2]
-        x = predictor.small_to_mtp_projection(embeds).reshape(batch * count, -1)
-        cache.step(start, count)
-        cos = cos[start:start + count].repeat(batch, 1)
-        sin = sin[start:start + count].repeat(batch, 1)
-        for layer in predictor.model.layers:
-            x = layer(x, cos, sin, cache)
-        return predictor.model.norm(x).view(batch, count, -1)
-
     @torch.inference_mode()
     def depth_frame(self, backbone_hidden: torch.Tensor, first_codes: torch.Tensor,
                     choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -219,23 +205,10 @@ class Qwen3TTSSpeechLM(nn.Module):
         embedding, p >= 2 codebook p - 1 through ``codec_embedding[p - 2]``; the output at position
         p gives codebook p with ``lm_head[p - 1]``."""
         predictor = self.talker.code_predictor
-        dtype = backbone_hidden.dtype
-        device = backbone_hidden.device
-        batch, count = backbone_hidden.shape[0], self.num_codebooks
-        attention = predictor.model.layers[0].self_attn
-        cache = FrameKVCache(len(predictor.model.layers), batch, count, attention.num_kv_heads, attention.head_dim,
-                             dtype, device)
-        cos, sin = rotary_cos_sin(torch.arange(count, device=device), self.depth_inv_freq,
-                                  self.depth_rope_scaling, dtype)
-        frame = torch.empty(batch, count, dtype=torch.long, device=device)
-        frame[:, 0] = first_codes
+        depth = DepthTransformer(predictor.small_to_mtp_projection, predictor.model.layers, predictor.model.norm,
+                                 self.depth_inv_freq, self.depth_rope_scaling)
         first = self.talker.model.codec_embedding(first_codes.clamp(0, self.codec_vocab_size - 1))
-        hidden = self._depth_pass(torch.stack((backbone_hidden, first), dim=1), 0, cache, cos, sin)[:, -1]
-        for k in range(1, count):
-            codes = choose(k, predictor.lm_head[k - 1](hidden).float())
-            frame[:, k] = codes
-            if k == count - 1:
-                break
-            embeds = predictor.model.codec_embedding[k - 1](codes.clamp(0, self.codebook_size - 1))[:, None]
-            hidden = self._depth_pass(embeds, k + 1, cache, cos, sin)[:, -1]
-        return frame
+        return depth.frame(torch.stack((backbone_hidden, first), dim=1), first_codes, self.num_codebooks, choose,
+                           logits=lambda k, hidden: predictor.lm_head[k - 1](hidden).float(),
+                           embed=lambda k, codes: predictor.model.codec_embedding[k - 1](
+                               codes.clamp(0, self.codebook_size - 1)))
