@@ -14,6 +14,7 @@ from audio_pipeline.layouts import phoneme_lpc as layout_module
 from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, DURATION_BASE, END_OF_SPEECH, LEFT_LEVELS, NO_NEXT,
                                               PHONEME, PHONEME_BASE, PhonemeLPCLayout, frame_tokens, prompt_ids,
                                               prompt_schedule, slot_token)
+from helpers import run_texts, speech
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -174,25 +175,12 @@ def _speak(engine, text):
     return result.samples, result.sample_rate
 
 
-def _run(engine, context):
-    """Submits ``context`` and returns (audio, stop reason)."""
-    import queue
-
-    events = queue.Queue()
-    engine.submit(context, events.put)
-    pieces = []
-    while (event := events.get(timeout=120)).kind == "audio":
-        pieces.append(event.samples)
-    assert event.kind == "complete", event
-    return np.concatenate(pieces), event.stop_reason.value
-
-
 def test_the_engine_keeps_the_alignment_even_when_sampling_wildly(engine):
     text = "Please call Stella and ask her to bring these things with her from the store."
     for seed in (1, 2):
         context = engine.create_context(text, temperature=2.0, top_p=1.0, seed=seed)
         assert context.alignment.tokens > 4 * 50 * 2  # over two seconds of speech
-        audio, stop = _run(engine, context)
+        audio, stop = speech(engine, context), context.stop_reason.value
         # Every phoneme gets exactly its frames: nothing skipped, repeated or cut off.
         assert stop == "end_of_speech" and len(context.generated) == context.alignment.tokens
         assert len(audio) == context.alignment.tokens // 4 * SAMPLES_PER_FRAME
@@ -283,9 +271,7 @@ TEXTS = ("Good morning, Anna.", "Please call Stella and ask her to bring these t
 
 def _greedy_tokens(engine, texts):
     """Each text's generated tokens, all submitted at once (greedy)."""
-    from conftest import complete_all
-
-    contexts = complete_all(engine, [engine.create_context(t, temperature=0.0) for t in texts])
+    contexts = run_texts(engine, texts, temperature=0.0)
     assert all(c.stop_reason.value == "end_of_speech" for c in contexts)
     return [list(c.generated) for c in contexts], contexts
 
@@ -384,7 +370,7 @@ def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_pat
         assert result["identified"] >= MIN_IDENTIFIED, result
         context = engine.create_context("Please call Stella and ask her to bring these things with her from the store.",
                                         temperature=2.0, top_p=1.0, seed=3)
-        audio, stop = _run(engine, context)
+        audio, stop = speech(engine, context), context.stop_reason.value
         assert stop == "end_of_speech" and len(context.frames) == context.alignment.tokens > 100
         assert len(audio) == len(context.frames) * SAMPLES_PER_FRAME and np.abs(audio).max() <= 1.0
         one_shot = engine.decoder.decode(context.speech_codes(0, context.speech_code_count)).numpy()

@@ -16,7 +16,7 @@ import soundfile as sf
 
 from audio_pipeline.cli import main
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from serve_process import listening_port, wait_serving
+from helpers import listening_port, wait_serving
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow

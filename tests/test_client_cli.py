@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import grpc
 import numpy as np
@@ -18,7 +16,7 @@ from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from audio_pipeline_client.cli import main
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline_client.protocol import float_to_pcm16
-from conftest import wait_idle
+from helpers import free_port, pcm16, wait_idle
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -45,10 +43,9 @@ def reference(target):
 
 
 @pytest.fixture
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def closed_port():
+    """A port nothing listens on."""
+    return free_port()
 
 
 def one_error_line(captured_err: str) -> str:
@@ -154,8 +151,8 @@ def test_cli_waits_for_the_server_to_be_ready(target, tmp_path, capsys):
     assert soundfile.info(str(out)).frames == 2 * 2048
 
 
-def test_cli_wait_ready_gives_up_with_one_line(free_port, tmp_path, capsys):
-    code = main(["--server", f"127.0.0.1:{free_port}", "--wait-ready", "0.5", "--text", TEXT, "--output",
+def test_cli_wait_ready_gives_up_with_one_line(closed_port, tmp_path, capsys):
+    code = main(["--server", f"127.0.0.1:{closed_port}", "--wait-ready", "0.5", "--text", TEXT, "--output",
                  str(tmp_path / "x.wav")])
     assert code == 1 and "not ready" in one_error_line(capsys.readouterr().err)
 
@@ -203,7 +200,7 @@ def test_cli_raw_writes_pcm16_to_stdout(target, reference, capsysbinary):
     assert main(["--server", target, "--text", TEXT, "--seed", str(SEED), "--raw", "--quiet"]) == 0
     raw = capsysbinary.readouterr().out
     assert len(raw) == reference.samples.size * 2
-    np.testing.assert_array_equal(np.frombuffer(raw, dtype="<i2"), float_to_pcm16(reference.samples))
+    np.testing.assert_array_equal(pcm16(raw), float_to_pcm16(reference.samples))
 
 
 def test_cli_voices_prints_a_table(target, capsys):
@@ -236,32 +233,32 @@ def test_cli_reads_text_from_a_file(target, tmp_path, capsys):
     np.testing.assert_array_equal(samples, float_to_pcm16(expected))
 
 
-def test_cli_unreachable_server_is_one_line(free_port, tmp_path, capsys):
+def test_cli_unreachable_server_is_one_line(closed_port, tmp_path, capsys):
     output = tmp_path / "never.wav"
-    assert main(["--server", f"127.0.0.1:{free_port}", "--text", TEXT, "--output", str(output)]) == 1
+    assert main(["--server", f"127.0.0.1:{closed_port}", "--text", TEXT, "--output", str(output)]) == 1
     line = one_error_line(capsys.readouterr().err)
-    assert "UNAVAILABLE" in line and str(free_port) in line
+    assert "UNAVAILABLE" in line and str(closed_port) in line
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_missing_input_file_is_one_line(free_port, tmp_path, capsys):
+def test_cli_missing_input_file_is_one_line(closed_port, tmp_path, capsys):
     missing = tmp_path / "missing.txt"
-    assert main(["--server", f"127.0.0.1:{free_port}", "--input", str(missing), "--output",
+    assert main(["--server", f"127.0.0.1:{closed_port}", "--input", str(missing), "--output",
                  str(tmp_path / "out.wav")]) == 1
     assert str(missing) in one_error_line(capsys.readouterr().err)
 
 
-def test_cli_empty_input_file_is_one_line(free_port, tmp_path, capsys):
+def test_cli_empty_input_file_is_one_line(closed_port, tmp_path, capsys):
     blank = tmp_path / "blank.txt"
     blank.write_text(" \n", encoding="utf-8")
-    assert main(["--server", f"127.0.0.1:{free_port}", "--input", str(blank), "--output",
+    assert main(["--server", f"127.0.0.1:{closed_port}", "--input", str(blank), "--output",
                  str(tmp_path / "out.wav")]) == 1
     assert "no text" in one_error_line(capsys.readouterr().err)
 
 
-def test_cli_unwritable_output_is_one_line(free_port, tmp_path, capsys):
+def test_cli_unwritable_output_is_one_line(closed_port, tmp_path, capsys):
     output = tmp_path / "no-such-dir" / "out.wav"
-    assert main(["--server", f"127.0.0.1:{free_port}", "--text", TEXT, "--output", str(output)]) == 1
+    assert main(["--server", f"127.0.0.1:{closed_port}", "--text", TEXT, "--output", str(output)]) == 1
     assert str(output) in one_error_line(capsys.readouterr().err)
 
 
@@ -272,7 +269,7 @@ def test_cli_usage_errors_exit_2(capsys):
     assert "usage: tts-client" in capsys.readouterr().err
 
 
-def test_cli_as_a_subprocess(target, tmp_path, free_port):
+def test_cli_as_a_subprocess(target, tmp_path, closed_port):
     output = tmp_path / "sub.wav"
     command = [sys.executable, "-m", "audio_pipeline_client.cli"]
     environment = {**os.environ, "AUDIO_PIPELINE_SERVER": target}
@@ -285,7 +282,7 @@ def test_cli_as_a_subprocess(target, tmp_path, free_port):
         expected = client.synthesize(TEXT, seed=SEED, max_tokens=28).samples
     samples, _ = soundfile.read(str(output), dtype="int16")
     np.testing.assert_array_equal(samples, float_to_pcm16(expected))
-    failed = subprocess.run([*command, "--server", f"127.0.0.1:{free_port}", "--text", TEXT, "--raw"],
+    failed = subprocess.run([*command, "--server", f"127.0.0.1:{closed_port}", "--text", TEXT, "--raw"],
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1 and failed.stdout == ""
     one_error_line(failed.stderr)

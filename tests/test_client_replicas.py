@@ -12,7 +12,7 @@ import pytest
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
-from tests.conftest import make_config
+from helpers import make_config
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow

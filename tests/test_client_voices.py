@@ -11,7 +11,7 @@ import soundfile as sf
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from audio_pipeline_client.cli import main as tts_client
 from audio_pipeline_client.protocol import float_to_pcm16
-from test_voices import TRANSCRIPT, recording
+from helpers import TRANSCRIPT, recording
 
 
 @pytest.fixture

@@ -538,18 +538,15 @@ def test_acting_values_take_effect_in_a_server(tiny_model_dir, tmp_path):
     other fields act, they are tested there: model.served_model_name in test_http,
     prometheus_metrics_mode in test_metrics, ce_delay_ms and enable_prioritize_first_decode in
     test_scheduler, max_num_steps and audio_decoder_weights in test_engine_core.)"""
-    import io
     import time
 
     import grpc
-    import numpy as np
-    import soundfile
 
     from audio_pipeline.testing.tiny_models import TINY_LLAMA_CONFIG
     from audio_pipeline.testing.background import BackgroundServer
     from audio_pipeline_client import TTSClient
     from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-    from conftest import make_config
+    from helpers import TRANSCRIPT, make_config, recording
 
     tiny = TINY_LLAMA_CONFIG  # float16 keys and values of every layer (a float32 model's cache on CPU), per token:
     token_bytes = 2 * tiny["num_hidden_layers"] * tiny["num_key_value_heads"] * (
@@ -561,11 +558,8 @@ def test_acting_values_take_effect_in_a_server(tiny_model_dir, tmp_path):
     server = BackgroundServer(config).start()
     try:
         assert server.engine.scheduler.block_manager.total_num_blocks == 300
-        t = np.arange(16000) / 16000
-        wav = io.BytesIO()
-        soundfile.write(wav, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 16000, format="WAV")
         with TTSClient(server.target, timeout=120) as client:
-            client.register_voice("alice", wav.getvalue(), "This is my voice, please copy it.")
+            client.register_voice("alice", recording(), TRANSCRIPT)
         assert json.loads((voices / "alice" / "voice.json").read_text())["name"] == "alice"
         with grpc.insecure_channel(server.target) as channel:
             stream = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(

@@ -11,7 +11,7 @@ from audio_pipeline.engine import TTSEngine
 from audio_pipeline.models.cpu_linear import (OneDNNWeight, PackedWeight, linear, onednn_linear_available,
                                               pack_linears, pack_weight, packing_available, use_packed_linears)
 from audio_pipeline_kernels.native_decode import NativeWeight, build_native_decode, native_decode
-from conftest import complete_all, make_config
+from helpers import make_config, run_to_completion
 
 CPU = torch.device("cpu")
 onednn = pytest.mark.skipif(not onednn_linear_available(), reason="this torch has no oneDNN linear")
@@ -172,8 +172,8 @@ def test_products_run_at_a_few_row_counts_whatever_rows_come():
 
 def _speak_together(engine, texts, seeds):
     """Each text's (tokens, frames), all submitted at once, sampled with its seed."""
-    contexts = complete_all(engine, [engine.create_context(t, temperature=0.9, top_p=0.95, seed=s)
-                                     for t, s in zip(texts, seeds)])
+    contexts = [engine.create_context(t, temperature=0.9, top_p=0.95, seed=s) for t, s in zip(texts, seeds)]
+    run_to_completion(engine, contexts)
     return [(list(c.generated), [list(f) for f in c.frames]) for c in contexts]
 
 

@@ -17,10 +17,10 @@ import torch
 from audio_pipeline.errors import NotFound
 from audio_pipeline.layouts.manifest import ModelManifest, declared_audio_decoder
 from audio_pipeline.layouts.registry import detect_family
-from tests.conftest import make_config, run_contexts, wait_idle
-from tests.csm_model import hf_generate_frames, write_tiny_csm
-from tests.speech_requests import alone_and_together, TRANSCRIPT, audio_of, synthesize
-from tests.speech_requests import recording as any_recording
+from csm_model import hf_generate_frames, write_tiny_csm
+from helpers import (TRANSCRIPT, alone_and_together, audio_of, make_config, pcm_of, run_to_completion,
+                     start_engine, synthesize, wait_idle)
+from helpers import recording as any_recording  # this module's recording() is at the model's 24 kHz
 
 #: The tiny checkpoint's Mimi: 8 codebooks a frame.
 FLAGS = ("chunk_size=32,64",)
@@ -37,10 +37,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from audio_pipeline.engine import TTSEngine
-
-    engine = TTSEngine(make_config(model_dir, *FLAGS))
-    engine.start()
+    engine = start_engine(model_dir, *FLAGS)
     yield engine
     engine.stop(0.0)
 
@@ -121,11 +118,11 @@ def test_greedy_frames_equal_transformers_generate_alone_and_batched(engine, mod
     alone = []
     for text in TEXTS:
         context = engine.create_context(text, temperature=0.0, repetition_penalty=1.0, max_tokens=frames)
-        run_contexts(engine, [context])
+        run_to_completion(engine, [context])
         alone.append(context)
     batched = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0, max_tokens=frames)
                for text in TEXTS]
-    run_contexts(engine, batched)
+    run_to_completion(engine, batched)
     for one, together in zip(alone, batched):
         expected = until_stop(hf_generate_frames(model_dir, one.prompt_ids, frames))
         assert one.frames == expected
@@ -142,10 +139,10 @@ def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
 
     alone = []
     for context in contexts():
-        run_contexts(engine, [context])
+        run_to_completion(engine, [context])
         alone.append(context.frames)
     batched = contexts()
-    run_contexts(engine, batched)
+    run_to_completion(engine, batched)
     assert [c.frames for c in batched] == alone
     assert any(len(set(frame)) > 1 for frames in alone for frame in frames)
 
@@ -163,10 +160,10 @@ def test_a_reference_turn_reaches_the_model_and_the_prefix_cache_tells_reference
     outputs = []
     for reference in (first, second, first):
         context = engine.create_context("Hello there.", reference=reference, temperature=0.0, max_tokens=8)
-        run_contexts(engine, [context])
+        run_to_completion(engine, [context])
         outputs.append(context.frames)
     plain = engine.create_context("Hello there.", temperature=0.0, max_tokens=8)
-    run_contexts(engine, [plain])
+    run_to_completion(engine, [plain])
     assert outputs[0] == outputs[2]
     assert outputs[0] != outputs[1]
     assert plain.frames not in (outputs[0], outputs[1])
@@ -202,12 +199,12 @@ def test_served_streams_batched_sound_as_they_do_alone_and_http_speaks_a_speaker
         samples_per_frame = server.engine.decoder.samples_per_frame
         for one, batched in zip(alone, together):
             usage = batched[-1].complete.usage
-            heard = np.concatenate(audio_of(batched))
+            heard = pcm_of(batched)
             assert len(audio_of(batched)) >= 2  # streamed in chunks
             assert heard.size == usage.generated_tokens * samples_per_frame
             assert usage.generated_tokens == one[-1].complete.usage.generated_tokens
             # The same frames; Mimi's batched blocks round differently from a lone stream's (1 LSB).
-            np.testing.assert_allclose(heard.astype(int), np.concatenate(audio_of(one)).astype(int), rtol=0, atol=1)
+            np.testing.assert_allclose(heard.astype(int), pcm_of(one).astype(int), rtol=0, atol=1)
         response = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=120,
                               json={"model": "tts", "input": "Hello from speaker one.", "voice": "1",
                                     "response_format": "wav"})
@@ -223,14 +220,11 @@ def test_served_streams_batched_sound_as_they_do_alone_and_http_speaks_a_speaker
 def test_greedy_frames_are_the_same_with_overlap_and_one_pass_a_round(model_dir, flags):
     """Frames sampled on the device feed the next pass there (overlap, multi-step rounds) or
     through the host (one pass a round): the same frames."""
-    from audio_pipeline.engine import TTSEngine
-
-    engine = TTSEngine(make_config(model_dir, *FLAGS, *flags))
-    engine.start()
+    engine = start_engine(model_dir, *FLAGS, *flags)
     try:
         contexts = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0, max_tokens=10)
                     for text in TEXTS]
-        run_contexts(engine, contexts)
+        run_to_completion(engine, contexts)
         for context in contexts:
             assert context.frames == until_stop(hf_generate_frames(model_dir, context.prompt_ids, 10))
     finally:

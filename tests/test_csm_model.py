@@ -15,7 +15,7 @@ from audio_pipeline.core.kv_cache.build import build_kv_cache
 from audio_pipeline.models.csm import CsmSpeechLM
 from audio_pipeline.models.csm_model import CsmPipelineModel
 from audio_pipeline.models.weights import load_safetensors_into
-from tests.csm_model import AUDIO, BOS, EOS, hf_generate_frames, write_tiny_csm
+from csm_model import AUDIO, BOS, EOS, hf_generate_frames, write_tiny_csm
 
 ATOL = 1e-4
 TIED = ("backbone_model.embed_tokens.embed_audio_tokens.weight", "depth_decoder.model.embed_tokens.weight")

@@ -24,8 +24,7 @@ import torch
 
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.layouts import orpheus
-from conftest import make_config
-from test_engine_core import run
+from helpers import audio_of, forced_logits, make_config, run_requests, run_texts, synthesize, wait_idle
 
 #: CUDA_TESTS_DRY_RUN=1 runs these tests' own logic on the CPU (the torch attention
 #: form, no graphs, no fp8), to check them before a GPU session.
@@ -73,7 +72,7 @@ def speak(model_dir, *flags, texts=TEXTS, **model) -> list[list[int]]:
     engine = engine_on_cuda(model_dir, *flags, **model)
     try:
         assert engine.kv_cache.backend.name == model.get("kv_cache", {}).get("attention_kernel", KERNEL)
-        contexts = run(engine, texts, **GREEDY)
+        contexts = run_texts(engine, texts, **GREEDY)
         prompts = [c.prompt_ids for c in contexts]
         return prompts, [c.generated for c in contexts], engine
     finally:
@@ -120,8 +119,6 @@ def test_flashinfer_serves_a_head_128_model_and_its_logits_are_as_close_to_float
     """Along the same tokens (a prompt step, then one decode step per token), FlashInfer's paged
     attention in bfloat16 is no further from transformers' float32 logits than the dense torch form
     in bfloat16 on the same GPU."""
-    from test_engine_core import forced_logits
-
     prompts, spoken, _ = speak(model_dir, *PLAIN, cuda_graphs=False)
     sequence, prompt_length = prompts[1] + spoken[1][:40], len(prompts[1])
     with torch.no_grad():
@@ -239,11 +236,9 @@ def test_the_captured_token_sampling_draws_the_eager_ids_and_serves(model_dir, r
 
 
 def test_no_block_or_request_is_held_after_the_runs(model_dir):
-    from conftest import wait_idle
-
     engine = engine_on_cuda(model_dir, "max_batch_size=8")
     try:
-        run(engine, TEXTS, **GREEDY)
+        run_texts(engine, TEXTS, **GREEDY)
         wait_idle(engine)
     finally:
         engine.stop()
@@ -258,7 +253,6 @@ def test_the_engine_streams_on_cuda_the_audio_of_its_windows_decoded_one_by_one(
     import queue
 
     from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
-    from conftest import wait_idle
 
     flags = ["audio_decoder_config.cuda_graphs=true"] if graphs and not DRY_RUN else []
     engine = engine_on_cuda(model_dir, "max_batch_size=8", "chunk_size=28,56", *flags)
@@ -390,8 +384,8 @@ def test_the_builtin_frame_voice_speaks_on_cuda_as_on_the_cpu():
             if device == "cuda":
                 assert engine.kv_cache.backend.name == "torch"
                 assert engine.model.devices[0].type == "cuda"
-            contexts = run(engine, ["Hello from the GPU.", "A second sentence, spoken at the same time."],
-                           temperature=0.0)
+            contexts = run_texts(engine, ["Hello from the GPU.", "A second sentence, spoken at the same time."],
+                                 temperature=0.0)
             spoken[device] = [c.frames for c in contexts]
         finally:
             engine.stop()
@@ -403,7 +397,6 @@ def test_csm_is_served_on_cuda_over_grpc(tmp_path):
     streams audio to its completion."""
     from audio_pipeline.testing.background import BackgroundServer
     from csm_model import write_tiny_csm
-    from speech_requests import audio_of, synthesize
 
     model_dir = write_tiny_csm(tmp_path / "csm", seed=0)
     server = BackgroundServer(make_config(model_dir, "chunk_size=32,64", "sampling.max_tokens=40",
@@ -423,7 +416,7 @@ def test_qwen3_tts_gives_the_references_greedy_frames_on_cuda(tmp_path):
     """Qwen3-TTS (its talker, code predictor and 12 Hz decoder: head size 8, the torch form) in
     float32 on the GPU: the reference's greedy frames for a CustomVoice and an in-context Base case,
     batched, and audio streamed to the end."""
-    from test_qwen3_tts import case_array, case_info, case_request, model_copy, run
+    from qwen3_tts_cases import case_array, case_info, case_request, model_copy
 
     for kind, names, streaming in (("custom_voice", ["custom_voice_serena_en_nonstreaming",
                                                      "custom_voice_ryan_instruct"], False),
@@ -435,8 +428,8 @@ def test_qwen3_tts_gives_the_references_greedy_frames_on_cuda(tmp_path):
         engine.start()
         try:
             assert engine.model.devices[0].type == DEVICE and engine.decoder_device.type == DEVICE
-            contexts = run(engine, [case_request(name) for name in names],
-                           [case_info(name)[1]["text"] for name in names])
+            contexts = run_requests(engine, [case_request(name) for name in names],
+                                    [case_info(name)[1]["text"] for name in names])
         finally:
             engine.stop()
         for name, context in zip(names, contexts):
@@ -518,10 +511,10 @@ def test_a_frame_models_captured_step_and_depth_frame_compute_the_eager_ones(tmp
 
         # Served: a greedy and a seeded request, each 24 frames, through both kinds of graph.
         before = (runner.graphs.replays, sampling.graphs.replays)
-        contexts = run(engine, ["Hello from the GPU.", "A second sentence."], voice="ryan", temperature=0.0,
-                       min_tokens=24, max_tokens=24)
-        contexts += run(engine, ["A third one, sampled."], voice="ryan", temperature=0.9, seed=5, min_tokens=24,
-                        max_tokens=24)
+        contexts = run_texts(engine, ["Hello from the GPU.", "A second sentence."], voice="ryan", temperature=0.0,
+                             min_tokens=24, max_tokens=24)
+        contexts += run_texts(engine, ["A third one, sampled."], voice="ryan", temperature=0.9, seed=5,
+                              min_tokens=24, max_tokens=24)
         assert [len(c.frames) for c in contexts] == [24, 24, 24]
         assert runner.graphs.replays > before[0] and sampling.graphs.replays > before[1]
         print("served: decode graph replays", runner.graphs.replays - before[0], "depth graph replays",

@@ -192,7 +192,7 @@ def test_past_capacity_a_new_request_is_refused_with_a_clear_status_not_queued_f
     from audio_pipeline_client import TTSClient, TTSError
 
     from audio_pipeline.testing.background import BackgroundServer
-    from tests.conftest import make_config
+    from helpers import make_config
 
     server = BackgroundServer(make_config(tiny_model_dir, "max_batch_size=1", "max_queue_size_tg=1",
                                           "max_queue_wait_ms=200", "sampling.max_tokens_limit=4096"),

@@ -487,33 +487,17 @@ def test_decode_windows_rejects_inconsistent_jobs(decoders):
 def test_the_engine_streams_the_same_audio_as_a_one_shot_decode(tiny_model_dir, tmp_path, flags, decode_thread):
     """In the loop (the CPU's default) and on the decoder thread (CUDA's), the chunks add up to the
     one-shot decode."""
-    import queue
-
-    from audio_pipeline.engine import TTSEngine
-    from conftest import make_config, wait_idle
+    from helpers import run_to_completion, start_engine
 
     weights = save_random_causal_checkpoint(tmp_path / "causal")
-    engine = TTSEngine(make_config(tiny_model_dir, *flags, audio_decoder="causal-conv",
-                                   audio_decoder_weights=str(weights), audio_decoder_thread=decode_thread))
-    engine.start()
+    engine = start_engine(tiny_model_dir, *flags, audio_decoder="causal-conv", audio_decoder_weights=str(weights),
+                          audio_decoder_thread=decode_thread)
     try:
         assert (engine.core._decoder is not None) == decode_thread
-        events = queue.Queue()
         contexts = [engine.create_context(t, temperature=0.0, max_tokens=70, min_tokens=70) for t in ("One.", "Two!")]
-        for context in contexts:
-            engine.submit(context, events.put)
-        audio = {c.request_id: [] for c in contexts}
-        done = 0
-        while done < len(contexts):
-            event = events.get(timeout=120)
-            assert event.kind != "error", event.error
-            if event.kind == "audio":
-                audio[event.request_id].append(torch.from_numpy(event.samples))
-            done += event.kind == "complete"
-        for context in contexts:
-            assert len(audio[context.request_id]) > 2
+        for context, chunks in zip(contexts, run_to_completion(engine, contexts)):
+            assert len(chunks) > 2
             one_shot = engine.decoder.decode(context.speech_codes(0, len(context.generated)))
-            torch.testing.assert_close(torch.cat(audio[context.request_id]), one_shot, atol=1e-6, rtol=1e-5)
-        wait_idle(engine)
+            torch.testing.assert_close(torch.from_numpy(np.concatenate(chunks)), one_shot, atol=1e-6, rtol=1e-5)
     finally:
         engine.stop()

@@ -12,41 +12,15 @@ import torch
 
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
-from audio_pipeline.layouts import orpheus
 from audio_pipeline.models.llama_model import candidate_groups
-from conftest import make_config, wait_idle
-
-TEXTS = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
-         "Numbers: one two three four five.", "Short.", "Another prompt, of middling length."]
-GREEDY = dict(temperature=0.0, max_tokens=70)
-
-
-def build(model_dir, *flags, **overrides) -> TTSEngine:
-    engine = TTSEngine(make_config(model_dir, *flags, **overrides))
-    engine.start()
-    return engine
-
-
-def run(engine: TTSEngine, texts, **kwargs) -> list:
-    """Submits every text at once; returns the finished contexts (in order)."""
-    events: queue.Queue = queue.Queue()
-    contexts = [engine.create_context(t, **kwargs) for t in texts]
-    for context in contexts:
-        engine.submit(context, events.put)
-    finished = 0
-    while finished < len(contexts):
-        event = events.get(timeout=120)
-        assert event.kind != "error", event.error
-        finished += event.kind == "complete"
-    return contexts
-
+from helpers import GREEDY, TEXTS, forced_logits, make_config, run_texts, start_engine, wait_idle
 
 @pytest.fixture(scope="module")
 def reference_tokens(tiny_model_dir):
     """Each text run alone (batch of one), greedy."""
-    engine = build(tiny_model_dir, "max_batch_size=1")
+    engine = start_engine(tiny_model_dir, "max_batch_size=1")
     try:
-        return [run(engine, [t], **GREEDY)[0].generated for t in TEXTS]
+        return [run_texts(engine, [t], **GREEDY)[0].generated for t in TEXTS]
     finally:
         engine.stop()
 
@@ -65,9 +39,9 @@ def reference_tokens(tiny_model_dir):
                  id="tight-deadlines"),
 ])
 def test_concurrent_greedy_requests_equal_the_same_requests_one_at_a_time(tiny_model_dir, reference_tokens, flags):
-    engine = build(tiny_model_dir, *flags)
+    engine = start_engine(tiny_model_dir, *flags)
     try:
-        contexts = run(engine, TEXTS, **GREEDY)
+        contexts = run_texts(engine, TEXTS, **GREEDY)
         assert [c.generated for c in contexts] == reference_tokens
         assert all(c.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS) for c in contexts)
         wait_idle(engine)
@@ -78,11 +52,11 @@ def test_concurrent_greedy_requests_equal_the_same_requests_one_at_a_time(tiny_m
 def test_preemption_recomputes_and_gives_the_same_tokens(tiny_model_dir, reference_tokens):
     # 12 blocks of 16 tokens (256 bytes a token: the tiny model's 16-bit cache): the six requests
     # (prompt + 70 tokens each) cannot all stay resident.
-    engine = build(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
+    engine = start_engine(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
                    model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 256}})
     try:
         assert engine.scheduler.block_manager.total_num_blocks == 12
-        contexts = run(engine, TEXTS, **GREEDY)
+        contexts = run_texts(engine, TEXTS, **GREEDY)
         assert engine.scheduler.num_preemptions > 0
         assert [c.generated for c in contexts] == reference_tokens
         wait_idle(engine)
@@ -92,19 +66,19 @@ def test_preemption_recomputes_and_gives_the_same_tokens(tiny_model_dir, referen
 
 def test_sampled_requests_do_not_depend_on_their_batch(tiny_model_dir):
     kwargs = dict(temperature=0.9, top_p=0.9, top_k=200, max_tokens=56, seed=1234)
-    engine = build(tiny_model_dir)
+    engine = start_engine(tiny_model_dir)
     try:
-        alone = run(engine, [TEXTS[0]], **kwargs)[0].generated
-        batched = run(engine, TEXTS[:4], **kwargs)[0].generated
+        alone = run_texts(engine, [TEXTS[0]], **kwargs)[0].generated
+        batched = run_texts(engine, TEXTS[:4], **kwargs)[0].generated
         assert batched == alone
     finally:
         engine.stop()
 
 
 def test_shared_prompt_prefixes_hit_the_prefix_cache(tiny_model_dir):
-    engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 8}})
+    engine = start_engine(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 8}})
     try:
-        first, second = (run(engine, [text], **GREEDY)[0].prompt_ids for text in
+        first, second = (run_texts(engine, [text], **GREEDY)[0].prompt_ids for text in
                          ("The same fairly long preamble text, then one.", "The same fairly long preamble text, then two."))
         shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
         stats = engine.scheduler.block_manager.prefix_stats
@@ -122,7 +96,7 @@ def test_shared_prompt_prefixes_hit_the_prefix_cache(tiny_model_dir):
 def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, flags, reference_tokens):
     """Cancelled and failed requests end with their reason and leave nothing behind, also with
     overlap, where a step of them is still in flight when they end."""
-    engine = build(tiny_model_dir, *flags)
+    engine = start_engine(tiny_model_dir, *flags)
     try:
         events: queue.Queue = queue.Queue()
         contexts = [engine.create_context(t, temperature=0.0, max_tokens=700) for t in TEXTS]
@@ -156,7 +130,7 @@ def test_no_block_is_held_after_cancelled_and_failed_requests(tiny_model_dir, fl
             engine.decoder.decode_batch = original
         wait_idle(engine)
         # ... and the engine goes on serving: the same tokens as before the failure.
-        assert run(engine, TEXTS[:1], **GREEDY)[0].generated == reference_tokens[0]
+        assert run_texts(engine, TEXTS[:1], **GREEDY)[0].generated == reference_tokens[0]
     finally:
         engine.stop()
 
@@ -166,10 +140,10 @@ def test_a_cache_too_small_for_every_request_at_once_preempts_and_recomputes_the
     """Twelve 16-token pages cannot hold the six requests together: the scheduler preempts, the
     preempted requests are recomputed from their tokens, and every request speaks what it speaks
     alone, ended as it ends alone; no block outlives them."""
-    engine = build(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
+    engine = start_engine(tiny_model_dir, "max_num_steps=1", "kvcache_ce_watermark=1.0",
                    model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 12 * 16 * 256}})
     try:
-        contexts = run(engine, TEXTS, **GREEDY)
+        contexts = run_texts(engine, TEXTS, **GREEDY)
         assert engine.scheduler.num_preemptions > 0
         assert [c.generated for c in contexts] == reference_tokens
         assert {c.stop_reason for c in contexts} <= {StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS}
@@ -180,14 +154,14 @@ def test_a_cache_too_small_for_every_request_at_once_preempts_and_recomputes_the
 
 
 def test_stop_token_ids_end_the_speech(tiny_model_dir):
-    engine = build(tiny_model_dir)
+    engine = start_engine(tiny_model_dir)
     try:
-        plain = run(engine, [TEXTS[1]], **GREEDY)[0]
+        plain = run_texts(engine, [TEXTS[1]], **GREEDY)[0]
         # A frame-start token that did not occur before: as a stop id, generation ends right there.
         frame = engine.layout.tokens_per_frame
         cut = next(i for i in range(frame, len(plain.generated), frame)
                    if plain.generated[i] not in plain.generated[:i])
-        stopped = run(engine, [TEXTS[1]], stop_token_ids=[plain.generated[cut]], **GREEDY)[0]
+        stopped = run_texts(engine, [TEXTS[1]], stop_token_ids=[plain.generated[cut]], **GREEDY)[0]
         assert stopped.stop_reason == StopReason.END_OF_SPEECH
         assert stopped.generated == plain.generated[:cut]
     finally:
@@ -195,9 +169,9 @@ def test_stop_token_ids_end_the_speech(tiny_model_dir):
 
 
 def test_logits_constraint_never_emits_a_broken_frame(tiny_model_dir):
-    engine = build(tiny_model_dir)
+    engine = start_engine(tiny_model_dir)
     try:
-        contexts = run(engine, TEXTS[:3], temperature=1.5, top_p=1.0, max_tokens=140, seed=5)
+        contexts = run_texts(engine, TEXTS[:3], temperature=1.5, top_p=1.0, max_tokens=140, seed=5)
         layout = engine.layout
         for context in contexts:
             assert len(context.generated) % layout.tokens_per_frame == 0
@@ -210,7 +184,7 @@ def test_logits_constraint_never_emits_a_broken_frame(tiny_model_dir):
 def test_a_request_larger_than_the_whole_cache_is_refused(tiny_model_dir):
     from audio_pipeline.errors import InvalidArgument
 
-    engine = build(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 4 * 16 * 256}})
+    engine = start_engine(tiny_model_dir, model={"kv_cache": {"kv_cache_page_size": 16, "kv_cache_memory_bytes": 4 * 16 * 256}})
     try:
         context = engine.create_context("too long for this cache", temperature=0.0, max_tokens=140)
         with pytest.raises(InvalidArgument, match="sampling.max_tokens: .*more than the whole cache"):
@@ -297,12 +271,12 @@ def test_cache_dtype_stores_the_kv_cache_in_that_dtype(tiny_model_dir, cache_dty
     """model.kv_cache.cache_dtype takes effect: the cache holds that dtype (auto: float16 for this
     float32 model on CPU; the CPU kernel reads 16-bit caches, widening them as it loads; fp8 goes to
     the torch form) and requests run to the end."""
-    engine = build(tiny_model_dir, model={"kv_cache": {"cache_dtype": cache_dtype}})
+    engine = start_engine(tiny_model_dir, model={"kv_cache": {"cache_dtype": cache_dtype}})
     try:
         manager = engine.kv_cache
         assert {t.dtype for t in manager.cache.keys + manager.cache.values} == {expected}
         assert manager.backend.name == backend
-        [context] = run(engine, ["Hello there."], **GREEDY)
+        [context] = run_texts(engine, ["Hello there."], **GREEDY)
         assert context.stop_reason in (StopReason.END_OF_SPEECH, StopReason.MAX_TOKENS)
         # Whole frames of speech tokens, each in its slot, that decode to their frames' audio.
         codes = engine.layout.tokens_to_codes(context.generated)
@@ -334,36 +308,14 @@ LOGIT_TOLERANCE = {("tiny", "bfloat16"): 2e-3, ("tiny", "float16"): 3e-4,
 GREEDY_TEXTS_DIFFERING = {"float16": 0, "bfloat16": 1}
 
 
-def forced_logits(engine, sequence: list[int], prompt_length: int, frames=None) -> torch.Tensor:
-    """The engine's model over ``sequence`` (with its positions' ``frames`` for a layout whose
-    positions carry frames) in its own paged cache: the prompt's last logits, then each later
-    token's, a token per step."""
-    model, kv = engine.model, engine.kv_cache
-    kv.claim("forced")
-    kv.block_manager.alloc("forced", len(sequence))
-    device = model.devices[0]
-    tokens = torch.tensor(sequence, device=device)
-    hidden = []
-    try:
-        with torch.inference_mode():
-            for start, end in [(0, prompt_length), *((p, p + 1) for p in range(prompt_length, len(sequence)))]:
-                batch = kv.batch(["forced"], [start], [end - start])
-                extra = {} if frames is None else {"frames": frames[start:end].to(device)}
-                hidden.append(model.model(tokens[start:end], torch.arange(start, end, device=device), batch,
-                                          **extra)[-1:])
-            return model.model.compute_logits(torch.cat(hidden))  # one product: the output layer read once
-    finally:
-        kv.release("forced")
-
-
 def greedy_and_logits(model, cache_dtype, sequences=None):
     """The greedy speech of the first three TEXTS with that cache, and the logits along
     ``sequences`` ((tokens, prompt length) each; by default that speech's own)."""
     # The prompt's products in float32 (model.prompt_dtype): the cache's rounding alone is measured.
-    engine = build(model, model={"kv_cache": {"cache_dtype": cache_dtype}, "prompt_dtype": "float32"})
+    engine = start_engine(model, model={"kv_cache": {"cache_dtype": cache_dtype}, "prompt_dtype": "float32"})
     try:
         assert engine.kv_cache.backend.name == "native"
-        contexts = run(engine, TEXTS[:3], temperature=0.0, max_tokens=140)
+        contexts = run_texts(engine, TEXTS[:3], temperature=0.0, max_tokens=140)
     finally:
         engine.stop()
     spoken = [c.generated for c in contexts]

@@ -17,7 +17,7 @@ from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import Unavailable
 from audio_pipeline.core import engine_core as audio_generation
-from conftest import make_config, wait_idle
+from helpers import make_config, wait_idle
 
 TEXTS = ["Hello there.", "A longer sentence for the model to speak.", "Hi!", "Short."]
 GREEDY = dict(temperature=0.0, max_tokens=70)

@@ -16,7 +16,7 @@ from audio_pipeline.layouts.orpheus import OrpheusLayout
 from audio_pipeline.layouts.registry import (DEFAULT_FAMILY, Family, available_families, detect_family, get_family,
                                              register_family)
 from audio_pipeline.layouts.voice_info import VoiceInfo
-from tests.conftest import make_config
+from helpers import make_config
 
 
 def test_every_builtin_family_is_declared_with_a_layout():

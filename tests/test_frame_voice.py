@@ -16,9 +16,8 @@ import soundfile as sf
 from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, END_OF_SPEECH, ENVELOPE, PHONEME, PHONEME_BASE, PROSODY,
                                               alignment_tokens, prompt_ids, slot_token, split_prompt)
 from audio_pipeline.layouts.phoneme_lpc_frame import PhonemeLPCFrameLayout
-from tests.conftest import make_config, run_contexts
-from tests.frame_voice import load_reference, reference_frames, write_tiny_frame_voice
-from tests.speech_requests import alone_and_together, audio_of, synthesize
+from frame_voice import load_reference, reference_frames, write_tiny_frame_voice
+from helpers import alone_and_together, audio_of, make_config, pcm_of, run_to_completion, start_engine, synthesize
 
 TEXTS = ["Hello there.", "A second, longer sentence to speak.", "Three."]
 FLAGS = ("chunk_size=8,40",)
@@ -34,24 +33,16 @@ def reference(model_dir):
     return load_reference(model_dir)
 
 
-def start_engine(model_dir, *flags):
-    from audio_pipeline.engine import TTSEngine
-
-    engine = TTSEngine(make_config(model_dir, *FLAGS, *flags))
-    engine.start()
-    return engine
-
-
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    engine = start_engine(model_dir)
+    engine = start_engine(model_dir, *FLAGS)
     yield engine
     engine.stop(0.0)
 
 
 def greedy(engine, texts):
     contexts = [engine.create_context(text, temperature=0.0, repetition_penalty=1.0) for text in texts]
-    run_contexts(engine, contexts)
+    run_to_completion(engine, contexts)
     return contexts
 
 
@@ -137,7 +128,7 @@ def test_a_folded_prompt_is_half_as_long_and_gives_the_dense_references_greedy_f
     and its duration, embedded as the sum of both), the same alignment, and greedy frames equal
     to the dense reference's, alone and batched."""
     folded_dir = write_tiny_frame_voice(tmp_path / "folded", folded=True)
-    folded = start_engine(folded_dir)
+    folded = start_engine(folded_dir, *FLAGS)
     try:
         assert folded.layout.folded_prompt and not engine.layout.folded_prompt
         alone = [greedy(folded, [text])[0] for text in TEXTS]
@@ -197,7 +188,7 @@ def test_one_backbone_pass_per_frame(engine):
                                    ("max_num_steps=3", "model.kv_cache.enable_prefix_caching=false")])
 def test_scheduling_modes_give_the_same_greedy_frames(engine, model_dir, flags):
     expected = [c.frames for c in greedy(engine, TEXTS)]
-    other = start_engine(model_dir, *flags)
+    other = start_engine(model_dir, *FLAGS, *flags)
     try:
         assert [c.frames for c in greedy(other, TEXTS)] == expected
     finally:
@@ -210,10 +201,10 @@ def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
 
     alone = []
     for context in contexts():
-        run_contexts(engine, [context])
+        run_to_completion(engine, [context])
         alone.append(context.frames)
     batched = contexts()
-    run_contexts(engine, batched)
+    run_to_completion(engine, batched)
     assert [c.frames for c in batched] == alone
     assert len({f[PROSODY] for frames in alone for f in frames}) > 3  # the depth head samples too
 
@@ -236,15 +227,15 @@ def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
         samples_per_frame = server.engine.decoder.samples_per_frame
         for one, batched in zip(alone, together):
             usage = batched[-1].complete.usage
-            heard = np.concatenate(audio_of(batched))
+            heard = pcm_of(batched)
             assert len(audio_of(batched)) >= 2
             assert heard.size == usage.generated_tokens * samples_per_frame
-            np.testing.assert_array_equal(heard, np.concatenate(audio_of(one)))
+            np.testing.assert_array_equal(heard, pcm_of(one))
 
         context = server.engine.create_context(TEXTS[1], temperature=0.0)
-        run_contexts(server.engine, [context])
+        run_to_completion(server.engine, [context])
         whole = server.engine.decoder.decode(torch.tensor(context.frames).reshape(-1)).numpy()
-        streamed = np.concatenate(audio_of(synthesize(server.target, TEXTS[1], temperature=0.0)))
+        streamed = pcm_of(synthesize(server.target, TEXTS[1], temperature=0.0))
         np.testing.assert_allclose(streamed.astype(np.float64) / 32768, whole, atol=1 / 32768)
         response = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=120,
                               json={"model": "tts", "input": "Hello from the frame voice.", "response_format": "wav"})
@@ -264,7 +255,7 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
 
     from audio_pipeline.engine import TTSEngine
     from recipes.builtin_voice import dataset, export, train
-    from tests.frame_voice import FRONT_END, SHIPPED
+    from frame_voice import FRONT_END, SHIPPED
 
     rng = np.random.default_rng(0)
     inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
@@ -287,7 +278,7 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
     engine.start()
     try:
         context = engine.create_context("Speak, trained voice.", temperature=0.0)
-        run_contexts(engine, [context])
+        run_to_completion(engine, [context])
         assert len(context.frames) == context.alignment.tokens > 10
     finally:
         engine.stop(0.0)
@@ -296,14 +287,13 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
 def test_validation_chooses_the_checkpoint_and_export_writes_that_one(tmp_path, capsys):
     """train.py --validation logs a clean-input validation loss every --validate-every steps and
     keeps the weights of the lowest one in best.pt; export --checkpoint best.pt writes those weights."""
-    import json
     import re
 
     import torch
     from safetensors.torch import load_file
 
     from recipes.builtin_voice import export, train
-    from tests.frame_voice import SHIPPED
+    from frame_voice import SHIPPED
 
     rng = np.random.default_rng(1)
     data, held = write_frame_data(tmp_path / "train.npz", 8, rng), write_frame_data(tmp_path / "validation.npz", 4, rng)
@@ -329,7 +319,7 @@ def write_frame_data(path, count, rng):
     import json
 
     from recipes.builtin_voice import dataset
-    from tests.frame_voice import SHIPPED
+    from frame_voice import SHIPPED
 
     inventory = [n[4:-1] for n in json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
                  if n.startswith("<ph:")]
@@ -347,7 +337,7 @@ def test_a_resumed_run_counts_the_minutes_trained_before(tmp_path, capsys):
     import torch
 
     from recipes.builtin_voice import train
-    from tests.frame_voice import SHIPPED
+    from frame_voice import SHIPPED
 
     data = write_frame_data(tmp_path / "train.npz", 8, np.random.default_rng(2))
     run_dir = tmp_path / "run"
@@ -373,7 +363,7 @@ def test_init_codec_starts_each_new_code_from_the_old_codecs_nearest(tmp_path, c
 
     from recipes.builtin_voice import train
     from recipes.builtin_voice.mcep_codec import Quantizer
-    from tests.frame_voice import SHIPPED
+    from frame_voice import SHIPPED
 
     old = Quantizer.load(SHIPPED / "decoder")
     order = np.random.default_rng(3).permutation(len(old.codebook))

@@ -8,15 +8,14 @@ import threading
 import grpc
 import pytest
 
-from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from conftest import TEST_MAX_TOKENS
+from audio_pipeline_client._proto import tts_pb2_grpc
+from helpers import TEST_MAX_TOKENS, grpc_request
 
 SYNTHESIZE = "/audio_pipeline.v1.TextToSpeech/Synthesize"
 
 
-def request(text="Hello world.", **sampling):
-    fields = {k: sampling.pop(k) for k in ("voice", "request_id") if k in sampling}
-    return tts_pb2.SynthesizeRequest(text=text, sampling=tts_pb2.SamplingParams(**sampling), **fields)
+def request(text="Hello world.", **fields):
+    return grpc_request(text, **fields)
 
 
 def status_of(stub, message):

@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.conftest import make_config, wait_idle
+from helpers import PCM_STEP, make_config, pcm16, pcm16_to_float, socket_session, wait_idle
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -60,16 +60,12 @@ def grpc_samples(server, text=TEXT, **options):
     return grpc_result(server, text, **options).samples
 
 
-#: A float sample sent as PCM16 comes back within a rounding step (and the 32767/32768 scale).
-PCM_STEP = 1.5 / 32768
-
-
 def decode(data: bytes, response_format: str):
     """(float samples, rate) of an encoded response."""
     import av
 
     if response_format == "pcm":
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768, 24000
+        return pcm16_to_float(data), 24000
     with av.open(io.BytesIO(data)) as container:
         frames = [f for f in container.decode(audio=0)]
     samples = np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32)
@@ -172,8 +168,7 @@ def test_streamed_audio_arrives_before_the_synthesis_ends(client, idle):
     # a sentence's decoding shares batches with the next one's, which rounds differently).
     whole = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=120,
                        json={"model": "tts-1", "input": text, "response_format": "pcm", "seed": 8}).content
-    np.testing.assert_allclose(np.frombuffer(first + rest, "<i2").astype(np.int32),
-                               np.frombuffer(whole, "<i2").astype(np.int32), rtol=0, atol=1)
+    np.testing.assert_allclose(pcm16(first + rest).astype(np.int32), pcm16(whole).astype(np.int32), rtol=0, atol=1)
 
 
 def test_server_sent_events_carry_all_the_audio_then_the_usage(idle):
@@ -214,8 +209,8 @@ def test_mu_law_at_8_khz_round_trips_within_its_quantization_error(idle):
     import av
 
     body = {"model": "tts-1", "input": TEXT, "seed": 5, "sample_rate": 8000}
-    pcm = np.frombuffer(httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "response_format": "pcm"},
-                                   timeout=120).content, dtype="<i2").astype(np.float32) / 32768
+    pcm = pcm16_to_float(httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "response_format": "pcm"},
+                                    timeout=120).content)
     response = httpx.post(f"{idle.http_url}/v1/audio/speech", timeout=120,
                           json={"model": "tts-1", "input": TEXT, "seed": 5, "response_format": "mulaw"})
     assert response.headers["content-type"] == "audio/basic"
@@ -302,30 +297,6 @@ def test_bearer_tokens_guard_the_http_routes_too(tiny_model_dir, tmp_path):
         np.testing.assert_allclose(samples, reference, rtol=0, atol=PCM_STEP)
 
 
-def socket_session(server, messages, *, until_done=1, timeout=120):
-    """Sends ``messages`` over /v1/audio/stream and collects what comes back until ``until_done``
-    utterances have finished (done, interrupted or error): (JSON messages, binary frames by context)."""
-    from websockets.sync.client import connect
-
-    received, audio, current = [], {}, None
-    finished = 0
-    with connect(f"ws://127.0.0.1:{server.http_port}/v1/audio/stream", open_timeout=30) as socket:
-        for message in messages:
-            socket.send(json.dumps(message))
-        while finished < until_done:
-            frame = socket.recv(timeout=timeout)
-            if isinstance(frame, bytes):
-                audio.setdefault(current, []).append(frame)
-                continue
-            event = json.loads(frame)
-            received.append(event)
-            if event["type"] == "started":
-                current = event["context_id"]
-            if event["type"] in ("done", "interrupted", "error"):
-                finished += 1
-    return received, {k: b"".join(v) for k, v in audio.items()}
-
-
 def test_the_websocket_speaks_two_utterances_in_order_with_word_timings(idle):
     first, second = "First one here. And more.", "Second one, there."
     received, audio = socket_session(idle, [
@@ -342,8 +313,7 @@ def test_the_websocket_speaks_two_utterances_in_order_with_word_timings(idle):
         alone = httpx.post(f"{idle.http_url}/v1/audio/speech", json={**body, "input": text, "seed": seed},
                            timeout=120).content
         # The same speech as a whole-text request, up to a rounding step (utterances share batches).
-        np.testing.assert_allclose(np.frombuffer(audio[context], "<i2").astype(np.int32),
-                                   np.frombuffer(alone, "<i2").astype(np.int32), atol=2)
+        np.testing.assert_allclose(pcm16(audio[context]).astype(np.int32), pcm16(alone).astype(np.int32), atol=2)
         words = [w for e in received if e["type"] == "words" and e["context_id"] == context for w in e["words"]]
         # This model has no word alignment: one timing per sentence, pointing into the utterance's text.
         assert [w["text"] for w in words] == (["First one here.", "And more."] if context == "a" else [second])

@@ -8,8 +8,7 @@ import pytest
 
 from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.testing.background import BackgroundServer
-from conftest import make_config, wait_idle
-from speech_requests import TRANSCRIPT, recording
+from helpers import TRANSCRIPT, make_config, recording, wait_idle
 
 CLIENT, ADMIN = "client-token-0123456789", "admin-token-0123456789"
 

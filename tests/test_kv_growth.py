@@ -8,7 +8,7 @@ import torch
 
 from audio_pipeline.core.kv_cache.paged import PagedKVCache
 from audio_pipeline.models.interface import KVCacheParams
-from tests.conftest import make_config, run_contexts
+from helpers import run_to_completion, start_engine
 
 
 def test_growing_keeps_every_block_and_moves_the_scratch_block_to_the_end():
@@ -29,7 +29,7 @@ def speak_all(engine, count):
     contexts = [engine.create_context(f"Sentence number {index} is a little longer than the others.",
                                       seed=index, temperature=0.8, min_tokens=280, max_tokens=280)
                 for index in range(count)]
-    run_contexts(engine, contexts)
+    run_to_completion(engine, contexts)
     return [list(context.generated) for context in contexts]
 
 
@@ -37,13 +37,10 @@ def speak_all(engine, count):
 def test_streams_that_outgrow_the_starting_cache_grow_it_and_speak_as_with_a_fixed_one(tiny_model_dir, overlap):
     """With overlap the CPU's worker may be running a step as the scheduler asks for room: the
     cache grows only once it has finished (its views of the old tensors would go stale)."""
-    from audio_pipeline.engine import TTSEngine
-
     runs = {}
     for name, flags in (("grows", ()), ("fixed", ("model.kv_cache.kv_cache_memory_bytes=67108864",))):
-        engine = TTSEngine(make_config(tiny_model_dir, "max_batch_size=4", "max_queue_size_tg=4",
-                                       f"enable_overlap_scheduler={str(overlap).lower()}", *flags))
-        engine.start()
+        engine = start_engine(tiny_model_dir, "max_batch_size=4", "max_queue_size_tg=4",
+                              f"enable_overlap_scheduler={str(overlap).lower()}", *flags)
         try:
             start = engine.scheduler.block_manager.total_num_blocks
             runs[name] = speak_all(engine, 4)

@@ -41,7 +41,7 @@ def write_tiny_qwen3(path, *, vocab_size: int, seed: int = 0):
     at one, where a missing norm would go unnoticed: here they are drawn."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from tests.neutts_model import TINY_QWEN2
+    from neutts_model import TINY_QWEN2
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -60,7 +60,7 @@ def model_dir(request, tmp_path_factory):
     if request.param == "qwen3":
         return write_tiny_qwen3(path, vocab_size=150000, seed=3)
     if request.param == "qwen2":
-        from tests.neutts_model import write_tiny_qwen2
+        from neutts_model import write_tiny_qwen2
 
         return write_tiny_qwen2(path, vocab_size=150000, seed=3)
     overrides = {}
@@ -112,7 +112,7 @@ def test_logits_match_transformers_for_a_ragged_batch(model_dir, attention_kerne
 
 def test_qwen2_biases_load_under_their_checkpoint_names(tmp_path):
     """Qwen2's q/k/v projections have biases and its output projection none, as the file says."""
-    from tests.neutts_model import write_tiny_qwen2
+    from neutts_model import write_tiny_qwen2
 
     model_dir = write_tiny_qwen2(tmp_path, vocab_size=300, seed=1)
     stored = load_file(str(model_dir / "model.safetensors"))
@@ -134,7 +134,7 @@ def test_qwen3_query_and_key_norms_load_under_their_checkpoint_names(tmp_path):
 
 
 def test_sliding_window_attention_is_refused_naming_the_field(tmp_path):
-    from tests.neutts_model import write_tiny_qwen2
+    from neutts_model import write_tiny_qwen2
 
     model_dir = write_tiny_qwen2(tmp_path, vocab_size=300, use_sliding_window=True, sliding_window=16,
                                  max_window_layers=0)

@@ -7,15 +7,12 @@ import pytest
 
 from audio_pipeline.text.segment import PAUSES
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from helpers import pcm_of
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
 
 SENTENCES = ["First one here.", "Second one there, and on.", "Is this the third?", "Last."]
-
-
-def pcm(messages):
-    return np.concatenate([np.frombuffer(m.audio.data, dtype="<i2") for m in messages if m.HasField("audio")])
 
 
 def test_a_long_text_is_one_stream_of_its_sentences_in_order(idle_server):
@@ -36,16 +33,16 @@ def test_a_long_text_is_one_stream_of_its_sentences_in_order(idle_server):
     # Each sentence's audio, as it sounds alone (greedy), then the pause its punctuation asks for.
     expected = []
     for sentence, messages in zip(SENTENCES, alone):
-        expected.append(pcm(messages))
+        expected.append(pcm_of(messages))
         if sentence is not SENTENCES[-1]:
             pause = PAUSES["comma" if sentence.endswith(",") else "sentence"]
             expected.append(np.zeros(int(round(pause * rate)), dtype="<i2"))
     # Equal up to a rounding step: a segment's decode may share a batch with another's.
-    np.testing.assert_allclose(pcm(whole).astype(np.int32), np.concatenate(expected).astype(np.int32), atol=2)
+    np.testing.assert_allclose(pcm_of(whole).astype(np.int32), np.concatenate(expected).astype(np.int32), atol=2)
     usage = whole[-1].complete.usage
     assert usage.prompt_tokens == sum(m[-1].complete.usage.prompt_tokens for m in alone)
     assert usage.generated_tokens == sum(m[-1].complete.usage.generated_tokens for m in alone)
-    assert usage.audio_seconds * rate == len(pcm(whole))
+    assert usage.audio_seconds * rate == len(pcm_of(whole))
 
 
 def test_cancelling_a_long_text_mid_way_frees_every_segment(idle_server):

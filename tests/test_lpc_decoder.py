@@ -7,7 +7,7 @@ import torch
 from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.decoders.lpc import save_lpc_decoder
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
-from tests.vocoder_checks import assert_frames_are_four_codes_and_twenty_milliseconds
+from vocoder_checks import assert_frames_are_four_codes_and_twenty_milliseconds
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from audio_pipeline.layouts import orpheus
-from tests.conftest import make_config
+from helpers import make_config, pcm16_to_float
 
 DESCRIPTION = "Warm adult female voice, slow pacing."
 
@@ -88,7 +88,7 @@ def test_http_instructions_describe_the_voice_as_grpc_voice_does(maya1_dir):
                 "sample_rate": 24000}
         response = httpx.post(f"{server.http_url}/v1/audio/speech", json=body, timeout=120)
         assert response.status_code == 200 and "x-ignored-fields" not in response.headers
-        heard = np.frombuffer(response.content, dtype="<i2").astype(np.float32) / 32768
+        heard = pcm16_to_float(response.content)
         with TTSClient(server.target, timeout=120) as client:
             same = client.synthesize("Hello there.", voice=DESCRIPTION, seed=5, sample_rate=24000).samples
             other = client.synthesize("Hello there.", voice="A whispering old man.", seed=5,

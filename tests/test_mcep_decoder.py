@@ -8,7 +8,7 @@ import torch
 from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.decoders.mcep import DEFAULT_CONFIG, save_mcep_decoder
 from audio_pipeline.decoders.streaming import DecoderStream, decode_windows
-from tests.vocoder_checks import assert_frames_are_four_codes_and_twenty_milliseconds
+from vocoder_checks import assert_frames_are_four_codes_and_twenty_milliseconds
 
 ORDER, BANDS = DEFAULT_CONFIG["order"], len(DEFAULT_CONFIG["aperiodicity_bands"]) - 1
 GAINS = DEFAULT_CONFIG["gain_levels"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import time
 import sys
@@ -13,7 +12,7 @@ import grpc
 import pytest
 
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from serve_process import listening_port, wait_serving
+from helpers import free_port, listening_port, start_engine, synthesize, wait_serving
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -22,12 +21,6 @@ EXPECTED = ["tts_requests_queued", "tts_requests_running", "tts_batch_size_bucke
             "tts_kv_cache_blocks_total", "tts_prefix_cache_hit_rate", "tts_input_tokens_total",
             "tts_output_tokens_total", "tts_time_to_first_token_seconds_count",
             "tts_time_to_first_audio_seconds_count", "tts_audio_seconds_total", "tts_preemptions_total"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def value(text: str, name: str) -> float:
@@ -94,11 +87,7 @@ def test_metrics_endpoint_reports_the_engine(tiny_model_dir, tmp_path, mode):
 
 
 def test_output_tokens_count_the_tokens_each_request_generated(tiny_model_dir):
-    from audio_pipeline.engine import TTSEngine
-    from conftest import make_config
-
-    engine = TTSEngine(make_config(tiny_model_dir))
-    engine.start()
+    engine = start_engine(tiny_model_dir)
     try:
         registry = engine.metrics.registry
         counted = []
@@ -117,8 +106,6 @@ def test_a_long_text_counts_as_one_running_request_not_one_per_piece(idle_server
     tts_requests_running still counts the one client request, and nothing is counted as queued
     for it while it runs."""
     import threading
-
-    from speech_requests import synthesize
 
     text = " ".join(f"This is sentence number {i} of a text long enough to be several pieces." for i in range(6))
     metrics, seen = idle_server.engine.metrics, []

@@ -15,9 +15,8 @@ from audio_pipeline.engine import TTSEngine
 from audio_pipeline.core.model_runner import ModelRunner
 from audio_pipeline.core.sampler import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
 from audio_pipeline.core.scheduler import AudioGenerationScheduler
-from conftest import make_config
+from helpers import make_config, run_texts, start_engine
 from sync_guard import HostSync, no_host_sync
-from test_engine_core import build, run
 
 #: Every sampling rule the runner has: greedy, the full nucleus, a top_k prefix, penalties, stop ids.
 SETTINGS = [dict(temperature=0.0), dict(temperature=0.9, top_p=0.9, seed=1), dict(temperature=0.7, top_k=20, seed=2),
@@ -171,10 +170,10 @@ def test_padded_decode_batches_give_the_tokens_of_exact_ones(tiny_model_dir, set
              "Numbers: one two three four five.", "Short."]
     tokens = []
     for buckets in ("none", "2,3,8"):
-        engine = build(tiny_model_dir, f"model.decode_buckets={buckets}")
+        engine = start_engine(tiny_model_dir, f"model.decode_buckets={buckets}")
         try:
             assert engine.core.runner.decode_buckets == ([] if buckets == "none" else [2, 3, 8])
-            tokens.append([c.generated for c in run(engine, texts, max_tokens=70, **settings)])
+            tokens.append([c.generated for c in run_texts(engine, texts, max_tokens=70, **settings)])
         finally:
             engine.stop()
     assert tokens[0] == tokens[1]

@@ -7,8 +7,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.models.llama_model import StaticBucketForward, check_quantization
-from conftest import make_config
-from test_engine_core import build, run
+from helpers import make_config, run_texts, start_engine
 
 TEXTS = ["Hello there.", "A much longer sentence that makes a longer prompt for the model.", "Hi!",
          "Numbers: one two three four five.", "Short."]
@@ -62,9 +61,9 @@ def test_int8_greedy_tokens_follow_float32_at_first(tiny_model_dir):
     23 on the built-in voice). Every request still completes, and its first two tokens agree."""
     tokens = []
     for quantization in ("none", "int8"):
-        engine = build(tiny_model_dir, f"model.quantization={quantization}")
+        engine = start_engine(tiny_model_dir, f"model.quantization={quantization}")
         try:
-            tokens.append([c.generated for c in run(engine, TEXTS, max_tokens=70, temperature=0.0)])
+            tokens.append([c.generated for c in run_texts(engine, TEXTS, max_tokens=70, temperature=0.0)])
         finally:
             engine.stop()
     assert [len(t) for t in tokens[0]] == [len(t) for t in tokens[1]]
@@ -76,7 +75,7 @@ def test_compile_with_buckets_runs_static_decode_graphs_and_eager_prompts(tiny_m
     the prompt steps (arbitrary lengths) the eager module."""
     tokens, calls = [], {"compiled": 0, "eager": 0}
     for compile in ("false", "true"):
-        engine = build(tiny_model_dir, f"model.compile={compile}", "model.decode_buckets=2,4,8")
+        engine = start_engine(tiny_model_dir, f"model.compile={compile}", "model.decode_buckets=2,4,8")
         try:
             if compile == "true":
                 forward = engine.model.forward
@@ -90,7 +89,7 @@ def test_compile_with_buckets_runs_static_decode_graphs_and_eager_prompts(tiny_m
                         return _inner(*args, **kwargs)
 
                     setattr(forward, attribute, counted)
-            tokens.append([c.generated for c in run(engine, TEXTS, max_tokens=70, temperature=0.0)])
+            tokens.append([c.generated for c in run_texts(engine, TEXTS, max_tokens=70, temperature=0.0)])
         finally:
             engine.stop()
     assert tokens[0] == tokens[1]

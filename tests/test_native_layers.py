@@ -9,7 +9,7 @@ import torch
 
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline_kernels.native_decode import native_decode
-from conftest import make_config
+from helpers import make_config, run_texts
 
 pytestmark = pytest.mark.skipif(native_decode() is None, reason="the native decode kernels cannot be built here")
 
@@ -156,7 +156,6 @@ def test_frame_embeddings_natively_equal_the_torch_form(voice):
 def test_without_the_native_kernels_the_layers_run_as_torch_operations_on_onednns_products(tiny_model_dir, monkeypatch):
     # Where no C++ compiler builds the extension, the engine packs for oneDNN and runs the torch form.
     from audio_pipeline.models.cpu_linear import OneDNNWeight, onednn_linear_available
-    from conftest import complete_all
 
     if not onednn_linear_available():
         pytest.skip("this torch has no oneDNN linear")
@@ -168,7 +167,7 @@ def test_without_the_native_kernels_the_layers_run_as_torch_operations_on_onednn
     assert all(isinstance(layer.self_attn.qkv_proj.packed_weight, OneDNNWeight) for layer in layers)
     engine.start()
     try:
-        [context] = complete_all(engine, [engine.create_context("Without the native kernels.", temperature=0.0)])
+        [context] = run_texts(engine, ["Without the native kernels."], temperature=0.0)
         assert context.generated
     finally:
         engine.stop()

@@ -9,7 +9,7 @@ import torch
 from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline_kernels.native_sampler import PREFIX
 from audio_pipeline_kernels.native_sampler import native_sampler
-from conftest import complete_all
+from helpers import run_to_completion
 
 pytestmark = pytest.mark.skipif(native_sampler() is None, reason="the native sampler cannot be built here")
 
@@ -133,9 +133,9 @@ def test_the_engine_samples_natively_and_speaks_what_the_torch_form_speaks(monke
     engine.start()
 
     def speak():
-        contexts = complete_all(engine, [engine.create_context(text, temperature=1.0, top_p=0.98, seed=seed)
-                                         for seed, text in enumerate(["Good morning, Anna.",
-                                                                      "The museum opens at nine."])], timeout=120)
+        contexts = [engine.create_context(text, temperature=1.0, top_p=0.98, seed=seed)
+                    for seed, text in enumerate(["Good morning, Anna.", "The museum opens at nine."])]
+        run_to_completion(engine, contexts)
         return [(list(c.generated), [list(f) for f in c.frames]) for c in contexts]
 
     try:

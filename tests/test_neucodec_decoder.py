@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from transformers import NeuCodecModel
@@ -14,6 +13,7 @@ from transformers import NeuCodecModel
 from audio_pipeline.decoders import audio_decoder_class, load_audio_decoder
 from audio_pipeline.decoders.neucodec import NeuCodecDecoder
 from audio_pipeline.testing.random_decoders import save_random_neucodec_checkpoint
+from helpers import warble
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,7 @@ def test_decoding_in_pieces_is_not_decoding_whole(decoder):
 
 def test_encode_is_transformers_encode_of_the_reference_encoders_inputs(decoder, reference):
     rate = decoder.sample_rate
-    t = np.arange(int(1.3 * rate)) / rate
-    wave = torch.from_numpy((0.3 * np.sin(2 * np.pi * 180 * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32))
+    wave = torch.from_numpy(warble(1.3, rate))
     audio, features = decoder.prepare(wave)
     # 1.3 s at 16 kHz (20,800 samples) padded with 1 to 320 zeros: 20,800 is whole frames, so 320.
     assert audio.shape == (1, 1, 20800 + 320) and torch.count_nonzero(audio[..., 20800:]) == 0

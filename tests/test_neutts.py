@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 
 import grpc
 import numpy as np
@@ -19,9 +18,9 @@ import torch
 from audio_pipeline.errors import InvalidArgument, NotFound
 from audio_pipeline.layouts import neutts
 from audio_pipeline.text.espeak import ipa_with_punctuation
-from tests.conftest import make_config, wait_idle
-from tests.speech_requests import TRANSCRIPT, audio_of, recording, synthesize
-from tests.neutts_model import CODEBOOK, write_neutts_tokenizer, write_tiny_neutts_model
+from helpers import (PCM_STEP, TRANSCRIPT, alone_and_together, audio_of, make_config, pcm16, pcm_of, recording,
+                     run_to_completion, start_engine, synthesize, wait_idle)
+from neutts_model import CODEBOOK, write_tiny_neutts_model
 
 SAMPLES_PER_FRAME = 480
 
@@ -44,10 +43,7 @@ def bare_dir(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from audio_pipeline.engine import TTSEngine
-
-    engine = TTSEngine(make_config(model_dir))
-    engine.start()
+    engine = start_engine(model_dir)
     yield engine
     engine.stop(0.0)
 
@@ -153,12 +149,7 @@ def test_greedy_speech_is_transformers_qwen2s_over_the_speech_tokens(engine, mod
                 break
             expected.append(best)
             ids.append(best)
-    import queue
-
-    events = queue.Queue()
-    engine.submit(result, events.put)
-    while events.get(timeout=120).kind == "audio":
-        pass
+    run_to_completion(engine, [result])
     assert result.generated == expected
 
 
@@ -262,10 +253,7 @@ def test_a_reference_streams_cloned_audio_with_its_codes_before_the_decoders_inp
                                                                                                   TRANSCRIPT),
                                         seed=3, max_tokens=120, min_tokens=120)
         assert chunks[-1].complete.usage.prompt_tokens == len(context.prompt_ids)
-        events = []
-        done = threading.Event()
-        engine.submit(context, lambda event: (events.append(event), event.kind != "audio" and done.set()))
-        assert done.wait(120)
+        run_to_completion(engine, [context])
         codes = context.speech_codes(0, 120)
         settings = engine.core.streaming
         assert (settings.buffer, settings.prepend) == (50, prepend)
@@ -275,7 +263,7 @@ def test_a_reference_streams_cloned_audio_with_its_codes_before_the_decoders_inp
         while (window := stream.next_window(120, True)) is not None:
             expected.append(decode_windows(engine.decoder, [(stream, window, codes[window.start:window.end])])[0])
         for got, want in zip(audio, expected):
-            np.testing.assert_allclose(got / 32768, want.numpy(), rtol=0, atol=1.5 / 32768)
+            np.testing.assert_allclose(got / 32768, want.numpy(), rtol=0, atol=PCM_STEP)
         wait_idle(engine)
     finally:
         server.stop()
@@ -302,23 +290,17 @@ def test_cloned_requests_batched_together_sound_as_they_do_alone(model_dir, tmp_
         requests = [dict(reference=recording(pitch=150.0)), dict(reference=recording(rate=22050, pitch=300.0)),
                     dict(), dict(voice="amy")]
 
-        def run(index):
+        def speak(index):
             return synthesize(server.target, f"Sentence number {index}.", seed=index, max_tokens=70, **requests[index])
 
-        alone = [run(i) for i in range(4)]
-        together = [None] * 4
-        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, run(i))) for i in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        alone, together = alone_and_together(speak, 4)
         prompts = set()
         for one, batched in zip(alone, together):
             usage = batched[-1].complete.usage
-            heard = np.concatenate(audio_of(batched)).astype(int)
+            heard = pcm_of(batched).astype(int)
             assert heard.size == usage.generated_tokens * SAMPLES_PER_FRAME
             assert usage.generated_tokens == one[-1].complete.usage.generated_tokens
-            same = np.concatenate(audio_of(one)).astype(int)
+            same = pcm_of(one).astype(int)
             assert heard.shape == same.shape and np.abs(heard - same).max() <= 1  # batched kernels round otherwise
             prompts.add(usage.prompt_tokens)
         assert len(prompts) > 1  # four voices, four prompts
@@ -327,8 +309,8 @@ def test_cloned_requests_batched_together_sound_as_they_do_alone(model_dir, tmp_
         body = {"input": "Sentence number 3.", "voice": "amy", "response_format": "pcm", "seed": 3}
         response = httpx.post(f"{server.http_url}/v1/audio/speech", json=body, timeout=120)
         assert response.status_code == 200 and "x-ignored-fields" not in response.headers
-        heard = np.frombuffer(response.content, "<i2").astype(int)
-        same = np.concatenate(audio_of(synthesize(server.target, "Sentence number 3.", seed=3, voice="amy"))).astype(int)
+        heard = pcm16(response.content).astype(int)
+        same = pcm_of(synthesize(server.target, "Sentence number 3.", seed=3, voice="amy")).astype(int)
         assert heard.shape == same.shape and np.abs(heard - same).max() <= 1
         wait_idle(server.engine)
     finally:

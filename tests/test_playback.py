@@ -112,7 +112,7 @@ def test_a_real_servers_metrics_show_each_http_stream_as_its_client_heard_it(tin
     import httpx
 
     from audio_pipeline.testing.background import BackgroundServer
-    from tests.conftest import make_config
+    from helpers import make_config, pcm16_to_float
 
     server = BackgroundServer(make_config(tiny_model_dir, "chunk_size=7,14", "sampling.top_k=50"), http_port=0).start()
     try:
@@ -127,7 +127,7 @@ def test_a_real_servers_metrics_show_each_http_stream_as_its_client_heard_it(tin
             assert response.status_code == 200
             for piece in response.iter_raw():
                 pieces.append(piece)
-        audio = np.frombuffer(b"".join(pieces), dtype="<i2").astype(np.float32) / 32768
+        audio = pcm16_to_float(b"".join(pieces))
         onset = audible_onset(audio, 24000)
         assert onset is not None
         grew = {name: metric(registry, name) - value for name, value in before.items()}

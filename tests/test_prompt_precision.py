@@ -13,8 +13,7 @@ from audio_pipeline.config import AudioGenerationConfig
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.models.prompt_precision import (add_prompt_weights, native_bfloat16_cpu, project, prompt_ranges,
                                                     resolve_prompt_dtype)
-from conftest import make_config
-from test_engine_core import GREEDY, TEXTS, build, run
+from helpers import GREEDY, TEXTS, make_config, run_texts, start_engine
 
 CPU = torch.device("cpu")
 native = pytest.mark.skipif(not native_bfloat16_cpu(), reason="this CPU has no native bfloat16 products "
@@ -114,20 +113,20 @@ def test_bfloat16_prompt_logits_stay_close_to_float32(tiny_model_dir):
 def test_bfloat16_prompts_give_the_same_speech_whatever_the_batch(tiny_model_dir, flags):
     # In-flight batching puts prompt rows and decode rows in the same steps; chunked prefill splits a
     # prompt over steps of other sizes. Each request's greedy speech must equal its run alone.
-    alone = build(tiny_model_dir, "max_batch_size=1", model={"prompt_dtype": "bfloat16"})
+    alone = start_engine(tiny_model_dir, "max_batch_size=1", model={"prompt_dtype": "bfloat16"})
     try:
-        reference = [run(alone, [text], **GREEDY)[0].generated for text in TEXTS]
+        reference = [run_texts(alone, [text], **GREEDY)[0].generated for text in TEXTS]
     finally:
         alone.stop()
-    engine = build(tiny_model_dir, *flags, model={"prompt_dtype": "bfloat16"})
+    engine = start_engine(tiny_model_dir, *flags, model={"prompt_dtype": "bfloat16"})
     try:
-        assert [c.generated for c in run(engine, TEXTS, **GREEDY)] == reference
+        assert [c.generated for c in run_texts(engine, TEXTS, **GREEDY)] == reference
     finally:
         engine.stop()
 
 
 def test_the_rows_taken_as_prompt_are_exactly_the_prompt_positions_of_mixed_steps(tiny_model_dir):
-    engine = build(tiny_model_dir, "enable_in_flight_batching=true", "max_batch_input_tokens=24",
+    engine = start_engine(tiny_model_dir, "enable_in_flight_batching=true", "max_batch_input_tokens=24",
                    model={"prompt_dtype": "bfloat16"})
     runner, seen = engine.core.runner, []
     stage = runner._stage
@@ -140,7 +139,7 @@ def test_the_rows_taken_as_prompt_are_exactly_the_prompt_positions_of_mixed_step
 
     runner._stage = recording
     try:
-        run(engine, TEXTS, **GREEDY)
+        run_texts(engine, TEXTS, **GREEDY)
     finally:
         engine.stop()
     mixed = 0

@@ -12,8 +12,6 @@ batched with other requests.
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,55 +24,8 @@ from audio_pipeline.checkpoints.qwen3_tts_config import read_config
 from audio_pipeline.models.qwen3_tts import Qwen3TTSSpeechLM
 from audio_pipeline.models.weights import load_safetensors_into
 from audio_pipeline.service.voices import VoicePrompt
-
-FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tts"
-CASES = sorted(path.name for path in (FIXTURES / "cases").iterdir())
-
-
-def case_info(name: str) -> tuple[dict, dict, str]:
-    info = json.loads((FIXTURES / "cases" / name / "case.json").read_text())
-    return info, info["inputs"], info["model"].split("/")[-1]
-
-
-def case_array(name: str, file: str) -> np.ndarray:
-    return np.load(FIXTURES / "cases" / name / file)
-
-
-def case_reference(name: str) -> VoicePrompt | None:
-    """A Base case's reference as the reference took it: its codes, transcript (none in x-vector
-    mode) and speaker embedding."""
-    _, inputs, kind = case_info(name)
-    if kind != "base":
-        return None
-    path = FIXTURES / "cases" / name / "ref_code.npy"
-    codes = torch.from_numpy(np.load(path)).reshape(-1) if path.is_file() else torch.zeros(0, dtype=torch.long)
-    transcript = "" if inputs.get("x_vector_only_mode") else inputs["ref_text"]
-    return VoicePrompt(transcript, codes, torch.from_numpy(case_array(name, "ref_spk_embedding.npy")))
-
-
-def case_request(name: str) -> dict:
-    """The engine request of a case: its text and voice (a preset speaker, a description, or the
-    reference), its instruction, greedy, as many frames as the reference could make (its
-    max_new_tokens 17 gives at most 16: the last token sampled gets no code predictor)."""
-    _, inputs, kind = case_info(name)
-    request = {"voice": inputs["speaker"].lower() if kind == "custom_voice" else None,
-               "reference": case_reference(name), "temperature": 0.0, "max_tokens": 16}
-    if kind == "voice_design":
-        request["voice"] = inputs["instruct"]
-    if kind == "custom_voice" and inputs.get("instruct"):
-        request["instructions"] = inputs["instruct"]
-    return request
-
-
-def model_copy(tmp_path: Path, kind: str, language: str, streaming_text: bool) -> Path:
-    """The fixture checkpoint of ``kind`` with a manifest setting the layout's language and text
-    mode (the reference takes them per call; the engine per model)."""
-    directory = tmp_path / f"{kind}-{language}-{streaming_text}"
-    if not directory.exists():
-        shutil.copytree(FIXTURES / "models" / kind, directory)
-        (directory / "audio_pipeline.json").write_text(json.dumps(
-            {"family": "qwen3-tts", "layout_options": {"language": language, "streaming_text": streaming_text}}))
-    return directory
+from helpers import audio_of, recording, run_requests, socket_session, synthesize
+from qwen3_tts_cases import CASES, FIXTURES, case_array, case_info, case_request, model_copy
 
 
 def engine_for(model_dir: Path, *flags: str):
@@ -86,15 +37,6 @@ def engine_for(model_dir: Path, *flags: str):
     engine = TTSEngine(config)
     engine.start()
     return engine
-
-
-def run(engine, requests: list[dict], text: list[str]) -> list:
-    """Submits every request at once; returns each one's context once all have ended."""
-    from tests.conftest import run_contexts
-
-    contexts = [engine.create_context(words, **request) for request, words in zip(requests, text)]
-    run_contexts(engine, contexts)
-    return contexts
 
 
 def load_model(kind: str) -> tuple[Qwen3TTSSpeechLM, Qwen3TTSLayout, object]:
@@ -184,7 +126,7 @@ def test_greedy_frames_through_the_engine_are_the_reference(name, tmp_path):
     info, inputs, kind = case_info(name)
     engine = engine_for(model_copy(tmp_path, kind, inputs["language"].lower(), not inputs["non_streaming_mode"]))
     try:
-        [context] = run(engine, [case_request(name)], [inputs["text"]])
+        [context] = run_requests(engine, [case_request(name)], [inputs["text"]])
     finally:
         engine.stop()
     assert context.frames == case_array(name, "codes.npy").tolist()
@@ -215,7 +157,7 @@ def test_greedy_frames_batched_with_other_requests_are_the_reference(key, tmp_pa
         for index, name in enumerate(names):  # the same voice and text, sampled: a shared prefix
             requests.append({**case_request(name), "temperature": 0.9, "top_k": 50, "seed": index})
             texts.append(texts[index])
-        contexts = run(engine, requests, texts)
+        contexts = run_requests(engine, requests, texts)
     finally:
         engine.stop()
     for name, context in zip(names, contexts):
@@ -228,9 +170,10 @@ def test_seeded_sampling_gives_the_same_frames_alone_and_batched(tmp_path):
     request = {"voice": "serena", "temperature": 0.9, "top_k": 50, "seed": 7, "max_tokens": 12}
     engine = engine_for(model_dir)
     try:
-        [alone] = run(engine, [request], [text])
-        batched = run(engine, [{**request, "voice": "ryan", "seed": 1}, request,
-                               {**request, "voice": "eric", "seed": 2}], ["Other words, here.", text, "And more."])
+        [alone] = run_requests(engine, [request], [text])
+        batched = run_requests(engine, [{**request, "voice": "ryan", "seed": 1}, request,
+                                        {**request, "voice": "eric", "seed": 2}],
+                               ["Other words, here.", text, "And more."])
     finally:
         engine.stop()
     assert alone.frames == batched[1].frames and len(alone.frames) > 1
@@ -246,9 +189,9 @@ def test_the_prefix_cache_never_shares_two_speaker_vectors(tmp_path):
     try:
         request = case_request(name)
         other = VoicePrompt("", request["reference"].codes, -request["reference"].speaker_embedding)
-        [first] = run(engine, [request], [inputs["text"]])
-        [moved] = run(engine, [{**request, "reference": other}], [inputs["text"]])
-        [again] = run(engine, [request], [inputs["text"]])
+        [first] = run_requests(engine, [request], [inputs["text"]])
+        [moved] = run_requests(engine, [{**request, "reference": other}], [inputs["text"]])
+        [again] = run_requests(engine, [request], [inputs["text"]])
     finally:
         engine.stop()
     assert first.frames == again.frames == case_array(name, "codes.npy").tolist()
@@ -265,8 +208,6 @@ def test_served_over_grpc_http_and_the_websocket_with_its_presets_and_clear_erro
     import httpx
 
     from audio_pipeline.testing.background import BackgroundServer
-    from tests.speech_requests import audio_of, recording, synthesize
-    from tests.test_http import socket_session
 
     config = AudioGenerationConfig.load(env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=48"],
                                         model={"model_path": str(FIXTURES / "models" / "custom_voice"), "device": "cpu"},
@@ -372,8 +313,8 @@ def test_a_requests_language_is_the_prompts(name, spelling, tmp_path):
     info, inputs, kind = case_info(name)
     engine = engine_for(model_copy(tmp_path, kind, "auto", False))
     try:
-        [context] = run(engine, [{**case_request(name), "language": spelling or inputs["language"]}],
-                        [inputs["text"]])
+        [context] = run_requests(engine, [{**case_request(name), "language": spelling or inputs["language"]}],
+                                 [inputs["text"]])
     finally:
         engine.stop()
     assert context.frames == case_array(name, "codes.npy").tolist()

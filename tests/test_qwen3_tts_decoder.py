@@ -20,6 +20,7 @@ import torch
 
 from audio_pipeline.decoders import audio_decoder_class, available_audio_decoders, load_audio_decoder
 from audio_pipeline.decoders.qwen3_tts_12hz import PIECE_FRAMES, Qwen3TTS12HzDecoder, Qwen3TTS12HzState
+from helpers import pcm16_to_float
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen3_tts"
 MODEL_DIR = FIXTURES / "models" / "base"
@@ -232,8 +233,7 @@ def test_state_is_bounded_and_never_modified(decoder):
 def read_reference_wav() -> torch.Tensor:
     with wave.open(str(FIXTURES / "reference_24k.wav"), "rb") as f:
         assert (f.getframerate(), f.getnchannels(), f.getsampwidth()) == (24000, 1, 2)
-        samples = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
-    return torch.from_numpy(samples.astype(np.float32) / 32768)
+        return torch.from_numpy(pcm16_to_float(f.readframes(f.getnframes())))
 
 
 def test_encode_equals_reference(decoder):

@@ -27,9 +27,9 @@ XVECTOR_ATOL = 1e-5
 
 
 def reference_waveform() -> np.ndarray:
-    pcm, rate = sf.read(str(FIXTURES / "reference_24k.wav"), dtype="int16")
-    assert rate == 24000 and pcm.ndim == 1
-    return pcm.astype(np.float32) / 32768.0
+    samples, rate = sf.read(str(FIXTURES / "reference_24k.wav"), dtype="float32")  # PCM16 / 32768
+    assert rate == 24000 and samples.ndim == 1
+    return samples
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ model, gRPC through Serve's gRPC proxy and HTTP through its HTTP proxy."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -23,18 +22,12 @@ from audio_pipeline.server.ray_app import (APP_NAME, GRPC_SERVICER_FUNCTION, SER
                                           app_builder, build_app, config_sources, max_ongoing_requests)
 from audio_pipeline_client import TTSClient, TTSError  # noqa: E402
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc  # noqa: E402
-from tests.conftest import make_config  # noqa: E402
+from helpers import PCM_STEP, free_port, make_config, pcm16, pcm_of  # noqa: E402
 
 ROUTE = [("application", APP_NAME)]
 TEXT = "Two replicas share the streams."
 #: Serve's proxy reports a replica that died as INTERNAL: the client retries it before first audio.
 RETRY_CODES = ("UNAVAILABLE", "INTERNAL")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +44,6 @@ def cluster(tiny_model_dir):
     finally:
         serve.shutdown()
         ray.shutdown()
-
-
-def pcm(messages) -> np.ndarray:
-    """The PCM16 samples of a Synthesize call's messages, as integers."""
-    return np.concatenate([np.frombuffer(m.audio.data, "<i2") for m in messages if m.HasField("audio")]).astype(int)
 
 
 def synthesize_raw(target: str, seed: int) -> tuple[list, str]:
@@ -89,7 +77,7 @@ def test_concurrent_streams_are_spread_over_both_replicas_with_full_audio(cluste
         for messages, replica in results.values():
             kinds = [m.WhichOneof("content") for m in messages]
             assert kinds[0] == "format" and kinds[-1] == "complete" and set(kinds[1:-1]) == {"audio"}
-            audio.append(pcm(messages))
+            audio.append(pcm_of(messages).astype(int))
             replicas.add(replica)
         if len(replicas) == 2:
             break
@@ -124,7 +112,7 @@ def test_voices_errors_live_text_and_http_go_through_serve(cluster):
     assert response.status_code == 200
     audio, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
     assert rate == 24000  # the speech gRPC gives for the same text, voice and seed
-    np.testing.assert_allclose(audio, spoken.samples, rtol=0, atol=1.5 / 32768)
+    np.testing.assert_allclose(audio, spoken.samples, rtol=0, atol=PCM_STEP)
     assert httpx.get(f"{cluster['http']}/health", timeout=30).json() == {"status": "serving"}
 
 
@@ -152,8 +140,7 @@ def test_the_websocket_speaks_through_serves_http_proxy(cluster):
     alone = httpx.post(f"{cluster['http']}/v1/audio/speech", timeout=120, json={
         "model": "tts-1", "input": "Live text over the socket.", "response_format": "pcm", "seed": 1}).content
     # The socket's PCM16 is the speech of the same text and seed as one HTTP request.
-    np.testing.assert_allclose(np.frombuffer(audio, "<i2").astype(int), np.frombuffer(alone, "<i2").astype(int),
-                               atol=2)
+    np.testing.assert_allclose(pcm16(audio).astype(int), pcm16(alone).astype(int), atol=2)
 
 
 def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_streaming(cluster):
@@ -189,7 +176,7 @@ def test_stopping_a_replica_mid_run_loses_no_request_that_had_not_started_stream
     with TTSClient(cluster["grpc"], metadata=ROUTE, timeout=120, retry_codes=RETRY_CODES) as client:
         for _ in range(3):  # the same speech as before the kill
             after = float_to_pcm16(client.synthesize(TEXT, seed=1, max_tokens=84, top_k=50).samples).astype(int)
-            np.testing.assert_array_equal(after, pcm(before))
+            np.testing.assert_array_equal(after, pcm_of(before).astype(int))
 
 
 def test_scaling_down_drains_the_stopped_replica_streams_to_the_end(cluster, tiny_model_dir):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -27,13 +26,11 @@ from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline.server.tls import TLSFiles
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
-from serve_process import listening_port
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from audio_pipeline_client.cli import main as tts_client
 from audio_pipeline_client.protocol import float_to_pcm16
 from certificates import CertificateAuthority
-from conftest import make_config, wait_idle
-from test_voices import TRANSCRIPT, recording
+from helpers import PCM_STEP, TRANSCRIPT, free_port, listening_port, make_config, recording, wait_idle
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -42,12 +39,6 @@ CLIENT_TOKEN = "client-token-0123456789"
 ADMIN_TOKEN = "admin-token-9876543210"
 #: A second loopback address: a socket bound to 127.0.0.1 does not answer on it, and the reverse.
 OTHER_LOOPBACK = "127.0.0.2"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def metrics_answer(host: str, port: int) -> bool:
@@ -97,10 +88,6 @@ def secured(tiny_model_dir, pki, tmp_path_factory):
 
 
 # --- TLS ---------------------------------------------------------------------------------------------
-
-#: One PCM16 step (the wire's samples against the engine's floats).
-PCM_STEP = 1.5 / 32768
-
 
 def test_a_client_trusting_the_ca_gets_audio_over_tls(secured):
     with TTSClient(secured.target, tls=secured.ca, token=CLIENT_TOKEN, timeout=120) as client:

@@ -15,7 +15,8 @@ from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from conftest import TEST_MAX_TOKENS, make_config, wait_idle
+from helpers import (PCM_STEP, TEST_MAX_TOKENS, alone_and_together, grpc_request, make_config, pcm_bytes, pcm_of,
+                     speech, wait_idle)
 
 SAMPLES_PER_FRAME = 2048
 
@@ -26,13 +27,8 @@ def stub(idle_server):
         yield tts_pb2_grpc.TextToSpeechStub(channel)
 
 
-def request(text="Hello world.", **sampling):
-    fields = {k: sampling.pop(k) for k in ("voice", "sample_rate", "encoding", "request_id") if k in sampling}
-    return tts_pb2.SynthesizeRequest(text=text, sampling=tts_pb2.SamplingParams(**sampling), **fields)
-
-
-def pcm16(chunk):
-    return np.frombuffer(chunk.audio.data, dtype="<i2")
+def request(text="Hello world.", **fields):
+    return grpc_request(text, **fields)
 
 
 def test_stream_order_and_framing(stub):
@@ -67,7 +63,7 @@ def test_stream_order_and_framing(stub):
 def test_same_seed_same_audio_and_different_seed_different_audio(stub):
     def audio(seed):
         chunks = stub.Synthesize(request(seed=seed, max_tokens=28), timeout=60)
-        return b"".join(m.audio.data for m in chunks if m.HasField("audio"))
+        return pcm_bytes(chunks)
 
     assert audio(5) == audio(5) != audio(6)
 
@@ -105,19 +101,6 @@ def test_list_voices(stub):
     assert "tara" in names and voices[0].is_default and sum(v.is_default for v in voices) == 1
 
 
-def engine_speech(engine, context) -> np.ndarray:
-    """The audio the engine makes of ``context`` (run in-process on the server's engine)."""
-    import queue
-
-    events = queue.Queue()
-    engine.submit(context, events.put)
-    pieces = []
-    while (event := events.get(timeout=60)).kind == "audio":
-        pieces.append(event.samples)
-    assert event.kind == "complete", event.error
-    return np.concatenate(pieces)
-
-
 def test_the_voice_is_the_prefix_of_the_prompt(idle_server, stub):
     """The voice name prefixes the text in Orpheus's prompt (the layout's build_prompt): the
     server's speech for a voice is the engine's speech of that prompt, and differs by voice."""
@@ -130,7 +113,7 @@ def test_the_voice_is_the_prefix_of_the_prompt(idle_server, stub):
 
     def grpc_speech(voice):
         messages = list(stub.Synthesize(request(text, voice=voice, max_tokens=28, seed=0), timeout=60))
-        return np.concatenate([pcm16(m) for m in messages if m.HasField("audio")]), messages[-1].complete.usage
+        return pcm_of(messages), messages[-1].complete.usage
 
     spoken = {}
     for voice in ("tara", "leo"):
@@ -140,9 +123,9 @@ def test_the_voice_is_the_prefix_of_the_prompt(idle_server, stub):
         spoken[voice], usage = grpc_speech(voice)
         assert usage.prompt_tokens == len(prompt)
         sampling = engine.requests.resolve_settings(voice=voice, seed=0, max_tokens=28).sampling
-        expected = engine_speech(engine, TTSContext(request_id=uuid.uuid4().hex, prompt_ids=prompt,
+        expected = speech(engine, TTSContext(request_id=uuid.uuid4().hex, prompt_ids=prompt,
                                                     sampling=sampling, layout=engine.layout, voice=voice))
-        np.testing.assert_allclose(spoken[voice] / 32768, expected, rtol=0, atol=1.5 / 32768)
+        np.testing.assert_allclose(spoken[voice] / 32768, expected, rtol=0, atol=PCM_STEP)
     assert not np.array_equal(spoken["tara"], spoken["leo"])
 
 
@@ -170,17 +153,17 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize("fields, code, field", BAD_REQUESTS, ids=[f"{c.name}-{f}" for _, c, f in BAD_REQUESTS])
 def test_bad_requests_are_answered_with_the_field_and_the_server_keeps_serving(stub, fields, code, field):
-    def speech():
+    def speak():
         messages = list(stub.Synthesize(request(max_tokens=14, seed=11), timeout=60))
-        return b"".join(m.audio.data for m in messages if m.HasField("audio")), messages[-1].complete
+        return pcm_bytes(messages), messages[-1].complete
 
-    before = speech()
+    before = speak()
     text = fields.pop("text", "Hello.")
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.Synthesize(request(text, **fields), timeout=30))
     assert caught.value.code() == code
     assert caught.value.details().startswith(f"{field}:"), caught.value.details()
-    after = speech()  # the same speech as before the bad request
+    after = speak()  # the same speech as before the bad request
     assert after[0] == before[0] and len(after[0]) == 2 * 2 * SAMPLES_PER_FRAME
     assert after[1].usage.generated_tokens == before[1].usage.generated_tokens == 14
 
@@ -188,7 +171,7 @@ def test_bad_requests_are_answered_with_the_field_and_the_server_keeps_serving(s
 def synthesized(stub, **fields):
     """(PCM16 samples, completion) of one request."""
     messages = list(stub.Synthesize(request(**fields), timeout=60))
-    return np.concatenate([pcm16(m) for m in messages if m.HasField("audio")]), messages[-1].complete
+    return pcm_of(messages), messages[-1].complete
 
 
 #: Sampling overrides, each one that changes the seeded speech of the tiny model. Its random
@@ -217,10 +200,10 @@ def test_a_stop_token_ends_the_speech_once_min_tokens_are_out(idle_server, stub)
 
     engine = idle_server.engine
     context = engine.create_context("Hello world.", temperature=0.0, max_tokens=28, request_id=uuid.uuid4().hex)
-    greedy = engine_speech(engine, context)
+    greedy = speech(engine, context)
     stop = context.generated[7]
     heard, complete = synthesized(stub, temperature=0.0, max_tokens=28)
-    np.testing.assert_allclose(heard / 32768, greedy, rtol=0, atol=1.5 / 32768)
+    np.testing.assert_allclose(heard / 32768, greedy, rtol=0, atol=PCM_STEP)
     assert complete.stop_reason == tts_pb2.STOP_REASON_MAX_TOKENS
     stopped, complete = synthesized(stub, temperature=0.0, max_tokens=28, stop_token_ids=[stop])
     assert complete.stop_reason == tts_pb2.STOP_REASON_END_OF_SPEECH
@@ -252,17 +235,10 @@ def test_deadline_stops_generation(idle_server, stub):
 
 
 def test_concurrent_streams_equal_the_same_requests_one_at_a_time(stub):
-    def run(seed):
-        return np.concatenate([pcm16(m) for m in stub.Synthesize(request(f"Sentence {seed}.", seed=seed, max_tokens=56),
-                                                                 timeout=120) if m.HasField("audio")]).astype(int)
+    def speak(seed):
+        return pcm_of(stub.Synthesize(request(f"Sentence {seed}.", seed=seed, max_tokens=56), timeout=120)).astype(int)
 
-    alone = [run(s) for s in range(4)]
-    together = [None] * 4
-    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, run(i))) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    alone, together = alone_and_together(speak, 4)
     # Same tokens; batched decoder kernels round differently, so allow one PCM16 step.
     for a, b in zip(alone, together):
         assert a.shape == b.shape and np.abs(a - b).max() <= 1

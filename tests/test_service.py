@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.conftest import make_config, wait_idle
+from helpers import make_config, wait_idle
 
 TWO_SENTENCES = "The first sentence is here. And the second one follows it."
 

@@ -19,7 +19,7 @@ from audio_pipeline.text import ssml
 from audio_pipeline.text.ipa import ipa_units
 from audio_pipeline.text.pronunciations import from_entries, from_pls, load_voice_lexicons, respell
 from audio_pipeline.text.normalize import normalize
-from conftest import scratch_voices_dir
+from helpers import scratch_voices_dir
 
 DOCUMENT = """<speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" xml:lang="en-US">
   Hello <sub alias="World Wide Web">WWW</sub> users. It costs $5.50 &amp; more.<break time="500ms"/>
@@ -222,7 +222,7 @@ def test_a_prosody_rate_changes_the_speaking_time(server):
 
 @pytest.mark.slow
 def test_word_timings_over_grpc_point_into_the_document(server):
-    from speech_requests import synthesize
+    from helpers import synthesize
 
     document = "<speak>Read <sub alias='World Wide Web'>WWW</sub> <break time='300ms'/>on <say-as interpret-as='date'>1/2/2025</say-as>.</speak>"
     chunks = synthesize(server.target, document)
@@ -324,7 +324,7 @@ def test_a_model_that_speaks_text_respells_and_says_phoneme_content_as_written(i
     assert respelled.prompt_ids == requests.create_context("Say dub now").prompt_ids
     phoneme_only = requests.create_context("Say tomato", pronunciations=from_entries([{"word": "tomato", "phonemes": "təˈmɑːtoʊ"}]))
     assert phoneme_only.prompt_ids == requests.create_context("Say tomato").prompt_ids
-    from speech_requests import synthesize
+    from helpers import synthesize
 
     chunks = synthesize(idle_server.target, "<speak>Say <phoneme ph='təˈmɑːtoʊ'>tomato</phoneme> now</speak>", max_tokens=28)
     assert any(c.HasField("complete") for c in chunks)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import queue
 
 import grpc
 import numpy as np
@@ -16,22 +15,11 @@ import soundfile as sf
 from audio_pipeline.layouts.orpheus import END_OF_AI, END_OF_SPEECH, OrpheusLayout
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from conftest import make_config, wait_idle
+from helpers import (PCM_STEP, TRANSCRIPT, make_config, pcm16_to_float, pcm_bytes, recording, run_to_completion,
+                     wait_idle)
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
-
-TRANSCRIPT = "This is my voice, please copy it."
-
-
-def recording(seconds=1.0, rate=16000, fmt="WAV", channels=1) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    wave = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    wave = np.stack([wave] * channels, axis=1) if channels > 1 else wave
-    buffer = io.BytesIO()
-    sf.write(buffer, wave.astype(np.float32), rate, format=fmt)
-    return buffer.getvalue()
-
 
 def reference(**kwargs) -> tts_pb2.VoiceReference:
     return tts_pb2.VoiceReference(audio=kwargs.get("audio", recording()), transcript=kwargs.get("transcript", TRANSCRIPT))
@@ -61,8 +49,8 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
         assert listed["alice"].registered and not listed["tara"].registered
         chunks = synthesize(stub, voice="alice")
         assert chunks[-1].HasField("complete")
-        spoken = pcm(chunks)  # the recording's voice: the greedy speech of the same recording sent inline
-        assert spoken == pcm(synthesize(stub, reference=reference(audio=flac))) != pcm(synthesize(stub))
+        spoken = pcm_bytes(chunks)  # the recording's voice: the greedy speech of the same recording sent inline
+        assert spoken == pcm_bytes(synthesize(stub, reference=reference(audio=flac))) != pcm_bytes(synthesize(stub))
         with pytest.raises(grpc.RpcError) as taken:
             stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="alice", reference=reference()), timeout=60)
         assert taken.value.code() == grpc.StatusCode.ALREADY_EXISTS and "name" in taken.value.details()
@@ -85,7 +73,7 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
             assert "alice" in [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices]
             assert again.engine.voice_store.get("alice").prompt.codes.equal(codes)
-            assert pcm(synthesize(stub, voice="alice")) == spoken  # it speaks as it did before the restart
+            assert pcm_bytes(synthesize(stub, voice="alice")) == spoken  # it speaks as it did before the restart
             stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10)
             for call in (lambda: stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10),
                          lambda: synthesize(stub, voice="alice")):
@@ -101,10 +89,6 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
         again.stop()
 
 
-def pcm(chunks):
-    return b"".join(c.audio.data for c in chunks if c.HasField("audio"))
-
-
 def test_a_reference_in_the_request_clones_for_that_request_only(server):
     engine = server.engine
     with grpc.insecure_channel(server.target) as channel:
@@ -118,9 +102,9 @@ def test_a_reference_in_the_request_clones_for_that_request_only(server):
         assert chunks[-1].complete.usage.prompt_tokens == len(cloned.prompt_ids)
         assert chunks[-1].complete.usage.prompt_tokens >= plain[-1].complete.usage.prompt_tokens + 84
         # ... so the greedy speech is not the default voice's; and nothing was registered.
-        assert pcm(chunks) != pcm(plain)
+        assert pcm_bytes(chunks) != pcm_bytes(plain)
         assert [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices if v.registered] == []
-        assert pcm(synthesize(stub)) == pcm(plain)  # the next request speaks with the default voice again
+        assert pcm_bytes(synthesize(stub)) == pcm_bytes(plain)  # the next request speaks with the default voice again
     wait_idle(server.engine)
 
 
@@ -206,11 +190,8 @@ def test_cloned_voice_prompt_tokens_reach_the_decoder_and_no_audio_is_lost(tiny_
         engine = running.engine
         context = engine.create_context("Cloned and streamed.", reference=engine.requests.reference_prompt(recording(), TRANSCRIPT),
                                         max_tokens=70, min_tokens=70, seed=1)
-        events = queue.Queue()
-        engine.submit(context, events.put)
-        while (event := events.get(timeout=120)).kind == "audio":
-            pass
-        assert event.kind == "complete" and chunks[-1].complete.usage.generated_tokens == len(context.generated) == 70
+        run_to_completion(engine, [context])
+        assert chunks[-1].complete.usage.generated_tokens == len(context.generated) == 70
         codes = context.speech_codes(0, len(context.generated))
         settings = engine.core.streaming
         expected = decoded_stream(engine.decoder, codes, settings, context.prompt_speech_codes)
@@ -218,7 +199,7 @@ def test_cloned_voice_prompt_tokens_reach_the_decoder_and_no_audio_is_lost(tiny_
         assert [a.num_samples for a in audio] == [part.size for part in expected]
         assert sum(part.size for part in expected) == 70 // 7 * engine.decoder.samples_per_frame
         for got, want in zip(audio, expected):
-            np.testing.assert_allclose(np.frombuffer(got.data, "<i2") / 32768, want, rtol=0, atol=1.5 / 32768)
+            np.testing.assert_allclose(pcm16_to_float(got.data), want, rtol=0, atol=PCM_STEP)
         # ... and the prompt codes made a difference: without them the first chunk sounds otherwise.
         alone = decoded_stream(engine.decoder, codes, settings, None)
         assert np.abs(alone[0] - expected[0]).max() > 1e-3

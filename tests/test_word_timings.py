@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from audio_pipeline_client import FLUSH, TTSClient
-from conftest import scratch_voices_dir
+from helpers import scratch_voices_dir
 
 #: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
