@@ -16,9 +16,6 @@ from audio_pipeline.layouts.phoneme_lpc import (CONTEXT, DURATION_BASE, END_OF_S
                                               prompt_schedule, slot_token)
 from helpers import run_texts, speech
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
-
 #: Held-out sentences spoken (from templates the training set never used); each must be told
 #: apart from all 40 held-out sentences of the recipe's evaluation.
 SPOKEN = 6
@@ -159,6 +156,7 @@ def engine():
     engine.stop()
 
 
+@pytest.mark.slow
 def test_held_out_sentences_through_the_engine_are_identified(engine, tmp_path):
     from recipes.builtin_voice.corpus import held_out
     from recipes.builtin_voice.evaluate import evaluate
@@ -175,6 +173,7 @@ def _speak(engine, text):
     return result.samples, result.sample_rate
 
 
+@pytest.mark.slow
 def test_the_engine_keeps_the_alignment_even_when_sampling_wildly(engine):
     text = "Please call Stella and ask her to bring these things with her from the store."
     for seed in (1, 2):
@@ -190,6 +189,7 @@ def test_the_engine_keeps_the_alignment_even_when_sampling_wildly(engine):
         np.testing.assert_allclose(audio, one_shot, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_max_tokens_defaults_to_what_the_text_needs_and_an_explicit_one_is_kept(engine):
     text = "This sentence is longer than six seconds of speech would be if it were spoken very slowly, " \
            "and it goes on for a good while longer than the engine's general default of 1200 tokens."
@@ -203,6 +203,7 @@ def test_max_tokens_defaults_to_what_the_text_needs_and_an_explicit_one_is_kept(
     np.testing.assert_array_equal(cut.samples, whole.samples[:len(cut.samples)])
 
 
+@pytest.mark.slow
 def test_a_text_over_the_token_limit_is_refused_naming_the_text():
     engine = _engine("sampling.max_tokens=200", "sampling.max_tokens_limit=200")
     try:
@@ -217,6 +218,7 @@ def test_a_text_over_the_token_limit_is_refused_naming_the_text():
 @pytest.mark.parametrize("flags", [("chunk_size=4",), ("chunk_size=8,40", "buffer=8"), ("chunk_size=4,8,40",
                                    "block_causal=true"), ("chunk_size=40", "buffer=16", "block_causal=true"),
                                    ("chunk_size=8,40", "block_causal=false"), ("chunk_size=12", "buffer=4")])
+@pytest.mark.slow
 def test_streamed_audio_equals_one_shot_at_every_setting(engine, flags):
     text = "Good morning, Anna."
     one_shot = _engine()
@@ -235,6 +237,7 @@ def test_streamed_audio_equals_one_shot_at_every_setting(engine, flags):
     np.testing.assert_allclose(streamed, reference, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_server_on_the_default_model_lists_and_streams_the_built_in_voice(tmp_path):
     import soundfile as sf
 
@@ -276,6 +279,7 @@ def _greedy_tokens(engine, texts):
     return [list(c.generated) for c in contexts], contexts
 
 
+@pytest.mark.slow
 def test_forced_tokens_take_no_model_step(engine):
     """The model runner's forward passes (what it calls for every step) are counted."""
     calls = []
@@ -303,6 +307,7 @@ def test_forced_tokens_take_no_model_step(engine):
                                    ("enable_in_flight_batching=true", "max_batch_input_tokens=48"),
                                    ("max_num_steps=1",), ("max_num_steps=3",), ("deadline_scheduling=false",),
                                    ("first_audio_target_ms=0", "deadline_margin_ms=1000")])
+@pytest.mark.slow
 def test_scheduling_modes_give_the_same_greedy_speech(engine, flags):
     reference = [_greedy_tokens(engine, [t])[0][0] for t in TEXTS]
     other = _engine(*flags)
@@ -313,6 +318,7 @@ def test_scheduling_modes_give_the_same_greedy_speech(engine, flags):
     assert together == reference
 
 
+@pytest.mark.slow
 def test_the_scheduler_plans_exactly_the_forced_tokens_a_sample_brings(engine):
     """One rule for forced tokens: after every sample, the tokens the request gained are exactly
     what tokens_per_sample planned (the scheduler's view), up to the end of speech."""
@@ -347,6 +353,7 @@ def test_the_second_generation_voice_ships_its_front_end_codec_and_licences():
 
 # The default and the voice of the other prompt form (slt-en-v4 differs from slt-en-v5 in its
 # weights and codec only, and its prompts are checked below).
+@pytest.mark.slow
 @pytest.mark.parametrize("voice", ["builtin:slt-en-v5", "builtin:slt-en-frame"])
 def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_path, voice):
     """The frame voices (phoneme-lpc-frame: one position and one backbone pass per frame, the

@@ -18,9 +18,6 @@ from audio_pipeline.cli import main
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from helpers import listening_port, wait_serving
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
-
 
 def run_cli(*args, env=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "audio_pipeline.cli", *args], capture_output=True, text=True,
@@ -49,6 +46,7 @@ def test_a_bad_task_arg_exits_non_zero_with_one_line_naming_it(flag, named, caps
     assert "\n" not in err and err.startswith("audio-pipeline: error:") and named in err
 
 
+@pytest.mark.slow
 def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
     out = tmp_path / "hello.wav"
     result = run_cli("synthesize", "--text", "Hello there.", "--output", str(out), "--max-tokens", "17",
@@ -87,6 +85,7 @@ LONG_TEXT = ("The morning train left the station on time. It crossed the river a
              "harbour and watched the boats come in. Later that day they found a small cafe near the old lighthouse.")
 
 
+@pytest.mark.slow
 def test_sigterm_lets_every_admitted_multi_segment_stream_finish(tmp_path):
     """SIGTERM while eight long texts stream: the server takes no new request, but every stream it
     admitted is spoken to its end (all its segments, each submitted after the signal too) within
@@ -147,6 +146,7 @@ def test_sigterm_lets_every_admitted_multi_segment_stream_finish(tmp_path):
         server.stderr.close()
 
 
+@pytest.mark.slow
 def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
     server = subprocess.Popen([sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1",
                                "--port", "0", "--model", str(tiny_model_dir), "--device", "cpu",

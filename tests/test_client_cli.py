@@ -18,9 +18,6 @@ from audio_pipeline.core.stop import StopReason
 from audio_pipeline_client.protocol import float_to_pcm16
 from helpers import free_port, pcm16, wait_idle
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
-
 TEXT = "Hello from the client tests."
 SEED = 11
 
@@ -55,6 +52,7 @@ def one_error_line(captured_err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_stream_and_synthesize_give_the_same_samples(target, reference):
     # The tiny model's SNAC decoder: 2048 samples for each whole 7-token frame generated.
     assert reference.samples.dtype == np.float32
@@ -72,6 +70,7 @@ def test_stream_and_synthesize_give_the_same_samples(target, reference):
     np.testing.assert_array_equal(np.concatenate([chunk.samples for chunk in audio]), reference.samples)
 
 
+@pytest.mark.slow
 def test_float32_encoding_matches_pcm16_within_quantization(target, reference):
     with TTSClient(target, timeout=120) as client:
         result = client.synthesize(TEXT, seed=SEED, encoding="f32")
@@ -79,6 +78,7 @@ def test_float32_encoding_matches_pcm16_within_quantization(target, reference):
     np.testing.assert_allclose(result.samples, reference.samples, atol=1.5 / 32768)
 
 
+@pytest.mark.slow
 def test_list_voices_and_wait_ready(target, tiny_model_dir):
     from audio_pipeline.layouts.manifest import ModelManifest
 
@@ -91,6 +91,7 @@ def test_list_voices_and_wait_ready(target, tiny_model_dir):
     assert [voice.name for voice in voices if voice.is_default] == [manifest.default_voice]
 
 
+@pytest.mark.slow
 def test_async_client_matches_the_sync_client(target, reference):
     async def run():
         async with AsyncTTSClient(target, timeout=120) as client:
@@ -115,6 +116,7 @@ def cancelled_count(server):
     return server.engine.core.stop_reasons[StopReason.CANCELLED]
 
 
+@pytest.mark.slow
 def test_leaving_a_stream_early_cancels_generation(idle_server, reference):
     before = cancelled_count(idle_server)
     with TTSClient(idle_server.target, timeout=120) as client:
@@ -128,6 +130,7 @@ def test_leaving_a_stream_early_cancels_generation(idle_server, reference):
         np.testing.assert_array_equal(client.synthesize(TEXT, seed=SEED).samples, reference.samples)
 
 
+@pytest.mark.slow
 def test_async_stream_closed_early_cancels_generation(idle_server):
     before = cancelled_count(idle_server)
 
@@ -144,6 +147,7 @@ def test_async_stream_closed_early_cancels_generation(idle_server):
     assert cancelled_count(idle_server) == before + 1
 
 
+@pytest.mark.slow
 def test_cli_waits_for_the_server_to_be_ready(target, tmp_path, capsys):
     out = tmp_path / "ready.wav"
     assert main(["--server", target, "--wait-ready", "30", "--text", TEXT, "--max-tokens", "14", "--output",
@@ -157,6 +161,7 @@ def test_cli_wait_ready_gives_up_with_one_line(closed_port, tmp_path, capsys):
     assert code == 1 and "not ready" in one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_server_errors_raise_tts_error(target):
     with TTSClient(target, timeout=60) as client:
         with pytest.raises(TTSError) as caught:
@@ -167,6 +172,7 @@ def test_server_errors_raise_tts_error(target):
         assert caught.value.code == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.slow
 def test_cli_writes_a_wav_at_the_advertised_rate(target, reference, tmp_path, capsys):
     output = tmp_path / "hello.wav"
     assert main(["--server", target, "--text", TEXT, "--seed", str(SEED), "--output", str(output)]) == 0
@@ -179,6 +185,7 @@ def test_cli_writes_a_wav_at_the_advertised_rate(target, reference, tmp_path, ca
     assert sorted(path.name for path in tmp_path.iterdir()) == ["hello.wav"]
 
 
+@pytest.mark.slow
 def test_cli_resamples_and_writes_float_wav(target, reference, tmp_path, capsys):
     output = tmp_path / "hello16k.wav"
     assert main(["--server", target, "--text", TEXT, "--seed", str(SEED), "--sample-rate", "16000",
@@ -196,6 +203,7 @@ def test_cli_resamples_and_writes_float_wav(target, reference, tmp_path, capsys)
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_cli_raw_writes_pcm16_to_stdout(target, reference, capsysbinary):
     assert main(["--server", target, "--text", TEXT, "--seed", str(SEED), "--raw", "--quiet"]) == 0
     raw = capsysbinary.readouterr().out
@@ -203,6 +211,7 @@ def test_cli_raw_writes_pcm16_to_stdout(target, reference, capsysbinary):
     np.testing.assert_array_equal(pcm16(raw), float_to_pcm16(reference.samples))
 
 
+@pytest.mark.slow
 def test_cli_voices_prints_a_table(target, capsys):
     with TTSClient(target) as client:
         names = [voice.name for voice in client.list_voices()]
@@ -212,6 +221,7 @@ def test_cli_voices_prints_a_table(target, capsys):
     assert [line.split()[0] for line in lines[1:]] == names
 
 
+@pytest.mark.slow
 def test_cli_empty_text_is_one_line_mentioning_text(target, tmp_path, capsys):
     output = tmp_path / "empty.wav"
     assert main(["--server", target, "--text", "", "--output", str(output)]) == 1
@@ -220,6 +230,7 @@ def test_cli_empty_text_is_one_line_mentioning_text(target, tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_reads_text_from_a_file(target, tmp_path, capsys):
     text_file = tmp_path / "speech.txt"
     text_file.write_text(TEXT + "\n", encoding="utf-8")
@@ -269,6 +280,7 @@ def test_cli_usage_errors_exit_2(capsys):
     assert "usage: tts-client" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_as_a_subprocess(target, tmp_path, closed_port):
     output = tmp_path / "sub.wav"
     command = [sys.executable, "-m", "audio_pipeline_client.cli"]

@@ -13,6 +13,9 @@ from audio_pipeline_client.cli import main as tts_client
 from audio_pipeline_client.protocol import float_to_pcm16
 from helpers import TRANSCRIPT, recording
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def reference_file(tmp_path):

@@ -392,6 +392,7 @@ def test_the_builtin_frame_voice_speaks_on_cuda_as_on_the_cpu():
     assert spoken[DEVICE] == spoken["cpu"] and all(len(frames) > 20 for frames in spoken["cpu"])
 
 
+@pytest.mark.slow
 def test_csm_is_served_on_cuda_over_grpc(tmp_path):
     """A tiny CSM (backbone, depth decoder, Mimi) behind the real gRPC server on CUDA: a request
     streams audio to its completion."""

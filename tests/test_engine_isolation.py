@@ -151,6 +151,7 @@ def test_a_loop_that_keeps_failing_stops_and_says_so(engine, monkeypatch):
         engine.submit(engine.create_context(TEXTS[0], **GREEDY), lambda event: None)
 
 
+@pytest.mark.slow
 def test_a_server_whose_engine_stopped_reports_not_serving(tiny_model_dir, monkeypatch):
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc

@@ -209,6 +209,7 @@ def test_seeded_frames_are_the_same_alone_and_in_any_batch(engine):
     assert len({f[PROSODY] for frames in alone for f in frames}) > 3  # the depth head samples too
 
 
+@pytest.mark.slow
 def test_served_streams_equal_one_shot_audio_and_http_writes_a_wav(model_dir):
     """Through the real server: streams at once each get, chunk by chunk, the audio they get alone,
     one frame's samples per generated token; the vocoder decoding the whole frames at once gives

@@ -11,6 +11,9 @@ import pytest
 from audio_pipeline_client._proto import tts_pb2_grpc
 from helpers import TEST_MAX_TOKENS, grpc_request
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 SYNTHESIZE = "/audio_pipeline.v1.TextToSpeech/Synthesize"
 
 

@@ -10,6 +10,9 @@ from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.testing.background import BackgroundServer
 from helpers import TRANSCRIPT, make_config, recording, wait_idle
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 CLIENT, ADMIN = "client-token-0123456789", "admin-token-0123456789"
 
 

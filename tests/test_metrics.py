@@ -14,9 +14,6 @@ import pytest
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from helpers import free_port, listening_port, start_engine, synthesize, wait_serving
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
-
 EXPECTED = ["tts_requests_queued", "tts_requests_running", "tts_batch_size_bucket", "tts_kv_cache_blocks_used",
             "tts_kv_cache_blocks_total", "tts_prefix_cache_hit_rate", "tts_input_tokens_total",
             "tts_output_tokens_total", "tts_time_to_first_token_seconds_count",
@@ -29,6 +26,7 @@ def value(text: str, name: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["launch_server", "launch_multiproc_server"])
 def test_metrics_endpoint_reports_the_engine(tiny_model_dir, tmp_path, mode):
     metrics_port = free_port()
@@ -101,6 +99,7 @@ def test_output_tokens_count_the_tokens_each_request_generated(tiny_model_dir):
         engine.stop()
 
 
+@pytest.mark.slow
 def test_a_long_text_counts_as_one_running_request_not_one_per_piece(idle_server):
     """A text of several pieces is prepared a piece ahead (two contexts in the engine at once):
     tts_requests_running still counts the one client request, and nothing is counted as queued

@@ -199,6 +199,7 @@ def test_the_prefix_cache_never_shares_two_speaker_vectors(tmp_path):
     assert moved.cache_prompt != first.cache_prompt and moved.cache_prompt[:3] == first.cache_prompt[:3]
 
 
+@pytest.mark.slow
 def test_served_over_grpc_http_and_the_websocket_with_its_presets_and_clear_errors(tmp_path):
     """A CustomVoice checkpoint as published (no manifest) behind the real server: gRPC streams a
     preset speaker's frames in chunks (the first after one frame); /v1/audio/voices lists the
@@ -256,6 +257,7 @@ def test_served_over_grpc_http_and_the_websocket_with_its_presets_and_clear_erro
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_base_model_clones_a_registered_voice_by_its_reference_codes_and_speaker_vector(tmp_path):
     """Registering the fixture's recording on a Base checkpoint keeps what the reference computes
     from it: its codes (the speech tokenizer's encode) and its x-vector (the speaker encoder); the

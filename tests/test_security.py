@@ -32,9 +32,6 @@ from audio_pipeline_client.protocol import float_to_pcm16
 from certificates import CertificateAuthority
 from helpers import PCM_STEP, TRANSCRIPT, free_port, listening_port, make_config, recording, wait_idle
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
-
 CLIENT_TOKEN = "client-token-0123456789"
 ADMIN_TOKEN = "admin-token-9876543210"
 #: A second loopback address: a socket bound to 127.0.0.1 does not answer on it, and the reverse.
@@ -89,6 +86,7 @@ def secured(tiny_model_dir, pki, tmp_path_factory):
 
 # --- TLS ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_client_trusting_the_ca_gets_audio_over_tls(secured):
     with TTSClient(secured.target, tls=secured.ca, token=CLIENT_TOKEN, timeout=120) as client:
         result = client.synthesize("Hello over TLS.", max_tokens=28, seed=1)
@@ -98,6 +96,7 @@ def test_a_client_trusting_the_ca_gets_audio_over_tls(secured):
     np.testing.assert_allclose(result.samples, expected, rtol=0, atol=PCM_STEP)
 
 
+@pytest.mark.slow
 def test_a_client_not_trusting_the_ca_or_speaking_plaintext_cannot_connect(secured):
     # The system roots do not know the test CA: the handshake fails, as does a plaintext channel.
     for tls in (True, False):
@@ -122,11 +121,13 @@ def mtls_stub(target, pki, issued):
     return channel, tts_pb2_grpc.TextToSpeechStub(channel)
 
 
+@pytest.mark.slow
 def test_mutual_tls_rejects_a_client_without_a_certificate(mutual, pki):
     with TTSClient(mutual.target, tls=str(pki.ca.cert_file), timeout=10, retries=0) as client:
         assert code_of(client.list_voices) == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.slow
 def test_mutual_tls_accepts_a_certificate_of_the_ca_only(mutual, pki):
     channel, stub = mtls_stub(mutual.target, pki, pki.client)
     with channel:
@@ -140,6 +141,7 @@ def test_mutual_tls_accepts_a_certificate_of_the_ca_only(mutual, pki):
     wait_idle(mutual.engine)
 
 
+@pytest.mark.slow
 def test_the_client_library_and_cli_present_a_client_certificate(mutual, pki, tmp_path):
     """TTSClient, AsyncTTSClient and tts-client take a client certificate and key for mutual TLS."""
     ca, cert, key = str(pki.ca.cert_file), str(pki.client.cert_file), str(pki.client.key_file)
@@ -167,6 +169,7 @@ def test_the_client_library_and_cli_present_a_client_certificate(mutual, pki, tm
 
 # --- tokens --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_missing_or_wrong_token_is_unauthenticated_alike(secured):
     answers = []
     for token in (None, "not-a-token", CLIENT_TOKEN + "x", CLIENT_TOKEN[:-1]):
@@ -180,6 +183,7 @@ def test_a_missing_or_wrong_token_is_unauthenticated_alike(secured):
     assert CLIENT_TOKEN not in answers[0]
 
 
+@pytest.mark.slow
 def test_the_right_token_gets_audio_and_health_needs_no_token(secured):
     with TTSClient(secured.target, tls=secured.ca, timeout=30) as anonymous:
         anonymous.wait_ready(10)  # the health service answers without a token
@@ -196,6 +200,7 @@ def test_the_right_token_gets_audio_and_health_needs_no_token(secured):
         np.testing.assert_allclose(np.concatenate([c.samples for c in chunks]), expected, rtol=0, atol=PCM_STEP)
 
 
+@pytest.mark.slow
 def test_the_async_client_sends_its_token(secured):
     async def go(token):
         async with AsyncTTSClient(secured.target, tls=secured.ca, token=token, timeout=60, retries=0) as client:
@@ -207,6 +212,7 @@ def test_the_async_client_sends_its_token(secured):
     assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
+@pytest.mark.slow
 def test_only_admin_tokens_register_and_delete_voices(secured, reference_file):
     with TTSClient(secured.target, tls=secured.ca, token=CLIENT_TOKEN, timeout=120) as client, \
             TTSClient(secured.target, tls=secured.ca, token=ADMIN_TOKEN, timeout=120) as admin:
@@ -226,6 +232,7 @@ def test_only_admin_tokens_register_and_delete_voices(secured, reference_file):
         assert code_of(lambda: anonymous.delete_voice("guarded")) == grpc.StatusCode.UNAUTHENTICATED
 
 
+@pytest.mark.slow
 def test_tts_client_cli_with_ca_and_tokens(secured, reference_file, tmp_path, capsys, monkeypatch):
     server = ["--server", secured.target, "--ca-file", secured.ca]
     out = tmp_path / "tls.wav"
@@ -246,6 +253,7 @@ def test_tts_client_cli_with_ca_and_tokens(secured, reference_file, tmp_path, ca
     assert tts_client(["delete-voice", "cli-guarded", *server]) == 0
 
 
+@pytest.mark.slow
 def test_metrics_follow_the_grpc_host_by_default(secured):
     port = secured.metrics_port
     assert metrics_answer("127.0.0.1", port)
@@ -271,6 +279,7 @@ def limited(tiny_model_dir, tmp_path_factory):
     server.stop()
 
 
+@pytest.mark.slow
 def test_the_registered_voice_count_is_limited(limited, reference_file):
     with TTSClient(limited.target, timeout=120) as client:
         client.register_voice("first", reference_file, TRANSCRIPT)
@@ -283,6 +292,7 @@ def test_the_registered_voice_count_is_limited(limited, reference_file):
         client.delete_voice("second")
 
 
+@pytest.mark.slow
 def test_the_bytes_of_registered_voices_are_limited(tiny_model_dir, tmp_path, reference_file):
     voices = tmp_path / "voices"
     with BackgroundServer(make_config(tiny_model_dir, "limits.max_registered_voice_bytes=2000",
@@ -296,6 +306,7 @@ def test_the_bytes_of_registered_voices_are_limited(tiny_model_dir, tmp_path, re
     assert list(voices.iterdir()) == []  # nothing left behind, not even the staging directory
 
 
+@pytest.mark.slow
 def test_names_descriptions_and_recordings_over_their_limits_are_invalid(limited, reference_file):
     huge = "a" * 100_000
     with TTSClient(limited.target, timeout=60) as client:
@@ -325,6 +336,7 @@ def test_names_descriptions_and_recordings_over_their_limits_are_invalid(limited
         assert [v.name for v in client.list_voices() if v.registered] == []
 
 
+@pytest.mark.slow
 def test_metrics_listen_on_the_metrics_host_only(limited):
     port = limited.metrics_port
     assert metrics_answer(OTHER_LOOPBACK, port)
@@ -379,6 +391,7 @@ def test_serve_reports_bad_security_flags_in_one_line(tiny_model_dir, pki, tmp_p
     assert code == 1 and len(err) == 1 and words in err[0] and err[0].startswith("audio-pipeline: error:")
 
 
+@pytest.mark.slow
 def test_serve_command_with_tls_tokens_and_metrics_host(tiny_model_dir, pki, tmp_path, capsys):
     tokens, admins = tmp_path / "tokens", tmp_path / "admins"
     tokens.write_text(f"# clients\n{CLIENT_TOKEN}\n")

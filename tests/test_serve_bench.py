@@ -18,8 +18,6 @@ from audio_pipeline.bench.serve import (
 )
 from audio_pipeline.bench.stats import percentile
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-slow = pytest.mark.slow
 
 #: A config small enough to count by hand: q = 2 x 4 = 8, kv = 1 x 4 = 4 wide.
 TINY = {"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -104,7 +102,7 @@ def test_a_player_waits_only_when_a_chunk_arrives_after_the_audio_before_it_ran_
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
 
 
-@slow
+@pytest.mark.slow
 def test_the_serving_benchmark_runs_against_a_real_server_and_reports_every_stream(capsys):
     threads = torch.get_num_threads()
     try:
@@ -123,7 +121,7 @@ def test_the_serving_benchmark_runs_against_a_real_server_and_reports_every_stre
     assert float(budget.group(2)) == pytest.approx(1000 / float(budget.group(1)), rel=0.01)
 
 
-@slow
+@pytest.mark.slow
 def test_the_random_model_benchmark_forces_fixed_length_streams_and_reports_the_bandwidth_floor(capsys):
     """--random-model serves a model of a real shape drawn at load (here the tiny one, on the CPU):
     every stream is exactly --utterance-tokens long, and each N's forward pass is set against the
@@ -148,7 +146,7 @@ def test_the_random_model_benchmark_forces_fixed_length_streams_and_reports_the_
     assert "floor = (KV + weight bytes) / read bandwidth" in out
 
 
-@slow
+@pytest.mark.slow
 def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
     """The GPU benchmark's model: Orpheus-3B's config (Llama 3.2 3B) and a decoder, no checkpoint."""
     import json
@@ -168,6 +166,7 @@ def test_a_random_orpheus_3b_has_the_real_models_shape(tmp_path):
     assert cost.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
 
 
+@pytest.mark.slow
 def test_a_server_that_fails_to_start_is_reported_with_its_log_kept(tmp_path):
     """A server that exits before listening (a model that does not exist) fails the benchmark with
     its exit code and the end of its log, and the log stays on disk."""
@@ -180,6 +179,7 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log_kept(tmp_path):
     assert "no-such-model" in log.read_text()
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_listen_in_time_is_stopped_and_its_log_kept(tmp_path):
     """Past --start-timeout the benchmark stops waiting: the server process is stopped and its log
     (what it printed so far) is kept and named."""
@@ -228,6 +228,7 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
     assert len(re.findall(r"profile \(middle fifth of 5 steps, [\d.]+ ms\): device busy", out)) == 2
 
 
+@pytest.mark.slow
 def test_a_spread_round_starts_its_streams_evenly_and_times_each_from_its_own_start(idle_server):
     """--spread S: stream i of N starts i * S / N seconds into the round; its TTFA counts from there."""
     import asyncio

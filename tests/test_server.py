@@ -18,6 +18,9 @@ from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from helpers import (PCM_STEP, TEST_MAX_TOKENS, alone_and_together, grpc_request, make_config, pcm_bytes, pcm_of,
                      speech, wait_idle)
 
+#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
 SAMPLES_PER_FRAME = 2048
 
 

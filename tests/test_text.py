@@ -166,6 +166,7 @@ def test_pauses_follow_the_punctuation():
     assert segments("") == [] and segments("   ") == []
 
 
+@pytest.mark.slow
 def test_the_server_normalizes_before_the_layout_unless_the_request_says_not_to(idle_server):
     """Through a real server with a text-token model: "$5.50 on 3/5" reaches the model as its spoken
     words (the same prompt, so the same speech for the same seed), and as written when the request

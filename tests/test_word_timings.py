@@ -13,9 +13,6 @@ import pytest
 from audio_pipeline_client import FLUSH, TTSClient
 from helpers import scratch_voices_dir
 
-#: Real servers and whole voices: left out of the quick subset (scripts/test.sh -m "not slow").
-pytestmark = pytest.mark.slow
-
 TEXT = ("Dr. Smith paid $5.50 at 9:15 a.m., didn't he? Yes! The well-known café opened in 1999 "
         "and serves 12% more guests, call 555-1234.")
 RATE = 16000  # the built-in voice's sample rate
@@ -73,6 +70,7 @@ def expected_words(spoken):
     return out
 
 
+@pytest.mark.slow
 def test_the_built_in_voice_times_every_word_within_a_frame_of_its_alignment(builtin_server):
     from audio_pipeline.text.espeak import text_alignment
     from audio_pipeline.text.normalize import normalize
@@ -121,6 +119,7 @@ def test_the_built_in_voice_times_every_word_within_a_frame_of_its_alignment(bui
     assert np.sqrt(np.mean(audio[inside] ** 2)) > 10 * np.sqrt(np.mean(audio[~inside] ** 2) + 1e-12)
 
 
+@pytest.mark.slow
 def test_word_timings_follow_the_output_sample_rate(builtin_server):
     with TTSClient(builtin_server.target, timeout=300) as client:
         native = client.synthesize("Hello there, world.", temperature=0.0)
@@ -131,6 +130,7 @@ def test_word_timings_follow_the_output_sample_rate(builtin_server):
         assert abs(a.end_seconds - b.end_seconds) < 1e-3
 
 
+@pytest.mark.slow
 def test_live_text_timings_point_into_all_the_pieces_joined(builtin_server):
     pieces = ["The first sen", "tence is here. ", "And the sec", "ond, ", FLUSH, "then $3 more."]
     joined = "".join(p for p in pieces if p is not FLUSH)
@@ -147,6 +147,7 @@ def test_live_text_timings_point_into_all_the_pieces_joined(builtin_server):
         position += chunk.samples.size
 
 
+@pytest.mark.slow
 def test_a_model_without_alignment_gets_one_timing_per_segment(idle_server):
     """The tiny Orpheus-layout model: segment precision, each sentence once, ending where its audio does."""
     from audio_pipeline.text.segment import segments
@@ -167,6 +168,7 @@ def test_a_model_without_alignment_gets_one_timing_per_segment(idle_server):
         assert all(w.end_sample <= position for w in chunk.words)
 
 
+@pytest.mark.slow
 def test_the_cli_writes_timings_as_json_and_webvtt(builtin_server, tmp_path):
     for name in ("out.json", "out.vtt"):
         done = subprocess.run([sys.executable, "-m", "audio_pipeline_client.cli", "--server", builtin_server.target,
@@ -233,6 +235,7 @@ def test_the_front_end_times_every_word_of_a_long_text_once():
     assert "on the" in " | ".join(grouped)
 
 
+@pytest.mark.slow
 def test_speed_changes_the_built_in_voices_durations_and_its_timings(builtin_server):
     with TTSClient(builtin_server.target, timeout=300) as client:
         normal = client.synthesize("Hello there, world.", temperature=0.0)
@@ -247,6 +250,7 @@ def test_speed_changes_the_built_in_voices_durations_and_its_timings(builtin_ser
     assert 1.9 < ratio < 2.1
 
 
+@pytest.mark.slow
 def test_the_default_voice_times_every_word_on_its_front_ends_alignment():
     """slt-en (the lexicon front end): every written word once, in order, on the unit boundaries
     the engine forces."""
