@@ -290,7 +290,7 @@ def test_stream_settings_are_checked(decoders):
         DecoderStream(decoder, chunk_size=[7], prompt_codes=torch.arange(8))
     with pytest.raises(ValueError, match="never, once, rolling"):
         DecoderStream(decoder, chunk_size=[7], prepend="always")
-    with pytest.raises(ValueError, match=r"integers in \[0, 4096\)"):
+    with pytest.raises(ValueError, match=r"code 4096 at position 0 \(frame 0\) is outside \[0, 4096\)"):
         decoder.decode(torch.full((7,), 4096))
 
 

@@ -89,7 +89,7 @@ def test_the_encoder_is_read_on_first_encode_only(checkpoint):
 
 
 def test_bad_codes_and_bad_directories_are_clear_errors(decoder, checkpoint, tmp_path):
-    with pytest.raises(ValueError, match=r"code 65536 at frame 1 is outside \[0, 65536\)"):
+    with pytest.raises(ValueError, match=r"code 65536 at position 1 \(frame 1\) is outside \[0, 65536\)"):
         decoder.decode(torch.tensor([0, 65536]))
     with pytest.raises(ValueError, match="non-empty whole number"):
         decoder.decode(torch.zeros(0, dtype=torch.long))

@@ -51,6 +51,8 @@ class AudioDecoder(ABC):
     #: cuda_graphs: decoders/snac_graphs.py; the engine prepares their shapes); None otherwise.
     graphs: Any = None
 
+    #: The device the decoder runs on (its weights and its outputs before they come back).
+    device: torch.device
     #: Output sample rate in Hz.
     sample_rate: int
     #: Audio samples produced per frame.
@@ -88,15 +90,25 @@ class AudioDecoder(ABC):
         if problems:
             raise ValueError("; ".join(problems))
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # decode and decode_batch are each other's default: a decoder writes at least one.
+        if "decode" not in vars(cls) and "decode_batch" not in vars(cls) and not any(
+                "decode" in vars(base) or "decode_batch" in vars(base)
+                for base in cls.__mro__[1:] if base is not AudioDecoder and issubclass(base, AudioDecoder)):
+            raise TypeError(f"audio decoder {cls.__name__} must define decode or decode_batch")
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Decodes a 1-D tensor of whole frames into a 1-D float waveform in [-1, 1].
 
-        The result has exactly ``len(codes) // tokens_per_frame * samples_per_frame`` samples.
+        The result has exactly ``len(codes) // tokens_per_frame * samples_per_frame`` samples. By
+        default the batch of one (decoders that batch write ``decode_batch``).
         """
+        return self.decode_batch([codes])[0]
 
     def decode_batch(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Decodes several independent code sequences; decoders override this to batch."""
+        """Decodes several independent code sequences; decoders override this to batch (by
+        default each on its own with ``decode``)."""
         return [self.decode(codes) for codes in batch]
 
     def encode(self, waveform: torch.Tensor) -> torch.Tensor:
@@ -132,6 +144,20 @@ class AudioDecoder(ABC):
         0): what a benchmark or fuzzer may draw. Every decoder here has one ``codebook_size``
         unless it says otherwise."""
         return [int(self.codebook_size)] * self.tokens_per_frame
+
+    def codes_on_device(self, codes: torch.Tensor, where=None) -> torch.Tensor:
+        """``codes`` checked against the decoder's ``codebook_size`` (check_code_values; ``where``
+        names a bad code's place) as a long tensor on the decoder's device."""
+        self.check_code_values(codes, self.codebook_size, where)
+        return codes.to(device=self.device, dtype=torch.long)
+
+    @staticmethod
+    def check_waveform(waveform: torch.Tensor) -> None:
+        """ValueError unless ``waveform`` is what ``encode`` takes: a non-empty 1-D floating-point tensor."""
+        if not isinstance(waveform, torch.Tensor) or waveform.dim() != 1 or waveform.numel() == 0:
+            raise ValueError("waveform must be a non-empty 1-D tensor")
+        if not waveform.is_floating_point():
+            raise ValueError(f"waveform must be floating point, got {waveform.dtype}")
 
     def check_code_values(self, codes: torch.Tensor, codebook_size: int, where=None) -> None:
         """Raises ValueError unless ``codes`` is an integer tensor of whole frames (check_codes)

@@ -107,9 +107,7 @@ class CausalConvDecoder(AudioDecoder):
     # --- decoding ------------------------------------------------------------------------------
 
     def _check(self, codes: torch.Tensor) -> None:
-        self.check_codes(codes)
-        if codes.is_floating_point() or int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size:
-            raise ValueError(f"codes must be integers in [0, {self.codebook_size})")
+        self.check_code_values(codes, self.codebook_size)
 
     def init_state(self) -> State | None:
         """The state before any block: None (zeros, as at the start of a one-shot decode)."""

@@ -272,19 +272,13 @@ class MimiDecoder(AudioDecoder):
     def _validate(self, codes: torch.Tensor) -> torch.Tensor:
         """Checked codes as (codebooks, frames) on the device."""
         frame = self.tokens_per_frame
-        self.check_code_values(codes, self.codebook_size,
-                               lambda pos: f"frame {pos // frame}, codebook {pos % frame}")
-        return codes.to(device=self.device, dtype=torch.long).view(-1, self.tokens_per_frame).T
+        return self.codes_on_device(codes, lambda pos: f"frame {pos // frame}, codebook {pos % frame}").view(-1, frame).T
 
     def _audio(self, wave: torch.Tensor) -> torch.Tensor:
         """(B, 1, samples) decoder output -> (B, samples) float32 CPU audio in [-1, 1]."""
         return wave[:, 0].float().clamp_(-1.0, 1.0).cpu()
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """Decodes frame-major codes into ``frames * samples_per_frame`` samples (MimiModel.decode)."""
-        return self.decode_batch([codes])[0]
-
     @torch.inference_mode()
     def decode_batch(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         """Decodes independent streams; streams of equal length run as one batch (padding would
@@ -408,10 +402,7 @@ class MimiDecoder(AudioDecoder):
     def encode(self, waveform: torch.Tensor) -> torch.Tensor:
         """1-D waveform at ``sample_rate`` -> frame-major codes (1-D long, CPU), as MimiModel.encode
         with ``tokens_per_frame`` quantizers; a last partial frame is padded with zeros."""
-        if not isinstance(waveform, torch.Tensor) or waveform.dim() != 1 or waveform.numel() == 0:
-            raise ValueError("waveform must be a non-empty 1-D tensor")
-        if not waveform.is_floating_point():
-            raise ValueError(f"waveform must be floating point, got {waveform.dtype}")
+        self.check_waveform(waveform)
         latents = self._encoder()(waveform.to(device=self.device, dtype=self.dtype)[None, None]).latents
         codes = self.quantizer.encode(latents, self.tokens_per_frame)  # (codebooks, 1, frames)
         return codes[:, 0].T.reshape(-1).cpu()

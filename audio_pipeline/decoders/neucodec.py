@@ -130,16 +130,7 @@ class NeuCodecDecoder(AudioDecoder):
     # ---- decoding ------------------------------------------------------------------------
 
     def _validate(self, codes: torch.Tensor) -> torch.Tensor:
-        if not isinstance(codes, torch.Tensor):
-            raise ValueError(f"codes must be a tensor, got {type(codes).__name__}")
-        self.check_codes(codes)
-        if codes.dtype == torch.bool or codes.is_floating_point() or codes.is_complex():
-            raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
-        bad = (codes < 0) | (codes >= self.codebook_size)
-        if bool(bad.any()):
-            position = int(bad.nonzero()[0, 0])
-            raise ValueError(f"code {int(codes[position])} at frame {position} is outside [0, {self.codebook_size})")
-        return codes.to(device=self.device, dtype=torch.long)
+        return self.codes_on_device(codes)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -186,10 +177,7 @@ class NeuCodecDecoder(AudioDecoder):
         """(encoder input at 16 kHz, (1, 1, samples); semantic features, (1, steps, 160)) of a 1-D
         waveform at ``sample_rate``. As the reference encoder: the 16 kHz audio padded with 1 to 320
         zeros to whole frames, the features computed from the padded audio."""
-        if not isinstance(waveform, torch.Tensor) or waveform.dim() != 1 or waveform.numel() == 0:
-            raise ValueError("waveform must be a non-empty 1-D tensor")
-        if not waveform.is_floating_point():
-            raise ValueError(f"waveform must be floating point, got {waveform.dtype}")
+        self.check_waveform(waveform)
         audio = waveform.detach().float().cpu().numpy()
         if self.sample_rate != self.encode_rate:
             audio = soxr.resample(audio, self.sample_rate, self.encode_rate, quality="HQ").astype(np.float32)

@@ -266,14 +266,9 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         if isinstance(codes, torch.Tensor) and codes.dim() == 2:
             raise ValueError(f"codes must be 1-D and frame-major ({frame} codes a frame: a (frames, {frame}) "
                              f"array flattened), got shape {tuple(codes.shape)}")
-        self.check_code_values(codes, self.codebook_size, lambda pos: f"frame {pos // frame}, codebook {pos % frame}")
-        return codes.to(device=self.device, dtype=torch.long).view(-1, frame).T
+        return self.codes_on_device(codes, lambda pos: f"frame {pos // frame}, codebook {pos % frame}").view(-1, frame).T
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """``frames * samples_per_frame`` samples: the decoder's whole-sequence forward."""
-        return self.decode_batch([codes])[0]
-
     @torch.inference_mode()
     def decode_batch(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         """Decodes independent sequences in one batch, each as if alone."""
@@ -373,10 +368,7 @@ class Qwen3TTS12HzDecoder(AudioDecoder):
         """1-D waveform at ``sample_rate`` -> frame-major codes (1-D long, CPU), as the reference's
         ``encode``: Mimi's encoder, the first ``tokens_per_frame`` quantizers, one frame per
         ``encode_downsample_rate`` samples begun (the last one padded with zeros)."""
-        if not isinstance(waveform, torch.Tensor) or waveform.dim() != 1 or waveform.numel() == 0:
-            raise ValueError("waveform must be a non-empty 1-D tensor")
-        if not waveform.is_floating_point():
-            raise ValueError(f"waveform must be floating point, got {waveform.dtype}")
+        self.check_waveform(waveform)
         parts = self._encoder()
         latents = parts.encoder(waveform.to(device=self.device, dtype=self.dtype)[None, None]).latents
         codes = parts.quantizer.encode(latents, self.tokens_per_frame)[:, 0]  # (codebooks, frames)

@@ -510,7 +510,7 @@ class SNACDecoder(AudioDecoder):
     # ---- decoding ------------------------------------------------------------------------
 
     def _validate(self, codes: torch.Tensor) -> torch.Tensor:
-        self.check_code_values(codes, self.codebook_size, lambda pos: (
+        moved = self.codes_on_device(codes, lambda pos: (
             f"frame {pos // TOKENS_PER_FRAME}, slot {pos % TOKENS_PER_FRAME}, "
             f"codebook {FRAME_SLOT_CODEBOOK[pos % TOKENS_PER_FRAME]}"))
         if self.attn_window_size is not None:
@@ -518,7 +518,7 @@ class SNACDecoder(AudioDecoder):
             if latents % self.attn_window_size:
                 raise ValueError(f"this SNAC model attends over windows of {self.attn_window_size} latent "
                                  f"steps; {codes.numel() // TOKENS_PER_FRAME} frames give {latents} steps")
-        return codes.to(device=self.device, dtype=torch.long)
+        return moved
 
     def _validate_all(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
         """The streams' codes, checked as ``_validate`` checks each (the same errors), where they are:
@@ -705,10 +705,7 @@ class SNACDecoder(AudioDecoder):
         The waveform is right-padded with zeros to whole frames (and whole attention windows),
         like the reference; the last frame therefore covers the padding too.
         """
-        if not isinstance(waveform, torch.Tensor) or waveform.dim() != 1 or waveform.numel() == 0:
-            raise ValueError("waveform must be a non-empty 1-D tensor")
-        if not waveform.is_floating_point():
-            raise ValueError(f"waveform must be floating point, got {waveform.dtype}")
+        self.check_waveform(waveform)
         analysis = self._encoder()
         unit = self.hop_length * math.lcm(self.model_config["vq_strides"][0], self.attn_window_size or 1)
         length = waveform.numel()
