@@ -1,5 +1,5 @@
 """What the native CPU kernels share: building on first use (LazyKernel, the build flags and
-fingerprint) and the C++ they all include (THREADS_SOURCE, EXP_SOURCE).
+fingerprint) and the C++ they all include (THREADS_SOURCE, VECTOR_SOURCE, EXP_SOURCE).
 
 Each kernel (paged attention, the sampler, the decode step's products and layers) is compiled with
 torch's C++ extension builder the first time it is used, for this CPU, and cached in torch's
@@ -68,6 +68,77 @@ void in_threads(int64_t count, int64_t threads, const F& fn) {
 inline int64_t threads_for(int64_t work) {
   return std::min<int64_t>(int64_t(at::get_num_threads()), std::max<int64_t>(1, work >> 22));
 }
+"""
+
+#: C++ of the kernels' vectors, written once: ``vec`` holds W float32 lanes (AVX-512: 16, AVX2 with
+#: FMA: 8, elsewhere a plain array of 4 the compiler vectorizes for its target) with the same
+#: operations on each, where std::fma rounds once as the FMA instructions do, so the bits are the
+#: same on every instruction set. Where 16-bit loads widen in registers (AVX-512, or AVX2 with F16C:
+#: VECTOR_LOADS), ``vload`` also takes float16 and bfloat16 (the attention's 16-bit cache).
+VECTOR_SOURCE = r"""
+#include <cmath>
+#include <cstring>
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define VECTOR_LOADS 1
+using vec = __m512;
+constexpr int W = 16;
+static inline vec vzero() { return _mm512_setzero_ps(); }
+static inline vec vset1(float x) { return _mm512_set1_ps(x); }
+static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+static inline vec vload(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+static inline vec vload(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+using vec = __m256;
+constexpr int W = 8;
+static inline vec vzero() { return _mm256_setzero_ps(); }
+static inline vec vset1(float x) { return _mm256_set1_ps(x); }
+static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline float vsum(vec v) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+#if defined(__F16C__)
+#define VECTOR_LOADS 1
+static inline vec vload(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline vec vload(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#endif
+#else
+constexpr int W = 4;
+struct vec { float v[W]; };
+static inline vec vzero() { vec r; for (int i = 0; i < W; ++i) r.v[i] = 0.0f; return r; }
+static inline vec vset1(float x) { vec r; for (int i = 0; i < W; ++i) r.v[i] = x; return r; }
+static inline vec vload(const float* p) { vec r; std::memcpy(r.v, p, sizeof r.v); return r; }
+static inline void vstore(float* p, vec v) { std::memcpy(p, v.v, sizeof v.v); }
+static inline vec vfma(vec a, vec b, vec c) {
+  vec r;
+  for (int i = 0; i < W; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+static inline vec vadd(vec a, vec b) { vec r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
+static inline float vsum(vec v) { float s = 0.0f; for (int i = 0; i < W; ++i) s += v.v[i]; return s; }
+#endif
 """
 
 #: C++ the sampler and the decode layers include: exp by range reduction and a polynomial, in plain

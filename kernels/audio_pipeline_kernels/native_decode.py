@@ -19,7 +19,7 @@ fast-math). Where it cannot be built, ``native_decode()`` is None, oneDNN's pack
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import (EXP_SOURCE, THREADS_SOURCE, LazyKernel, _target_flags,
+from audio_pipeline_kernels.native_build import (EXP_SOURCE, THREADS_SOURCE, VECTOR_SOURCE, LazyKernel, _target_flags,
                                                   build_extension)
 from audio_pipeline_kernels.native_products import PRODUCTS_SOURCE, NativeWeight
 
@@ -389,7 +389,7 @@ at::Tensor mlp_block(at::Tensor x, at::Tensor norm_weight, double eps, at::Tenso
 }
 """
 
-_SOURCE = THREADS_SOURCE + EXP_SOURCE + PRODUCTS_SOURCE + LAYERS_SOURCE
+_SOURCE = THREADS_SOURCE + VECTOR_SOURCE + EXP_SOURCE + PRODUCTS_SOURCE + LAYERS_SOURCE
 
 
 def build_native_decode(target_flags: list[str] | None = None):

@@ -16,13 +16,14 @@ the first time it is used and cached in torch's extension folder; where that fai
 
 from __future__ import annotations
 
-from audio_pipeline_kernels.native_build import THREADS_SOURCE, LazyKernel, _target_flags, build_extension
+from audio_pipeline_kernels.native_build import (THREADS_SOURCE, VECTOR_SOURCE, LazyKernel, _target_flags,
+                                                  build_extension)
 
-_SOURCE = THREADS_SOURCE + r"""
+_SOURCE = THREADS_SOURCE + VECTOR_SOURCE + r"""
 #include <cmath>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -31,47 +32,7 @@ _SOURCE = THREADS_SOURCE + r"""
 // cross the memory bus, the bound of a decode step on CPU. The vector forms below are compiled
 // where the build machine has the instructions (-march=native): AVX-512, else AVX2 with FMA and
 // F16C; elsewhere (ARM, older x86) the portable loops widen a row into a small float32 buffer first.
-#if defined(__AVX512F__)
-#define VECTOR_LOADS 1
-using vec = __m512;
-constexpr int W = 16;
-static inline vec vzero() { return _mm512_setzero_ps(); }
-static inline vec vset1(float x) { return _mm512_set1_ps(x); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
-static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-static inline vec vload(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-static inline vec vload(const c10::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define VECTOR_LOADS 1
-using vec = __m256;
-constexpr int W = 8;
-static inline vec vzero() { return _mm256_setzero_ps(); }
-static inline vec vset1(float x) { return _mm256_set1_ps(x); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-static inline float vsum(vec v) {
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
-}
-static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-static inline vec vload(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-static inline vec vload(const c10::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-#endif
+// (VECTOR_SOURCE: the vectors, and VECTOR_LOADS where they widen 16-bit loads.)
 
 // The portable widening: `n` stored elements at `src` as float32 (in `buf` unless already float32).
 static inline const float* as_float(const float* src, float*, int64_t) { return src; }

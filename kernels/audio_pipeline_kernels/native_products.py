@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 #: The products' C++: packing, the tiled kernel, ``linear``; and the helpers the layer operations
-#: use (``Weight``, ``product``). Needs THREADS_SOURCE before it.
+#: use (``Weight``, ``product``). Needs THREADS_SOURCE and VECTOR_SOURCE before it.
 PRODUCTS_SOURCE = r"""
 #include <algorithm>
 #include <cmath>
@@ -32,46 +32,10 @@ PRODUCTS_SOURCE = r"""
 #include <limits>
 #include <thread>
 #include <vector>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
 
 namespace {
 
-#if defined(__AVX512F__)
-using vec = __m512;
-constexpr int W = 16;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vset1(float x) { return _mm512_set1_ps(x); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-#elif defined(__AVX2__) && defined(__FMA__)
-using vec = __m256;
-constexpr int W = 8;
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vset1(float x) { return _mm256_set1_ps(x); }
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-#else
-// Portable loops (ARM, older x86): the compiler vectorizes them for its target; std::fma rounds
-// once, as the FMA instructions above do, so the bits are the same as theirs.
-constexpr int W = 4;
-struct vec { float v[W]; };
-inline vec vzero() { vec r; for (int i = 0; i < W; ++i) r.v[i] = 0.0f; return r; }
-inline vec vset1(float x) { vec r; for (int i = 0; i < W; ++i) r.v[i] = x; return r; }
-inline vec vload(const float* p) { vec r; std::memcpy(r.v, p, sizeof r.v); return r; }
-inline void vstore(float* p, vec v) { std::memcpy(p, v.v, sizeof v.v); }
-inline vec vfma(vec a, vec b, vec c) {
-  vec r;
-  for (int i = 0; i < W; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
-  return r;
-}
-inline vec vadd(vec a, vec b) { vec r; for (int i = 0; i < W; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
-#endif
+// vec, W and the vector operations: VECTOR_SOURCE (native_build.py).
 
 constexpr int V = 4;      // vectors per panel row
 constexpr int P = V * W;  // columns per panel
