@@ -2,7 +2,7 @@
 stream out, and bad streams answered with INVALID_ARGUMENT naming the field."""
 
 import asyncio
-import time
+import threading
 
 import grpc
 import numpy as np
@@ -28,7 +28,7 @@ def tokens(text):
     return pieces + ([word] if word else [])
 
 
-def audio_of(chunks):
+def samples_of(chunks):
     return np.concatenate([c.samples for c in chunks if not c.final])
 
 
@@ -38,35 +38,36 @@ def test_trickled_text_speaks_every_sentence_as_one_stream(idle_server):
         whole = list(client.stream(" ".join(SENTENCES), temperature=0.0))
     assert live[-1].final and live[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens
     # The same sentences as the whole text in one request, in order, with the same pauses.
-    np.testing.assert_allclose(audio_of(live), audio_of(whole), atol=2 / 32768)
+    np.testing.assert_allclose(samples_of(live), samples_of(whole), atol=2 / 32768)
 
 
 def test_the_first_sentence_is_spoken_before_the_text_ends(idle_server):
     """A sentence is spoken once the next one begins: its audio arrives while the client is still
-    holding back the rest of the text."""
-    released = []
+    holding back the rest of the text (the text goes on only once audio has come)."""
+    heard = threading.Event()
+    held_back = []
 
-    def pieces():
+    def pieces():  # read by gRPC's own thread while this one reads the audio
         yield SENTENCES[0] + " "
         yield "Sec"
-        time.sleep(3.0)  # the rest of the text comes much later
-        released.append(time.monotonic())
+        held_back.append(heard.wait(timeout=120))  # False: no audio came while the text was held back
         yield "ond one there."
 
     with TTSClient(idle_server.target, timeout=300) as client:
-        arrivals = [(time.monotonic(), c) for c in client.stream_text(pieces(), temperature=0.0)]
-    first_audio = next(t for t, c in arrivals if not c.final)
-    assert first_audio < released[0]
+        for chunk in client.stream_text(pieces(), temperature=0.0):
+            if not chunk.final:
+                heard.set()
+    assert held_back == [True]
 
 
 def test_flush_speaks_an_unfinished_sentence(idle_server):
     """The text before FLUSH is spoken as a piece of its own, then (after a pause) the rest: the
     stream is the two pieces' own speech with silence between."""
     with TTSClient(idle_server.target, timeout=300) as client:
-        flushed = audio_of(list(client.stream_text(["No full stop here", FLUSH, " and more after"],
+        flushed = samples_of(list(client.stream_text(["No full stop here", FLUSH, " and more after"],
                                                    temperature=0.0)))
-        before = audio_of(list(client.stream("No full stop here", temperature=0.0)))
-        after = audio_of(list(client.stream("and more after", temperature=0.0)))
+        before = samples_of(list(client.stream("No full stop here", temperature=0.0)))
+        after = samples_of(list(client.stream("and more after", temperature=0.0)))
     assert flushed.size > before.size + after.size
     np.testing.assert_allclose(flushed[:before.size], before, atol=2 / 32768)
     np.testing.assert_allclose(flushed[-after.size:], after, atol=2 / 32768)
@@ -86,9 +87,9 @@ def test_the_async_client_streams_text_from_an_async_source(idle_server):
     chunks = asyncio.run(run())
     assert chunks[-1].final
     with TTSClient(idle_server.target, timeout=300) as client:  # the sentence sent whole, sync
-        whole = audio_of(list(client.stream(SENTENCES[0], temperature=0.0)))
-    assert audio_of(chunks).shape == whole.shape
-    np.testing.assert_allclose(audio_of(chunks), whole, atol=2 / 32768)
+        whole = samples_of(list(client.stream(SENTENCES[0], temperature=0.0)))
+    assert samples_of(chunks).shape == whole.shape
+    np.testing.assert_allclose(samples_of(chunks), whole, atol=2 / 32768)
 
 
 def test_a_cancel_mid_sentence_frees_everything(idle_server):
@@ -150,7 +151,7 @@ def test_tts_client_live_reads_its_input_line_by_line(idle_server, tmp_path, mon
                        "--temperature", "0", "--quiet"]) == 0
     audio, rate = sf.read(out, dtype="float32")
     with TTSClient(idle_server.target, timeout=300) as client:
-        expected = audio_of(list(client.stream_text(["First one here. ", "Second one ", FLUSH, "there. "],
+        expected = samples_of(list(client.stream_text(["First one here. ", "Second one ", FLUSH, "there. "],
                                                     temperature=0.0)))
     assert rate == 24000 and audio.shape == expected.shape
     np.testing.assert_allclose(audio, expected, atol=2 / 32768)  # PCM16 both: the same samples

@@ -229,17 +229,29 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
 
 
 @pytest.mark.slow
-def test_a_spread_round_starts_its_streams_evenly_and_times_each_from_its_own_start(idle_server):
-    """--spread S: stream i of N starts i * S / N seconds into the round; its TTFA counts from there."""
+def test_a_spread_round_starts_its_streams_evenly_and_times_each_from_its_own_start(idle_server, monkeypatch):
+    """--spread S: stream i of N starts i * S / N seconds into the round; its TTFA counts from there.
+    No real time is measured here: each stream reads a clock of its own, set to its start when it
+    has waited for it, so a TTFA counted from anything but the stream's own start is not 0."""
     import asyncio
+    import contextvars
+    from types import SimpleNamespace
 
-    from audio_pipeline.bench.serve import run_round
+    from audio_pipeline.bench import serve
 
-    results, wall = asyncio.run(run_round(idle_server.target, 4, 0, tokens=14, spread=1.2))
+    own_clock, waits = contextvars.ContextVar("own_clock", default=0.0), []
+
+    async def wait(seconds):  # each stream runs as a task of its own: the clock it sets is its own
+        waits.append(seconds)
+        own_clock.set(seconds)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(serve, "asyncio", SimpleNamespace(sleep=wait, gather=asyncio.gather))
+    monkeypatch.setattr(serve, "time", SimpleNamespace(perf_counter=own_clock.get))
+    results, _ = asyncio.run(serve.run_round(idle_server.target, 4, 0, tokens=14, spread=1.2))
     assert len(results) == 4 and all(r.audio_seconds > 0 for r in results)
-    # The last stream starts 0.9 s in: the round lasts at least that; no TTFA includes the wait.
-    assert wall >= 0.9
-    assert max(r.ttfa for r in results) < wall - 0.5
+    assert waits == pytest.approx([0.3, 0.6, 0.9])  # stream 0 starts at once
+    assert [r.ttfa for r in results] == [0.0] * 4
 
 
 def test_with_several_rounds_every_stream_of_every_round_counts_toward_holding():
