@@ -8,9 +8,7 @@ import os
 
 import pytest
 
-# scratch_voices_dir is not used here: tests/test_playground.py and tests/test_request_fields.py
-# still import it (and make_config, wait_idle) from conftest; they move to helpers with their owners.
-from helpers import make_config, scratch_voices_dir, wait_idle  # noqa: F401
+from helpers import make_config, wait_idle
 
 # Built-in models and anything else cached go to a throwaway folder, never the user's cache.
 os.environ.setdefault("AUDIO_PIPELINE_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"),

@@ -27,7 +27,7 @@ import soundfile as sf
 from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.testing.background import BackgroundServer
 from browser import Browser, chromium_path
-from conftest import make_config, scratch_voices_dir
+from helpers import TRANSCRIPT, make_config, recording, scratch_voices_dir
 
 pytestmark = pytest.mark.slow
 TOKEN = "playground-token-0123456789"
@@ -202,7 +202,6 @@ def test_a_bad_request_shows_the_servers_own_message(server, browser):
 
 
 def test_a_reference_upload_registers_a_cloned_voice(tiny_model_dir, browser, tmp_path):
-    from speech_requests import TRANSCRIPT, recording
 
     running = started(make_config(tiny_model_dir, "limits.max_message_bytes=200000",
                                   voices_dir=str(tmp_path / "voices")))

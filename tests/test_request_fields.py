@@ -6,7 +6,6 @@ server's internals (layouts, families, Python classes)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import grpc
@@ -17,7 +16,7 @@ import pytest
 
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.registry import available_families
-from conftest import make_config, scratch_voices_dir, wait_idle
+from helpers import make_config, scratch_voices_dir, socket_session, wait_idle
 
 #: Real servers: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -57,27 +56,6 @@ def grpc_speech(server, text=TEXT, **options):
 
     with TTSClient(server.target, timeout=120) as grpc_client:
         return grpc_client.synthesize(text, seed=SEED, **options).samples
-
-
-def socket_session(server, messages, *, until_done=1, timeout=120):
-    """Sends ``messages`` over /v1/audio/stream; (JSON messages, binary frames by context) until
-    ``until_done`` utterances have finished (done, interrupted or error)."""
-    from websockets.sync.client import connect
-
-    received, audio, current, finished = [], {}, None, 0
-    with connect(f"ws://127.0.0.1:{server.http_port}/v1/audio/stream", open_timeout=30) as socket:
-        for message in messages:
-            socket.send(json.dumps(message))
-        while finished < until_done:
-            frame = socket.recv(timeout=timeout)
-            if isinstance(frame, bytes):
-                audio.setdefault(current, []).append(frame)
-                continue
-            event = json.loads(frame)
-            received.append(event)
-            current = event["context_id"] if event["type"] == "started" else current
-            finished += event["type"] in ("done", "interrupted", "error")
-    return received, {k: b"".join(v) for k, v in audio.items()}
 
 
 def pcm(samples: np.ndarray) -> np.ndarray:
