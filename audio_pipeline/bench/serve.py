@@ -5,6 +5,13 @@
     python -m audio_pipeline.bench.serve --device cuda --random-model orpheus-3b [--streams 1,64,128,256,512]
     python -m audio_pipeline.bench.serve --random-model qwen3-tts-0.6b --utterance-tokens 75 [--streams 1,4]
     python -m audio_pipeline.bench.serve --arrival poisson --rps 1,2,4,8 [--duration 30] [--door http|grpc]
+    python -m audio_pipeline.bench.serve --random-model orpheus-tiny --emulate-step-ms 9.6 --emulate-decoder-ms 2.5 \
+        --streams 64,256 --task-arg chunk_size=28
+
+``--emulate-step-ms`` runs the server on an emulated device (testing/emulated_device.py): every model
+step a sleep of that many milliseconds and every audio decoder call one of ``--emulate-decoder-ms``,
+the host side (engine loop, scheduler, runner staging and sampling, doors, encoders) as served, so a
+GPU server's host behaviour can be measured on a CPU; the report then has no memory floor.
 
 ``--arrival poisson`` runs the open-loop benchmark instead (bench/open_loop.py: requests arriving
 at random moments, judged by stalls and audible first audio); the rest of this describes the
@@ -545,6 +552,12 @@ def floor_report(summaries: dict[int, "RoundSummary"], served: ServedSettings, b
             FLOOR_HEADER, *(floor_row(summaries[n], cost, bandwidth) for n in sorted(summaries)), FLOOR_NOTE]
 
 
+def emulated(args: argparse.Namespace) -> tuple[float, float] | None:
+    """(step ms, decoder ms) of the emulated device the arguments ask for, else None."""
+    step = getattr(args, "emulate_step_ms", None)
+    return None if step is None else (step, getattr(args, "emulate_decoder_ms", 0.0))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -581,10 +594,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="simultaneous: N streams start at once (or over --spread), as above; poisson: requests "
                              "arrive open loop at --rps (bench/open_loop.py: stalls and audible first audio as "
                              "listeners hear them; the search finds the highest rate with no stalled request)")
+    parser.add_argument("--emulate-step-ms", type=float, metavar="MS",
+                        help="emulate the device: every model step of the server is a sleep of MS (zero hidden "
+                             "states: valid tokens drawn uniformly) and, with --emulate-decoder-ms, every audio "
+                             "decoder call a sleep (silence); the host side runs as served, so a GPU server's host "
+                             "behaviour can be measured on a CPU (testing/emulated_device.py)")
+    parser.add_argument("--emulate-decoder-ms", type=float, default=0.0, metavar="MS",
+                        help="with --emulate-step-ms, milliseconds of each audio decoder call (default 0)")
     from audio_pipeline.bench import open_loop
 
     open_loop.add_arguments(parser, shared=False)
     args = parser.parse_args(argv)
+    if args.emulate_step_ms is None and args.emulate_decoder_ms:
+        parser.error("--emulate-decoder-ms needs --emulate-step-ms")
+    if args.emulate_step_ms is not None and args.arrival == "poisson":
+        parser.error("--emulate-step-ms: an emulated device speaks silence, which no listener hears; the open loop's "
+                     "audible first audio needs real speech (use --arrival simultaneous)")
     if args.arrival == "poisson":
         return open_loop.run(args)
     counts = [int(s) for s in args.streams.split(",")]
@@ -603,13 +628,18 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = tempfile.mkdtemp(prefix=f"random-{args.random_model}-")
         args.model = str(write_random_model(model_dir, args.random_model))
-    else:
+    elif args.emulate_step_ms is None:
         plain = {b: plain_forward_ms(args.model, b, args.context) for b in PLAIN_BATCHES}
         print(f"plain padded forward ({args.threads} thread(s), context {args.context}): "
               + ", ".join(f"batch {b} {ms:.2f} ms" for b, ms in plain.items()) + " per step", flush=True)
     served = ServedSettings.of(args.model, args.device, args.task_arg)
+    emulate = emulated(args)
     # Measured before the server starts, so that nothing else of this run competes for memory.
-    if served.device.startswith("cuda"):
+    if emulate is not None:
+        bandwidth = 0.0
+        print(f"emulated device: a model step is {emulate[0]:g} ms, an audio decoder call {emulate[1]:g} ms "
+              "(sleeps; zero hidden states, silent audio)", flush=True)
+    elif served.device.startswith("cuda"):
         bandwidth = read_bandwidth(served.device)
         where = f"{served.device} {bandwidth / 1e9:.0f} GB/s"
     else:
@@ -618,13 +648,14 @@ def main(argv: list[str] | None = None) -> int:
         bandwidth = bandwidths[served.threads]
         where = (", ".join(f"{t} thread{'s' if t > 1 else ''} {b / 1e9:.1f} GB/s" for t, b in bandwidths.items())
                  + f"; the floor uses the engine's {served.threads} thread{'s' if served.threads > 1 else ''}")
-    print(f"read bandwidth (a float32 sum over {READ_BYTES >> 20} MiB, best of 5): {where}", flush=True)
+    if emulate is None:
+        print(f"read bandwidth (a float32 sum over {READ_BYTES >> 20} MiB, best of 5): {where}", flush=True)
 
     # Stopped by a time limit (SIGTERM), the benchmark still stops its server and keeps the log: a
     # server left behind holds the GPU's memory, and the next run fails for want of it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = Server(args.model, args.task_arg, device=args.device, log_path=args.server_log,
-                    start_timeout=args.start_timeout)
+                    start_timeout=args.start_timeout, emulate=emulate)
     succeeded = False
     try:
         server.wait_ready()
@@ -641,8 +672,9 @@ def main(argv: list[str] | None = None) -> int:
                           args.spread)
             print(f"largest N with every stream holding real time (stall <= {1000 * STALL_LIMIT_S:.0f} ms) and "
                   f"TTFA p99 < {1000 * TTFA_P99_LIMIT_S:.0f} ms: {best}")
-        print("\n".join(floor_report(summaries, served, bandwidth, logged_cache_dtype)), flush=True)
-        if args.random_model:
+        if emulate is None:  # an emulated step has no memory floor
+            print("\n".join(floor_report(summaries, served, bandwidth, logged_cache_dtype)), flush=True)
+        if args.random_model or emulate is not None:
             succeeded = True
             return 0
         first = summaries[min(summaries)]

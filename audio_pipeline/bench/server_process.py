@@ -41,12 +41,18 @@ class Server:
     Its stderr goes to ``log_path`` (else a temporary file). ``start_timeout``: seconds it may take to listen."""
 
     def __init__(self, model: str | None, task_args: list[str], log_level: str = "INFO", device: str | None = None,
-                 log_path: str | None = None, start_timeout: float = 600.0, http: bool = False):
+                 log_path: str | None = None, start_timeout: float = 600.0, http: bool = False,
+                 emulate: tuple[float, float] | None = None):
         self.metrics_port = free_port()
         self.start_timeout = start_timeout
         self.log = (open(log_path, "w") if log_path else
                     tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False, mode="w"))
-        command = [sys.executable, "-c", SERVE_THIS_TREE, "serve", "--host", "127.0.0.1", "--port", "0",
+        # ``emulate``: (step ms, decoder ms) of an emulated device (testing/emulated_device.py).
+        serve = SERVE_THIS_TREE if emulate is None else SERVE_THIS_TREE.replace(
+            "from audio_pipeline.cli import main;",
+            "from audio_pipeline.testing.emulated_device import install_in_every_engine; "
+            f"install_in_every_engine({float(emulate[0])!r}, {float(emulate[1])!r}); from audio_pipeline.cli import main;")
+        command = [sys.executable, "-c", serve, "serve", "--host", "127.0.0.1", "--port", "0",
                    "--metrics-port", str(self.metrics_port), "--log-level", log_level]
         if http:
             command += ["--http-port", "0"]
