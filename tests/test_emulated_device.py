@@ -29,12 +29,12 @@ def test_an_emulated_engine_speaks_valid_tokens_as_silence_of_the_right_length(t
     finally:
         engine.stop()
     layout, decoder = engine.layout, engine.decoder
-    # Zero hidden states tie every candidate: greedy takes each slot's first code and never ends early.
-    assert greedy.stop_reason.value == "max_tokens" and len(greedy.generated) == 70
-    assert greedy.generated == [layout.token_range(i)[0] for i in range(70)]
-    # Sampled tokens are valid codes of their frame slot.
-    assert all(layout.token_range(i)[0] <= t < layout.token_range(i)[1] for i, t in enumerate(sampled.generated))
-    assert len(set(sampled.generated)) > 10
+    # Logits peaked at a random code of each row, as a trained model's are: valid codes of each
+    # frame slot, greedy or sampled, and speech to max_tokens.
+    for context in (greedy, sampled):
+        assert context.stop_reason.value == "max_tokens" and len(context.generated) == 70
+        assert all(layout.token_range(i)[0] <= t < layout.token_range(i)[1] for i, t in enumerate(context.generated))
+        assert len(set(context.generated)) > 10
     # The audio is silence, as long as the frames the tokens make.
     for context, pieces in zip((greedy, sampled), chunks):
         audio = np.concatenate(pieces)

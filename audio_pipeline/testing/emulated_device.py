@@ -6,9 +6,11 @@ step takes the cores the host would use. With the device emulated, a step of the
 is a sleep of ``step_ms`` and a decoder call a sleep of ``decoder_ms`` (sleeps release the
 interpreter, as a device's kernels do), and everything else runs as served: the scheduler, the
 runner's staging and sampling, the update, the chunking, the encoders, both doors. The step's
-hidden states are zeros, so every candidate's logit ties: sampled tokens are valid codes drawn
-uniformly (greedy takes the first code of each slot and speaks to max_tokens); the decoder's audio
-is silence of the right length.
+hidden states are zeros and its logits peaked as a trained model's are (one candidate code of each
+row 20 above the rest, drawn from the emulation's own generator), so the sampler works as it does
+on real speech (a flat distribution would send every row down its slow full-sort path) and every
+token is a valid code; end of speech is never likely, so streams speak to max_tokens. The
+decoder's audio is silence of the right length.
 
 ``bench.serve --emulate-step-ms MS --emulate-decoder-ms MS`` serves this way; in a program,
 ``EmulatedDevice(step_ms, decoder_ms).install(engine)``.
@@ -35,6 +37,7 @@ class EmulatedDevice:
     #: Model steps and decoder calls made so far (the benchmark's and the tests' check).
     steps: int = 0
     decoder_calls: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.step_ms < 0 or self.decoder_ms < 0:
@@ -50,6 +53,16 @@ class EmulatedDevice:
             self.steps += 1
             time.sleep(self.step_ms / 1000.0)
             return torch.zeros(tokens.shape[0], hidden, dtype=dtype, device=device)
+
+        codebook = engine.layout.codebook_size
+        draws = torch.Generator().manual_seed(self.seed)
+
+        def peaked_logits(hidden: torch.Tensor, groups: Any, order: torch.Tensor, extra_ids: torch.Tensor,
+                          width: int) -> torch.Tensor:
+            rows = hidden.shape[0]
+            logits = torch.zeros(rows, width + extra_ids.shape[1], dtype=torch.float32)
+            logits[torch.arange(rows), torch.randint(0, codebook, (rows,), generator=draws)] = 20.0
+            return logits.to(device)
 
         frame, samples = decoder.tokens_per_frame, decoder.samples_per_frame
 
@@ -67,6 +80,9 @@ class EmulatedDevice:
             return [(silence(codes), state) for codes, state in zip(blocks, states)]
 
         model.forward = step
+        model.compute_candidate_logits = peaked_logits
+        model.compute_slot_logits = lambda hidden, starts, extra_ids, width, first, slots: peaked_logits(
+            hidden, None, starts, extra_ids, width)
         decoder.decode_batch = decode_batch
         decoder.decode_blocks = decode_blocks
         decoder.graphs = None  # nothing to capture: the calls are sleeps
