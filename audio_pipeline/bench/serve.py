@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     if emulate is not None:
         bandwidth = 0.0
         print(f"emulated device: a model step is {emulate[0]:g} ms, an audio decoder call {emulate[1]:g} ms "
-              "(sleeps; zero hidden states, silent audio)", flush=True)
+              "(sleeps; logits peaked at a random valid code, silent audio)", flush=True)
     elif served.device.startswith("cuda"):
         bandwidth = read_bandwidth(served.device)
         where = f"{served.device} {bandwidth / 1e9:.0f} GB/s"
