@@ -39,6 +39,10 @@ class Request:
     def cache_generated(self):
         return self.generated
 
+    @property
+    def cache_keys(self):
+        return self.prompt + self.generated
+
     def tokens_per_sample(self, position):
         return 1
 

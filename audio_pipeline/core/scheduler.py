@@ -93,6 +93,10 @@ class ScheduledRequest(Protocol):
     cache_generated: list
 
     @property
+    def cache_keys(self) -> list:
+        """``cache_prompt`` then ``cache_generated``: every position as the prefix cache compares it."""
+
+    @property
     def max_length(self) -> int: ...
 
     @property
@@ -231,11 +235,6 @@ class _TokenPrefix(Sequence[int]):
 def _computed_tokens(request: ScheduledRequest) -> Sequence[int]:
     """The cache keys of ``request``'s positions whose KV is in the cache (its first ``processed``)."""
     return _TokenPrefix(request.cache_prompt, request.cache_generated, request.processed)
-
-
-def _cache_keys(request: ScheduledRequest) -> Sequence:
-    """What the prefix cache compares of ``request``'s positions (all of them)."""
-    return request.cache_prompt + request.cache_generated
 
 
 def _after_samples(entry: "_Entry", steps: int) -> tuple[int, int]:
@@ -506,7 +505,8 @@ class AudioGenerationScheduler:
         if prefill:
             return prefill[0].unscheduled
         if self._waiting:
-            return max(1, len(_cache_keys(self._waiting[0].request)))
+            waiting = self._waiting[0].request
+            return max(1, len(waiting.cache_prompt) + len(waiting.cache_generated))
         return 0
 
     def _let_go(self, entry: _Entry) -> Finished:
@@ -596,7 +596,7 @@ class AudioGenerationScheduler:
                    and len(self._running) < self.config.admission_limit):
                 entry = self._waiting[0]
                 request = entry.request
-                tokens = _cache_keys(request)
+                tokens = request.cache_keys
                 cached = manager.claim(request.request_id, tokens)
                 entry.next_pos = cached
                 entry.expected_len = len(tokens)
