@@ -93,9 +93,7 @@ class AudioDecoder(ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # decode and decode_batch are each other's default: a decoder writes at least one.
-        if "decode" not in vars(cls) and "decode_batch" not in vars(cls) and not any(
-                "decode" in vars(base) or "decode_batch" in vars(base)
-                for base in cls.__mro__[1:] if base is not AudioDecoder and issubclass(base, AudioDecoder)):
+        if cls.decode is AudioDecoder.decode and cls.decode_batch is AudioDecoder.decode_batch:
             raise TypeError(f"audio decoder {cls.__name__} must define decode or decode_batch")
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
