@@ -31,6 +31,11 @@ _SETTINGS = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=F
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
+def problems_message(problems: list[str]) -> str:
+    """What a ValueError about the configuration says: its one problem, or every one listed."""
+    return problems[0] if len(problems) == 1 else "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
 def _describe(exc: ValidationError) -> str:
     """pydantic's errors as this module words its own: one line per field, named by its dotted path."""
     lines = []
@@ -41,7 +46,7 @@ def _describe(exc: ValidationError) -> str:
         else:
             message = error["msg"].removeprefix("Value error, ")
             lines.append(f"invalid value {error['input']!r} for {key}: {message}")
-    return lines[0] if len(lines) == 1 else "invalid configuration:\n" + "\n".join(f"  - {p}" for p in lines)
+    return problems_message(lines)
 
 
 class _ValueEnum(str, Enum):
@@ -376,8 +381,7 @@ class PipelineConfig(BaseSettings):
         """
         problems = self._rule_problems()
         if problems:
-            raise ValueError(problems[0] if len(problems) == 1 else
-                             "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise ValueError(problems_message(problems))
         return self
 
     def _rule_problems(self) -> list[str]:

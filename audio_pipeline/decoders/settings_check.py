@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from audio_pipeline.config.settings import problems_message
 from audio_pipeline.decoders.registry import audio_decoder_class
 
 if TYPE_CHECKING:
@@ -45,6 +46,5 @@ def check_decoder_settings(config: "AudioGenerationConfig") -> "AudioGenerationC
     listing every such setting (worded as the configuration's own rules are)."""
     problems = decoder_setting_problems(config)
     if problems:
-        raise ValueError(problems[0] if len(problems) == 1 else
-                         "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise ValueError(problems_message(problems))
     return config
