@@ -5,7 +5,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 
 from helpers import GREEDY, make_config, run_to_completion
 
@@ -67,4 +66,3 @@ def test_the_serving_benchmark_runs_on_an_emulated_device(capsys):
     with pytest.raises(SystemExit):
         main(["--arrival", "poisson", "--rps", "1", "--emulate-step-ms", "2"])
     assert "an emulated device speaks silence" in capsys.readouterr().err
-    torch.set_num_threads(1)  # the benchmark set this process's threads
