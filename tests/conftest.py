@@ -68,3 +68,20 @@ def idle_server(tts_server):
     yield tts_server
     wait_idle(tts_server.engine)
 
+
+
+@pytest.fixture
+def idle(server):
+    """The module's own ``server`` (one with HTTP), holding no request before and after the test."""
+    wait_idle(server.engine)
+    yield server
+    wait_idle(server.engine)
+
+
+@pytest.fixture
+def client(idle):
+    """The ``openai`` package's client on ``idle``'s HTTP door."""
+    import openai
+
+    with openai.OpenAI(base_url=f"{idle.http_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client

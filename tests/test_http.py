@@ -34,19 +34,6 @@ def server(tiny_model_dir):
     server.stop()
 
 
-@pytest.fixture
-def idle(server):
-    wait_idle(server.engine)
-    yield server
-    wait_idle(server.engine)
-
-
-@pytest.fixture
-def client(idle):
-    with openai.OpenAI(base_url=f"{idle.http_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
-
-
 def grpc_result(server, text=TEXT, **options):
     """The same speech through gRPC (the client's SynthesisResult)."""
     from audio_pipeline_client import TTSClient

@@ -16,7 +16,7 @@ import pytest
 
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.registry import available_families
-from helpers import make_config, scratch_voices_dir, socket_session, wait_idle
+from helpers import make_config, scratch_voices_dir, socket_session
 
 #: Real servers: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -36,19 +36,6 @@ def server():
     server = BackgroundServer(config, http_port=0).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def idle(server):
-    wait_idle(server.engine)
-    yield server
-    wait_idle(server.engine)
-
-
-@pytest.fixture
-def client(idle):
-    with openai.OpenAI(base_url=f"{idle.http_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 def grpc_speech(server, text=TEXT, **options):
