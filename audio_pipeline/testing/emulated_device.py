@@ -5,12 +5,21 @@ engine loop, the scheduler, the doors, the encoders) goes on; on a small CPU the
 step takes the cores the host would use. With the device emulated, a step of the language model
 is a sleep of ``step_ms`` and a decoder call a sleep of ``decoder_ms`` (sleeps release the
 interpreter, as a device's kernels do), and everything else runs as served: the scheduler, the
-runner's staging and sampling, the update, the chunking, the encoders, both doors. The step's
-hidden states are zeros and its logits peaked as a trained model's are (one candidate code of each
-row 20 above the rest, drawn from the emulation's own generator), so the sampler works as it does
-on real speech (a flat distribution would send every row down its slow full-sort path) and every
-token is a valid code; end of speech is never likely, so streams speak to max_tokens. The
-decoder's audio is silence of the right length.
+runner's staging, the update, the chunking, the encoders, both doors.
+
+The sampling is part of the emulated step too: on a GPU it is device work inside the step (a
+captured graph after the forward pass, whose host cost is a launch), so ``step_ms`` stands for
+the forward pass and the sampling together, and the host must not pay the sampler's CPU time
+(about 9 ms a pass at 256 rows on a 2-core CPU, as much as the emulated step itself). The runner's
+``ModelRunner._sample`` is routed, for an emulated model alone, to a draw that costs a few
+microseconds: each row gets a random code of its frame slot's codebook, the token a trained
+model's peaked logits give, or where the layout allows no code there (a forced token: an
+alignment's, a forced end of speech) the first candidate the row allows, so every token is one the
+real sampler could pick (SamplingRows' candidates and ``blocked``). A frame model's frame is random
+codes with the token's code in its token column and the codes the alignment fixes. End of speech is
+never drawn unless forced, so streams speak to max_tokens (an aligned voice to its alignment's
+end). The repetition counts, which only the real sampler reads, are left as they are. The hidden
+states are zeros, and the decoder's audio is silence of the right length.
 
 ``bench.serve --emulate-step-ms MS --emulate-decoder-ms MS`` serves this way; in a program,
 ``EmulatedDevice(step_ms, decoder_ms).install(engine)``.
@@ -19,18 +28,26 @@ decoder's audio is silence of the right length.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from audio_pipeline.core.model_runner import ModelRunner
+    from audio_pipeline.core.sampler import SamplingRows
     from audio_pipeline.engine import TTSEngine
+
+#: The emulated models, each with its sampling (what ModelRunner._sample does for their runners).
+_EMULATED_SAMPLING: "weakref.WeakKeyDictionary[Any, Callable[..., torch.Tensor]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
 class EmulatedDevice:
-    """Sleeps in place of the model's step and the decoder's calls; counts them."""
+    """Sleeps in place of the model's step and the decoder's calls, a cheap draw in place of the
+    sampling; counts the steps and the calls."""
 
     step_ms: float
     decoder_ms: float = 0.0
@@ -44,8 +61,8 @@ class EmulatedDevice:
             raise ValueError(f"emulated times must be >= 0 ms, got step {self.step_ms}, decoder {self.decoder_ms}")
 
     def install(self, engine: "TTSEngine") -> "EmulatedDevice":
-        """Replaces ``engine``'s model step and decoder calls (before its first request)."""
-        model, decoder = engine.model, engine.decoder
+        """Replaces ``engine``'s model step, its sampling and its decoder calls (before its first request)."""
+        model, decoder, layout = engine.model, engine.decoder, engine.layout
         hidden = int(model.model.config.hidden_size)
         dtype, device = model.dtype, model.devices[0]
 
@@ -54,15 +71,26 @@ class EmulatedDevice:
             time.sleep(self.step_ms / 1000.0)
             return torch.zeros(tokens.shape[0], hidden, dtype=dtype, device=device)
 
-        codebook = engine.layout.codebook_size
-        draws = torch.Generator().manual_seed(self.seed)
+        draws = np.random.default_rng(self.seed)
+        column = layout.token_column
 
-        def peaked_logits(hidden: torch.Tensor, groups: Any, order: torch.Tensor, extra_ids: torch.Tensor,
-                          width: int) -> torch.Tensor:
-            rows = hidden.shape[0]
-            logits = torch.zeros(rows, width + extra_ids.shape[1], dtype=torch.float32)
-            logits[torch.arange(rows), torch.randint(0, codebook, (rows,), generator=draws)] = 20.0
-            return logits.to(device)
+        def sample(runner: "ModelRunner", inputs: dict[str, torch.Tensor], rows: "SamplingRows") -> torch.Tensor:
+            """The step's samples, shaped as ModelRunner._sample's, from the host's sampling rows alone."""
+            batch, codebook = rows.starts.shape[0], rows.codebook_size
+            picks = draws.integers(0, codebook, batch)
+            blocked = rows.blocked
+            refused = blocked[np.arange(batch), picks]
+            if refused.any():  # forced rows: the one candidate the row allows (the first, if several)
+                picks[refused] = np.argmax(~blocked[refused], axis=1)
+            stops = rows.extra_ids[np.arange(batch), np.maximum(picks - codebook, 0)]
+            ids = torch.from_numpy(np.where(picks < codebook, rows.starts + picks, stops))
+            codes_per_token = runner.frame_sampling.codes
+            if codes_per_token > 1:  # [B, 1 + codes]: the id, then its frame (core/depth.py's complete)
+                frames = torch.from_numpy(draws.integers(0, codebook, (batch, codes_per_token)))
+                frames[:, column] = torch.from_numpy(picks)
+                fixed = inputs["depth_fixed"].cpu()
+                ids = torch.cat([ids[:, None], torch.where(fixed >= 0, fixed, frames)], dim=1)
+            return ids.to(device)
 
         frame, samples = decoder.tokens_per_frame, decoder.samples_per_frame
 
@@ -80,13 +108,33 @@ class EmulatedDevice:
             return [(silence(codes), state) for codes, state in zip(blocks, states)]
 
         model.forward = step
-        model.compute_candidate_logits = peaked_logits
-        model.compute_slot_logits = lambda hidden, starts, extra_ids, width, first, slots: peaked_logits(
-            hidden, None, starts, extra_ids, width)
+        _route_sampling()
+        _EMULATED_SAMPLING[model] = sample
         decoder.decode_batch = decode_batch
         decoder.decode_blocks = decode_blocks
         decoder.graphs = None  # nothing to capture: the calls are sleeps
         return self
+
+
+def _route_sampling() -> None:
+    """Makes ModelRunner._sample (once per process) sample as the emulation does for a runner whose
+    model is emulated (the engine builds its runner after ``install``), as it did for the others."""
+    from audio_pipeline.core.model_runner import ModelRunner
+
+    real = ModelRunner._sample
+    if getattr(real, "routes_emulated_sampling", False):
+        return
+
+    def _sample(runner: "ModelRunner", hidden: torch.Tensor, device: dict[str, torch.Tensor], rows: "SamplingRows",
+                *args: Any, **kwargs: Any) -> torch.Tensor:
+        emulated = _EMULATED_SAMPLING.get(runner.model)
+        if emulated is not None:
+            return emulated(runner, device, rows)
+        return real(runner, hidden, device, rows, *args, **kwargs)
+
+    _sample.__doc__, _sample.__wrapped__ = real.__doc__, real  # type: ignore[attr-defined]
+    _sample.routes_emulated_sampling = True  # type: ignore[attr-defined]
+    ModelRunner._sample = _sample
 
 
 def install_in_every_engine(step_ms: float, decoder_ms: float) -> None:
