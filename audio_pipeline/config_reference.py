@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     page = render()
     if args.write:
-        target = Path(__file__).resolve().parents[2] / PAGE
+        target = Path(__file__).resolve().parents[1] / PAGE
         target.write_text(page)
         print(f"wrote {target}", file=sys.stderr)
     else:

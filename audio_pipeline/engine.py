@@ -1,7 +1,7 @@
-"""TTSEngine: builds the model, tokenizer, layout, decoder, KV cache, scheduler and engine core from
-the configuration, once; then admits and runs requests (a request is prepared and checked by
-service/prepare.py first), and keeps the registered voices. The server and the in-process
-`synthesize` command both use it."""
+"""TTSEngine: one model served: its engine core (built in this process or run in a process of its
+own: ``engine_process``), and the front end's half: the tokenizer and layout requests are prepared
+with (service/prepare.py), the languages, the voices (presets, registered ones, pronunciations).
+The server and the in-process `synthesize` command both use it."""
 
 from __future__ import annotations
 
@@ -17,65 +17,39 @@ from typing import Any
 import numpy as np
 import torch
 
+from audio_pipeline.checkpoints.loading import load_tokenizer, resolve_model_dir
 from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+from audio_pipeline.core.assembly import CoreAssembly, CoreFacts
+from audio_pipeline.core.local import LocalCore
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
-from audio_pipeline.decoders import load_audio_decoder
 from audio_pipeline.decoders.settings_check import check_decoder_settings
-from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, ResourceExhausted, echo
-from audio_pipeline.core.metrics import EngineMetrics
+from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
 from audio_pipeline.layouts.manifest import ModelManifest
 from audio_pipeline.layouts.voice_info import VoiceInfo
-from audio_pipeline.core.scheduler import AudioGenerationScheduler, SchedulerConfig
 from audio_pipeline.text.segment import segments
 from audio_pipeline.service.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size,
                                            check_transcript, codes_file, read_reference_audio, read_voice_entry)
-from audio_pipeline.core.kv_cache.build import build_kv_cache
-from audio_pipeline.core.engine_core import AudioEvent, EngineCore, Sink, StreamSettings, Usage
-from audio_pipeline.core.model_runner import build_runner
-from audio_pipeline.core.step_timing import StepTimer
-from audio_pipeline.core.runtime import default_num_threads, release_free_memory
+from audio_pipeline.core.engine_core import AudioEvent, Sink, Usage
 from audio_pipeline.core.sampling_params import SamplingParams
 from audio_pipeline.service.prepare import RequestPreparer
 
 logger = logging.getLogger(__name__)
 
+ENGINE_PROCESSES = ("auto", "subprocess", "in_process")
 
 
-def resolve_model_dir(model_path: str) -> Path:
-    """A local model directory for ``model_path`` (``builtin:NAME`` or a path)."""
-    if model_path.startswith("builtin:"):
-        from audio_pipeline.builtin import resolve_builtin_model
-
-        return resolve_builtin_model(model_path.removeprefix("builtin:"))
-    path = Path(model_path).expanduser()
-    if not path.is_dir():
-        hint = (" It looks like a hub id: this engine loads local directories only; download the model "
-                "first and pass its directory.") if model_path.count("/") == 1 and not path.exists() else ""
-        raise FileNotFoundError(f"model.model_path: {model_path!r} is not a directory.{hint}")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.model_path: {path} has no config.json (expected a Hugging Face model directory)")
-    return path
-
-
-def resolve_device(name: str) -> torch.device:
-    """The device ``name`` (model.device) stands for; a CUDA device always with its index (the
-    current one for plain ``cuda``), since torch.cuda.set_device and the graph pools need one."""
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"model.device: {name!r} asked for, but CUDA is not available")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        elif device.index >= torch.cuda.device_count():
-            raise ValueError(f"model.device: {name!r} asked for, but there are {torch.cuda.device_count()} GPUs")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+def resolve_engine_process(setting: str, device: str) -> str:
+    """Where a server's engine core runs: ``engine_process`` as set, or for ``auto`` by the device
+    (model.device): its own process on CUDA, where the host's work for a step must stay off the
+    doors' interpreter; this process on the CPU, where two processes share the same few cores
+    (docs/performance.md has the measurements)."""
+    if setting not in ENGINE_PROCESSES:
+        raise ValueError(f"engine_process: {setting!r} is not one of {', '.join(ENGINE_PROCESSES)}")
+    if setting != "auto":
+        return setting
+    on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "subprocess" if on_cuda else "in_process"
 
 
 @dataclass
@@ -88,98 +62,50 @@ class SynthesisResult:
     stop_reason: StopReason
 
 
-def load_tokenizer(model_dir: Path, *, plain: bool = False) -> Any:
-    """The model's tokenizer: transformers' AutoTokenizer, or for a plain checkpoint (a family's
-    ``plain_checkpoint``) its vocabulary through ``tokenizers`` alone (checkpoints/plain_config.py)."""
-    if plain:
-        from audio_pipeline.checkpoints.plain_config import VocabularyTokenizer
-
-        return VocabularyTokenizer(model_dir)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
 class TTSEngine:
-    """Everything needed to serve one model: load once, then create and submit requests."""
+    """Everything needed to serve one model: load once, then create and submit requests.
 
-    def __init__(self, config: AudioGenerationConfig):
-        from audio_pipeline.models.registry import pipeline_model_class, read_model_config
+    ``engine_process``: ``in_process`` (the default: a user's program, tests) builds the engine core
+    here, on threads of this process; ``subprocess`` runs it in a process of its own
+    (core/process/), which this object starts, restarts if it dies, and stops."""
 
+    def __init__(self, config: AudioGenerationConfig, *, engine_process: str = "in_process"):
         check_decoder_settings(config)  # before anything loads
-        self.model_dir = resolve_model_dir(config.model.model_path)
-        self.manifest = ModelManifest.read(self.model_dir)
-        device = resolve_device(config.model.device)
-        dtype = resolve_dtype(config.model.dtype, device)
-        self.config = config = config.for_device(device.type)
-        if device.type == "cuda":  # streams, events and graph pools below belong to the current device
-            torch.cuda.set_device(device)
-        #: Intra-op threads the engine thread runs with (model.num_threads, else a per-device default).
-        self.num_threads = config.model.num_threads or default_num_threads(device)
-        plain = self.manifest.family_record.plain_checkpoint
-        hf_config = read_model_config(self.model_dir, plain=plain)
-        self.tokenizer = load_tokenizer(self.model_dir, plain=plain)
-        self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
+        self.engine_process = resolve_engine_process(engine_process, config.model.device)
+        if self.engine_process == "subprocess":
+            from audio_pipeline.core.process.client import CoreProcess
+            from audio_pipeline.core.process.metrics import front_end_metrics
+
+            # The core's process loads the model while this one loads the tokenizer and the layout.
+            self.backend = backend = CoreProcess(config)
+            try:
+                self.model_dir = resolve_model_dir(config.model.model_path)
+                self.manifest = ModelManifest.read(self.model_dir)
+                self.tokenizer = load_tokenizer(self.model_dir, plain=self.manifest.family_record.plain_checkpoint)
+                self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
+                self.facts: CoreFacts = backend.wait_ready()
+            except BaseException:
+                backend.stop(0.0)
+                raise
+            self.config = config.for_device(self.facts.device_type)
+            self.metrics = front_end_metrics(self.config.prometheus_metrics_mode.value, backend.metrics_text)
+        else:
+            assembly = CoreAssembly(config)
+            self.backend = LocalCore(assembly)
+            self.facts = assembly.facts
+            self.config = assembly.config
+            self.model_dir, self.manifest = assembly.model_dir, assembly.manifest
+            self.tokenizer, self.layout = assembly.tokenizer, assembly.layout
+            # The parts, for in-process use (tests, benchmarks): the engine core's own objects.
+            self.model, self.decoder, self.kv_cache = assembly.model, assembly.decoder, assembly.kv_cache
+            self.scheduler, self.core, self.metrics = assembly.scheduler, assembly.core, assembly.metrics
+            self.decoder_device, self.num_threads = assembly.decoder_device, assembly.num_threads
+        config = self.config
+        self.decoder_name = self.facts.decoder_name
+        self.max_batch_size = config.max_batch_size
         #: The languages a request may name (text/languages.py): the manifest's, the checkpoint's, or the family's.
         self.languages = self.manifest.spoken_languages(self.layout)
-        if hf_config.vocab_size < self.layout.min_vocab_size:
-            raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "
-                             f"speech tokens of the {self.manifest.family} layout (needs {self.layout.min_vocab_size})")
-        #: The decoder in use: audio_decoder as configured, else the one the model's manifest names.
-        self.decoder_name = config.resolved_audio_decoder
-        # Checked before the language model loads: a missing decoder must not cost a multi-GB load first.
-        decoder_weights = self._decoder_weights()
-        model_class = pipeline_model_class(hf_config)
-        if self.layout.codes_per_token > 1 and not model_class.has_depth_decoder:
-            raise ValueError(f"model.model_path: the {self.manifest.family} layout samples {self.layout.codes_per_token} "
-                             f"codes per position, which a {hf_config.model_type} checkpoint cannot (no depth decoder)")
-        self.model = model_class(config, hf_config, self.model_dir, devices=[device], dtype=dtype,
-                                 kv_cache_config=config.model.kv_cache, random_weights=self.manifest.random_weights)
-        if self.model.codes_per_token != self.layout.codes_per_token:
-            raise ValueError(f"model.model_path: the model samples {self.model.codes_per_token} codes "
-                             f"per position, the {self.manifest.family} layout {self.layout.codes_per_token}")
-        self.max_batch_size = config.max_batch_size
-        self.decoder = load_audio_decoder(self.decoder_name, decoder_weights,
-                                          config.audio_decoder_config, device=device)
-        self.decoder_device = device
-        #: The paged KV cache: the engine's, sized for the model after its weights and the decoder are loaded.
-        self.kv_cache = kv_manager = build_kv_cache(self.model, config.model.kv_cache.kv_cache_memory_bytes,
-                                                    reserve_bytes=self._activation_reserve())
-        # What "auto" settings became (the configuration's own log line shows them as set).
-        blocks = kv_manager.block_manager
-        grows = (f", growing on demand to at most {blocks.max_num_blocks} pages"
-                 if blocks.max_num_blocks > blocks.total_num_blocks else "")
-        logger.info("KV cache: %d pages of %d tokens (%.0f MiB%s), %s, attention %s", kv_manager.total_num_blocks,
-                    kv_manager.page_size, kv_manager.total_num_blocks * kv_manager.page_size
-                    * self.model.kv_params.bytes_per_token / 2**20, grows,
-                    str(self.model.cache_dtype).removeprefix("torch."), kv_manager.backend.name)
-        logger.info("Batching on %s: max_batch_size=%d, max_queue_size=%d, in-flight batching %s, overlap %s, "
-                    "max_num_steps %d, audio decoding on %s", device.type, config.max_batch_size,
-                    config.max_queue_size, config.enable_in_flight_batching, config.enable_overlap_scheduler,
-                    config.max_num_steps, "its own thread" if config.audio_decoder_thread else "the loop")
-        for name in ("block_causal", "prepend_prompt_speech_tokens_causal"):
-            if getattr(config, name) and not self.decoder.supports_block_causal:
-                raise ValueError(f"{name}: the loaded {self.decoder_name!r} checkpoint does not support "
-                                 "block-causal decoding")
-        if self.decoder.tokens_per_frame != self.layout.codes_per_frame:
-            raise ValueError(f"audio_decoder: {self.decoder_name!r} takes {self.decoder.tokens_per_frame}-code "
-                             f"frames; the {self.manifest.family} layout makes {self.layout.codes_per_frame}-code frames")
-        self.layout.check_decoder(self.decoder)
-        self.layout.check_model(self.model)
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
-        self.metrics = EngineMetrics(config.prometheus_metrics_mode.value)
-        timer = StepTimer()
-
-        def make_runner():
-            return build_runner(self.model, kv_manager, self.layout, config, max_batch_size=self.max_batch_size, timer=timer,
-                                overlap=config.enable_overlap_scheduler)
-
-        # On CUDA the runner is built now, not at the first request: it captures the decode graphs
-        # (seconds). On the CPU the engine's thread builds it at its first step: built here, the
-        # model phase at 32 streams through the server measured 4.58 and 5.37 ms per pass against
-        # 4.01-4.35 and 4.94-4.97 built there (two pairs of runs; likely its buffers' heap).
-        runner = make_runner() if device.type == "cuda" else make_runner
-        self.scheduler = AudioGenerationScheduler(SchedulerConfig.from_config(config), kv_manager.block_manager)
         self.voice_store = self._open_voice_store()
         #: Pronunciation lexicons by voice name ("*": every voice), from the configuration's file.
         self.voice_lexicons = self._voice_lexicons()
@@ -187,56 +113,6 @@ class TTSEngine:
         self.preset_prompts = self._preset_prompts()
         #: Request preparation for in-process use (the speech service keeps its own over this engine).
         self.requests = RequestPreparer(self)
-        self.core = EngineCore(runner, self.decoder, StreamSettings.from_config(config), self.scheduler,
-                               overlap=config.enable_overlap_scheduler, timer=timer, metrics=self.metrics,
-                               num_threads=self.num_threads, decode_stream=self._decode_stream(device),
-                               decode_thread=config.audio_decoder_thread)
-        kv_manager.before_grow = self.core.wait_for_steps  # no step may hold the old tensors
-        self._prepare_decoder_graphs()
-
-    @staticmethod
-    def _decode_stream(device: torch.device) -> torch.cuda.Stream | None:
-        """CUDA: the decoder's stream, at the highest priority: a chunk's few decoder kernels go ahead
-        of the model's queued ones, so its audio is not held up behind whole forward passes (a
-        stream that waits for audio is about to stall; the model's steps have slack)."""
-        return torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
-
-    def _prepare_decoder_graphs(self) -> None:
-        """Captures the decoder's CUDA graphs (where it has them) for the windows the chunk schedule
-        makes, now rather than while the first requests wait (decoders/snac_graphs.py)."""
-        graphs = self.decoder.graphs
-        settings = self.core.streaming
-        if graphs is None or settings.block_causal or self.decoder.causal_state or settings.chunk_size is None:
-            return  # block-causal chunks decode on states (decode_blocks), not as windows
-        from audio_pipeline.decoders.chunker import ChunkSchedule
-
-        schedule = ChunkSchedule(settings.chunk_size, settings.buffer)
-        frame = self.decoder.tokens_per_frame
-        steady = [length // frame for length in schedule.steady_window_lengths()]
-        # A final chunk's window is shorter (what is left); streams that started together end together.
-        graphs.prepare(steady + [n for n in range(1, max(steady)) if n not in steady])
-        graphs.sealed = True
-
-    def _activation_reserve(self) -> int:
-        """Device memory the KV cache must leave for the largest step and decoder call, measured by
-        running them (CUDA; twice the peak: the second for the CUDA graphs' pool, captured after the
-        cache); 0 on the CPU or with an explicit kv_cache_memory_bytes."""
-        config = self.config
-        if self.decoder_device.type != "cuda" or config.model.kv_cache.kv_cache_memory_bytes is not None:
-            return 0
-        from audio_pipeline.core.memory_profile import largest_step_peak_bytes
-
-        window = max(config.chunk_size) if config.chunk_size else config.sampling.max_tokens  # none: one chunk
-        started = time.perf_counter()
-        peak = largest_step_peak_bytes(self.model, self.decoder, max_step_tokens=config.max_batch_input_tokens,
-                                       max_rows=self.max_batch_size, decode_window=window + config.buffer,
-                                       candidates=self.layout.codebook_size + 8)
-        # The first prefill step loads the attention kernels (or builds them with nvcc, minutes, where no
-        # prebuilt ones are installed): the time says which happened.
-        logger.info("largest step and decoder call peak at %.1f MiB, measured in %.1f s (the first prompt step "
-                    "loads or builds the attention kernels); the KV cache leaves twice that free",
-                    peak / 2**20, time.perf_counter() - started)
-        return 2 * peak
 
     def _voice_lexicons(self) -> dict:
         from audio_pipeline.errors import InvalidArgument
@@ -256,13 +132,13 @@ class TTSEngine:
 
     def _open_voice_store(self) -> VoiceStore | None:
         """The registered voices (None when the decoder cannot encode audio, so no cloning)."""
-        if not self.decoder.supports_encoding:
+        if not self.facts.supports_encoding:
             return None
         from audio_pipeline.builtin import builtin_cache_dir
 
         directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
-        speaker = self.speaker_embedding if self.model.speaker_sample_rate is not None else None
-        store = VoiceStore(directory, self.decoder_name, self.decoder.sample_rate, self.encode, speaker)
+        speaker = self.speaker_embedding if self.facts.speaker_sample_rate is not None else None
+        store = VoiceStore(directory, self.decoder_name, self.sample_rate, self.encode, speaker)
         skipped = store.load()
         if skipped:
             logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
@@ -278,9 +154,9 @@ class TTSEngine:
         for voice in self.manifest.voices:
             entry = self.model_dir / "voices" / voice.name
             if (entry / "voice.json").is_file():
-                meta, codes, _ = read_voice_entry(entry, self.decoder_name, self.decoder.sample_rate, encode)
+                meta, codes, _ = read_voice_entry(entry, self.decoder_name, self.sample_rate, encode)
                 try:
-                    self.decoder.check_code_values(codes, self.layout.codebook_size)
+                    self.backend.check_codes(codes)
                 except ValueError as exc:
                     raise ValueError(f"{entry}: the reference's codes: {exc}") from None
                 speaker = self.voice_store.speaker_of(entry) if self.voice_store is not None else None
@@ -297,45 +173,26 @@ class TTSEngine:
         return self.layout.requires_reference
 
     def encode(self, samples: np.ndarray) -> torch.Tensor:
-        """A recording's codes (the decoder's encoder)."""
-        with torch.inference_mode():
-            return self.decoder.encode(torch.from_numpy(samples).to(self.decoder_device)).cpu().long()
+        """A recording's codes (the decoder's encoder, in the engine core: never on its loop)."""
+        return self.backend.encode(samples)
 
     def speaker_embedding(self, samples: np.ndarray) -> torch.Tensor | None:
         """A recording's speaker embedding (``samples`` at the decoder's rate), for a model that
         clones by one (its speaker_sample_rate); None for the others."""
-        rate = self.model.speaker_sample_rate
-        if rate is None:
+        if self.facts.speaker_sample_rate is None:
             return None
-        if rate != self.decoder.sample_rate:
-            import soxr
-
-            samples = soxr.resample(samples, self.decoder.sample_rate, rate).astype(np.float32)
-        with torch.inference_mode():
-            return self.model.speaker_embedding(samples).float().cpu()
-
-    def _decoder_weights(self) -> str:
-        """The decoder's weights: audio_decoder_weights, else what the model directory ships;
-        ValueError naming the setting when there are none or they are missing."""
-        if self.config.audio_decoder_weights:
-            path = self.config.audio_decoder_weights
-        elif self.manifest.audio_decoder_weights:
-            if self.manifest.audio_decoder not in (None, self.decoder_name):
-                raise ValueError(f"audio_decoder_weights: the model ships weights for {self.manifest.audio_decoder!r}, "
-                                 f"not {self.decoder_name!r}; pass --audio-decoder-weights")
-            path = str(self.model_dir / self.manifest.audio_decoder_weights)
-        else:
-            raise ValueError(f"audio_decoder_weights: required, the model directory {self.model_dir} ships no "
-                             f"{self.decoder_name} decoder weights; pass --audio-decoder-weights PATH")
-        if not Path(path).exists():
-            raise ValueError(f"audio_decoder_weights: {path} does not exist")
-        return path
+        return self.backend.speaker_embedding(samples)
 
     # --- facts -----------------------------------------------------------------------------------
 
     @property
     def sample_rate(self) -> int:
-        return self.decoder.sample_rate
+        return self.facts.sample_rate
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Audio samples the decoder makes of each frame of codes."""
+        return self.facts.samples_per_frame
 
     @property
     def voices(self) -> list[VoiceInfo]:
@@ -358,7 +215,7 @@ class TTSEngine:
         reserved = {v.name for v in self.manifest.voices}
         check_reference_size(audio, limits.max_reference_audio_bytes)
         store.check_new(name, description, reserved, limits)
-        samples = read_reference_audio(audio, self.decoder.sample_rate, max_seconds=self.config.max_reference_seconds)
+        samples = read_reference_audio(audio, self.sample_rate, max_seconds=self.config.max_reference_seconds)
         transcript = check_transcript(transcript, self.config.limits.max_transcript_chars)
         return store.register(name, samples, transcript, description, reserved=reserved, limits=limits)
 
@@ -384,7 +241,7 @@ class TTSEngine:
 
     @property
     def max_seq_len(self) -> int:
-        return self.model.max_seq_len
+        return self.facts.max_seq_len
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -414,64 +271,53 @@ class TTSEngine:
         accept work, ResourceExhausted when its queue is full or the server is past its capacity:
         max_queue_wait_ms), with ``pending`` others being prepared for submission; the service's one
         admission call."""
-        core = self.core
-        if not core.accepting:
-            raise core.unavailable()
-        if not core.has_room(pending):
-            raise ResourceExhausted("the request queue is full; retry later")
-        waited = core.at_capacity()
-        if waited is not None:
-            raise ResourceExhausted(f"the server is at capacity: the oldest waiting request has waited {waited:.1f} s "
-                                    f"for a place (max_queue_wait_ms); retry later")
+        self.backend.check_room(pending)
 
     @property
     def healthy(self) -> bool:
-        """False once the engine's loop has failed repeatedly and stopped (health: NOT_SERVING)."""
-        return self.core.healthy
+        """False while the engine core cannot serve (its loop failed for good; its process ended and
+        a new one is starting): health NOT_SERVING."""
+        return self.backend.healthy
+
+    def on_health(self, unhealthy, healthy=None) -> None:
+        """``unhealthy()`` runs (on an engine thread) when the engine core stops serving, ``healthy()``
+        when a new one serves again (a core in its own process is restarted)."""
+        self.backend.on_health(unhealthy, healthy)
 
     def on_unhealthy(self, callback) -> None:
-        """``callback()`` runs (on the engine's thread) when the loop stops for good."""
-        self.core.on_unhealthy = callback
+        """``callback()`` runs (on the engine's thread) when the engine core stops serving."""
+        self.backend.on_health(callback)
 
     def submit(self, context: TTSContext, sink: Sink) -> None:
-        self.core.submit(context, sink)
+        self.backend.submit(context, sink)
 
     def cancel(self, request_id: str) -> None:
-        self.core.cancel(request_id)
+        self.backend.cancel(request_id)
 
     def start(self) -> None:
-        self.core.start()
+        self.backend.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        self.core.stop(timeout)
+        self.backend.stop(timeout)
 
     def warmup(self) -> float:
         """Runs one short request end to end (and loads the sentence segmenter); returns its seconds.
-
-        Then everything alive (modules, model, tokenizer: the server's lifetime) leaves the garbage
-        collector's generations. Otherwise the first full collection scans it all, a pause that
-        falls into the first requests' steps: the first single-stream round after start-up ran at
-        RTF 0.25 against 0.21 for the rounds after it, and at 0.21 with this.
-        """
+        Then everything alive leaves the garbage collector's generations (CoreAssembly.settle says why)."""
         started = time.monotonic()
         segments("Warm up. Done.")
         # A model that speaks only as a reference and has no default voice: any codes (and speaker
         # embedding, where it clones by one) will do.
         reference = None
         if self.clones_only and self.manifest.default_voice is None:
-            speaker = (torch.zeros(int(self.model.huggingface_config.hidden_size))
-                       if self.model.speaker_sample_rate is not None else None)
+            speaker = (torch.zeros(self.facts.hidden_size)
+                       if self.facts.speaker_sample_rate is not None else None)
             reference = VoicePrompt("warm up", torch.zeros(2 * self.layout.codes_per_frame, dtype=torch.long), speaker)
         self.synthesize("warm up", temperature=0.0, max_tokens=2 * self.layout.tokens_per_frame,
                         request_id=f"warmup-{uuid.uuid4().hex[:8]}", reference=reference)
-        gc.collect()
-        gc.freeze()
-        if self.model.devices[0].type == "cpu":
-            # What start-up and the warm-up freed: an idle CPU server does not hold it. Not on CUDA,
-            # where the host heap is small beside the GPU's and the trim cost the serving loop for
-            # good (an H200, Orpheus-3B, 160 streams of 28-token chunks, one call: 162.0x real time
-            # and every stream holding it without the trim, 138.7x and none with it).
-            release_free_memory()
+        self.backend.settle()  # the engine core's: its process's heap (core/assembly.py)
+        if self.engine_process == "subprocess":  # and this process's own
+            gc.collect()
+            gc.freeze()
         return time.monotonic() - started
 
     def synthesize(self, text: str, **kwargs: Any) -> SynthesisResult:
@@ -491,4 +337,4 @@ class TTSEngine:
                 return SynthesisResult(samples, self.sample_rate, event.usage, event.stop_reason)
 
 
-__all__ = ["TTSEngine", "SynthesisResult", "DEFAULT_MODEL", "resolve_model_dir"]
+__all__ = ["TTSEngine", "SynthesisResult", "DEFAULT_MODEL", "resolve_engine_process"]

@@ -41,6 +41,15 @@ class GenerationFailed(RequestError):
     """The engine failed while generating the request's speech (gRPC INTERNAL, HTTP 500)."""
 
 
+def error_of_kind(kind: str | None, message: str) -> RequestError:
+    """The request error of class name ``kind`` (as an engine event or another process names it);
+    GenerationFailed for None or a name that is not a request error."""
+    found = globals().get(kind or "")
+    if isinstance(found, type) and issubclass(found, RequestError):
+        return found(message)
+    return GenerationFailed(message)
+
+
 def echo(value: str, limit: int = 40) -> str:
     """A client-sent string as it may appear in an error or a log line: quoted, control characters
     escaped (no forged log lines) and cut to ``limit`` characters (no huge echoes)."""

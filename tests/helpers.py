@@ -300,3 +300,8 @@ def socket_session(server, messages, *, until_done=1, timeout=120):
             if event["type"] in ("done", "interrupted", "error"):
                 finished += 1
     return received, {k: b"".join(v) for k, v in audio.items()}
+
+
+def fail_core_start(message: str) -> None:
+    """A hook for an engine core process (CoreProcess.hooks) that fails its start-up with ``message``."""
+    raise ValueError(message)

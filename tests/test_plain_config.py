@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from audio_pipeline.engine import resolve_model_dir
+from audio_pipeline.checkpoints.loading import resolve_model_dir
 from audio_pipeline.models.llama import rope_inverse_frequencies
 from audio_pipeline.checkpoints.plain_config import PlainLlamaConfig, VocabularyTokenizer
 

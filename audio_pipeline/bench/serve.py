@@ -9,9 +9,11 @@
         --streams 64,256 --task-arg chunk_size=28
 
 ``--emulate-step-ms`` runs the server on an emulated device (testing/emulated_device.py): every model
-step a sleep of that many milliseconds and every audio decoder call one of ``--emulate-decoder-ms``,
-the host side (engine loop, scheduler, runner staging and sampling, doors, encoders) as served, so a
-GPU server's host behaviour can be measured on a CPU; the report then has no memory floor.
+step (its sampling included: on a GPU that is device work) a sleep of that many milliseconds and
+every audio decoder call one of ``--emulate-decoder-ms``, the host side (engine loop, scheduler,
+runner staging, doors, encoders, the engine core's process with ``--task-arg
+engine_process=subprocess``) as served, so a GPU server's host behaviour can be measured on a CPU;
+the report then has no memory floor.
 
 ``--arrival poisson`` runs the open-loop benchmark instead (bench/open_loop.py: requests arriving
 at random moments, judged by stalls and audible first audio); the rest of this describes the
@@ -329,7 +331,7 @@ def plain_forward_ms(model: str | None, batch: int, context: int, repeats: int =
     import torch.nn.functional as F
 
     from audio_pipeline.config import DEFAULT_MODEL
-    from audio_pipeline.engine import resolve_model_dir
+    from audio_pipeline.checkpoints.loading import resolve_model_dir
     from audio_pipeline.models.llama import rotate_half
     from audio_pipeline.models.registry import pipeline_model_class
     from audio_pipeline.models.weights import load_safetensors_into
@@ -434,7 +436,7 @@ class ServedSettings:
         import json
 
         from audio_pipeline.config import AudioGenerationConfig
-        from audio_pipeline.engine import resolve_device, resolve_dtype, resolve_model_dir
+        from audio_pipeline.checkpoints.loading import resolve_device, resolve_dtype, resolve_model_dir
         from audio_pipeline.models.llama_model import resolve_cache_dtype
         from audio_pipeline.core.runtime import default_num_threads
 
@@ -595,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
                              "arrive open loop at --rps (bench/open_loop.py: stalls and audible first audio as "
                              "listeners hear them; the search finds the highest rate with no stalled request)")
     parser.add_argument("--emulate-step-ms", type=float, metavar="MS",
-                        help="emulate the device: every model step of the server is a sleep of MS (zero hidden "
-                             "states: valid tokens drawn uniformly) and, with --emulate-decoder-ms, every audio "
+                        help="emulate the device: every model step of the server, its sampling included, is a "
+                             "sleep of MS (valid tokens drawn at random) and, with --emulate-decoder-ms, every audio "
                              "decoder call a sleep (silence); the host side runs as served, so a GPU server's host "
                              "behaviour can be measured on a CPU (testing/emulated_device.py)")
     parser.add_argument("--emulate-decoder-ms", type=float, default=0.0, metavar="MS",
@@ -638,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     if emulate is not None:
         bandwidth = 0.0
         print(f"emulated device: a model step is {emulate[0]:g} ms, an audio decoder call {emulate[1]:g} ms "
-              "(sleeps; logits peaked at a random valid code, silent audio)", flush=True)
+              "(sleeps; a random valid code sampled, silent audio)", flush=True)
     elif served.device.startswith("cuda"):
         bandwidth = read_bandwidth(served.device)
         where = f"{served.device} {bandwidth / 1e9:.0f} GB/s"

@@ -2,9 +2,10 @@
 defaults, the model's own, files, the environment, flags) and the values the engine takes where a
 limit is left open (defaults.py). ``from audio_pipeline.config import AudioGenerationConfig``."""
 
-from audio_pipeline.config.settings import (DEFAULT_MODEL, AudioGenerationConfig, KVCacheConfig, LimitsConfig,
+from audio_pipeline.config.settings import (DEFAULT_MODEL, AudioGenerationConfig, EngineProcess, KVCacheConfig,
+                                            LimitsConfig,
                                             MAXModelConfig, ModelConfig, PipelineConfig, PrependPromptSpeechTokens,
                                             PrometheusMetricsMode, SamplingConfig)
 
-__all__ = ["DEFAULT_MODEL", "AudioGenerationConfig", "KVCacheConfig", "LimitsConfig", "MAXModelConfig", "ModelConfig",
+__all__ = ["DEFAULT_MODEL", "AudioGenerationConfig", "EngineProcess", "KVCacheConfig", "LimitsConfig", "MAXModelConfig", "ModelConfig",
            "PipelineConfig", "PrependPromptSpeechTokens", "PrometheusMetricsMode", "SamplingConfig"]

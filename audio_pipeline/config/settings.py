@@ -65,6 +65,17 @@ class PrependPromptSpeechTokens(_ValueEnum):
     """Prepend them to the first block, and to later blocks to reach the requested buffer size."""
 
 
+class EngineProcess(_ValueEnum):
+    """Where a server's engine core runs."""
+
+    AUTO = "auto"
+    """Its own process on CUDA, the server's process on the CPU (docs/performance.md: measured)."""
+    SUBPROCESS = "subprocess"
+    """A process of its own: the doors, encoders and request preparation never share its interpreter."""
+    IN_PROCESS = "in_process"
+    """Threads of the server's own process."""
+
+
 class PrometheusMetricsMode(_ValueEnum):
     """How Prometheus metrics are exposed."""
 
@@ -499,6 +510,12 @@ class AudioGenerationConfig(PipelineConfig):
         None, description="Decode audio on a thread of its own, beside the generation loop; None = on CUDA (there "
                           "the loop would otherwise wait for every chunk's decoding on the GPU), off on the CPU "
                           "(there the decoder shares the loop's cores).")
+    engine_process: EngineProcess = Field(
+        EngineProcess.AUTO, description="Where the server's engine core (scheduler, KV cache, model, sampler, audio "
+        "decoder) runs: subprocess = a process of its own, fed over local sockets (the doors, request preparation "
+        "and audio encoding never share its interpreter; if it dies, its requests end UNAVAILABLE and a new one "
+        "starts); in_process = threads of the server's process; auto = subprocess on CUDA, in_process on the CPU. "
+        "A TTSEngine in a program of your own runs it in process unless told otherwise.")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
     voices_dir: str | None = Field(
         None, description="Where registered (cloned) voices are kept; None = <cache>/voices, the cache being "

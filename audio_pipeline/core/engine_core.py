@@ -63,6 +63,10 @@ class AudioEvent:
     usage: Usage | None = None
     stop_reason: StopReason | None = None
     error: str | None = None
+    #: The class of request error an `error` event stands for, by name ("Unavailable": the engine
+    #: core stopped; "ResourceExhausted", "InvalidArgument": refused on submission in the engine
+    #: core's process); None: the generation failed (GenerationFailed). errors.error_of_kind.
+    error_kind: str | None = None
     #: Word timings that go with this event (see SegmentedSynthesis.events).
     words: list | None = None
 
@@ -275,6 +279,11 @@ class EngineCore:
         ``pending`` others being prepared for submission."""
         with self._lock:
             return self.scheduler.has_room(pending)
+
+    def queue_wait(self) -> float:
+        """Seconds the oldest waiting request that starts a stream has waited; 0 when none waits."""
+        with self._lock:
+            return self.scheduler.queue_wait()
 
     def at_capacity(self) -> float | None:
         """Seconds the oldest new request has waited for admission, where that is over

@@ -30,8 +30,8 @@ def enable_multiprocess(directory: str | None = None) -> str:
     return directory
 
 
-class EngineMetrics:
-    """What the generation engine reports: load, batches, KV cache, tokens, latency, audio."""
+class MetricsRegistry:
+    """A registry of metrics and how it is exposed (``prometheus_metrics_mode``)."""
 
     def __init__(self, mode: str = "instrument_only") -> None:
         self.mode = str(mode)
@@ -39,6 +39,32 @@ class EngineMetrics:
         if self.multiprocess:
             enable_multiprocess()
         self.registry = CollectorRegistry()
+
+    def exposition_registry(self) -> CollectorRegistry:
+        """The registry /metrics serves: this one, or the multiprocess aggregate."""
+        if not self.multiprocess:
+            return self.registry
+        from prometheus_client import multiprocess
+
+        aggregate = CollectorRegistry()
+        multiprocess.MultiProcessCollector(aggregate)
+        return aggregate
+
+    def serve_http(self, port: int, host: str = "0.0.0.0"):
+        """Serves /metrics on ``port``; returns the HTTP server."""
+        server, _thread = start_http_server(port, addr=host, registry=self.exposition_registry())
+        return server
+
+    def render(self) -> bytes:
+        """The text exposition of what /metrics would serve."""
+        return prometheus_client.generate_latest(self.exposition_registry())
+
+
+class EngineMetrics(MetricsRegistry):
+    """What the generation engine reports: load, batches, KV cache, tokens, latency, audio."""
+
+    def __init__(self, mode: str = "instrument_only") -> None:
+        super().__init__(mode)
         r = self.registry
         gauge_mode = {"multiprocess_mode": "livesum"} if self.multiprocess else {}
         self.requests_queued = Gauge("tts_requests_queued", "Requests waiting for admission", registry=r,
@@ -83,22 +109,3 @@ class EngineMetrics:
                                       registry=r)
         self.requests = Counter("tts_engine_requests_finished", "Finished requests by stop reason", ["reason"],
                                 registry=r)
-
-    def exposition_registry(self) -> CollectorRegistry:
-        """The registry /metrics serves: this one, or the multiprocess aggregate."""
-        if not self.multiprocess:
-            return self.registry
-        from prometheus_client import multiprocess
-
-        aggregate = CollectorRegistry()
-        multiprocess.MultiProcessCollector(aggregate)
-        return aggregate
-
-    def serve_http(self, port: int, host: str = "0.0.0.0"):
-        """Serves /metrics on ``port``; returns the HTTP server."""
-        server, _thread = start_http_server(port, addr=host, registry=self.exposition_registry())
-        return server
-
-    def render(self) -> bytes:
-        """The text exposition of what /metrics would serve."""
-        return prometheus_client.generate_latest(self.exposition_registry())

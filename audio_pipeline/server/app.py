@@ -154,7 +154,7 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
                        "(give --tls-cert-file and --tls-key-file)")
     if engine is None:
         loop = asyncio.get_running_loop()
-        engine = await loop.run_in_executor(None, TTSEngine, config)
+        engine = await loop.run_in_executor(None, lambda: TTSEngine(config, engine_process=config.engine_process.value))
     running = RunningServer(config, engine, options, credentials)
     await running.set_serving(False)
     await running.server.start()
@@ -184,7 +184,9 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
             loop.add_signal_handler(sig, stop.set)
     try:
         # An engine whose loop has stopped for good takes the server out of rotation (NOT_SERVING).
-        engine.on_unhealthy(lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop))
+        # A core in its own process that dies is replaced; once the new one is ready it serves again.
+        engine.on_health(lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop),
+                         lambda: asyncio.run_coroutine_threadsafe(running.set_serving(True), loop))
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
         running.service.ready = True

@@ -180,7 +180,7 @@ class RequestPreparer:
         if len(stop_ids) > limits.max_stop_token_ids:
             raise InvalidArgument(f"{len(stop_ids)} ids, over the limit of {limits.max_stop_token_ids}",
                                   field="sampling.stop_token_ids")
-        vocab = self.engine.model.huggingface_config.vocab_size
+        vocab = self.engine.facts.vocab_size
         if any(not 0 <= t < vocab for t in stop_ids):
             bad = next(t for t in stop_ids if not 0 <= t < vocab)
             raise InvalidArgument(f"{bad} is not a token id of this model (0 to {vocab - 1})",
@@ -271,7 +271,7 @@ class RequestPreparer:
         prompt = layout.build_prompt(self.engine.tokenizer, normalized.spoken, settings.voice, settings.reference,
                                      speed=speed, **extra, **aligned)
         aligned_words = layout.word_frames(normalized.spoken, speed=speed, **aligned)
-        words = (word_timings(normalized, aligned_words, self.engine.decoder.samples_per_frame)
+        words = (word_timings(normalized, aligned_words, self.engine.samples_per_frame)
                  if aligned_words is not None else None)
         alignment = layout.alignment(prompt)
         sampling = self._fit_budget(alignment, settings.sampling, explicit=settings.explicit_max_tokens)
@@ -306,7 +306,7 @@ class RequestPreparer:
         """A one-request voice prompt from a recording and its transcript."""
         self.engine.cloning_store()
         check_reference_size(audio, self.engine.config.limits.max_reference_audio_bytes)
-        samples = read_reference_audio(audio, self.engine.decoder.sample_rate, max_seconds=self.engine.config.max_reference_seconds)
+        samples = read_reference_audio(audio, self.engine.sample_rate, max_seconds=self.engine.config.max_reference_seconds)
         transcript = check_transcript(transcript, self.engine.config.limits.max_transcript_chars)
         return VoicePrompt(transcript, self.engine.encode(samples), self.engine.speaker_embedding(samples))
 

@@ -209,7 +209,7 @@ class SegmentedSynthesis:
         if before is None:
             return 0.0
         frames = before.edge_pause_frames[1] + after.edge_pause_frames[0]
-        return frames * self.engine.decoder.samples_per_frame / self.engine.sample_rate
+        return frames * self.engine.samples_per_frame / self.engine.sample_rate
 
     async def events(self) -> AsyncIterator[AudioEvent]:
         """Audio events of every segment in order, silences between them, then one ``complete``

@@ -23,7 +23,7 @@ from contextlib import aclosing
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, GenerationFailed, RequestError, ResourceExhausted,
-                                   ServerCancelled, Unavailable, echo)
+                                   ServerCancelled, Unavailable, echo, error_of_kind)
 from audio_pipeline.service.live_text import LiveText
 from audio_pipeline.service.output import AudioOutput
 from audio_pipeline.service.prepare import RequestPreparer, RequestSettings
@@ -321,9 +321,10 @@ class SpeechStream:
                 async for event in events:
                     words += [w.resampled(engine_rate, output.sample_rate) for w in event.words or ()]
                     if event.kind == "error":
-                        self._end("failed")
+                        error = error_of_kind(event.error_kind, event.error or "generation failed")
+                        self._end("failed" if isinstance(error, GenerationFailed) else outcome_of(error))
                         logger.error("request %s failed: %s", self.log_label, event.error)
-                        raise GenerationFailed(event.error or "generation failed")
+                        raise error
                     if event.kind == "complete" and event.stop_reason == StopReason.CANCELLED:
                         if self.cancelled_by_client:
                             return

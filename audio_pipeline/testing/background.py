@@ -57,7 +57,9 @@ class BackgroundServer:
     async def _main(self) -> None:
         self._options.stop_event = asyncio.Event()
         if self.engine is None:
-            self.engine = await asyncio.get_running_loop().run_in_executor(None, TTSEngine, self.config)
+            config = self.config
+            self.engine = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: TTSEngine(config, engine_process=config.engine_process.value))
         await serve(self.config, self._options, self.engine)
 
     @property

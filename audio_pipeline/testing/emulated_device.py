@@ -138,14 +138,19 @@ def _route_sampling() -> None:
 
 
 def install_in_every_engine(step_ms: float, decoder_ms: float) -> None:
-    """Every TTSEngine this process builds from now on runs on an emulated device (what the
-    benchmark's server process does before it serves)."""
-    from audio_pipeline.engine import TTSEngine
+    """Every engine core this process builds from now on runs on an emulated device, and so does
+    every engine core process it starts (engine_process = subprocess): what the benchmark's server
+    process does before it serves."""
+    from audio_pipeline.core.assembly import CoreAssembly
+    from audio_pipeline.core.process.client import CoreProcess
 
-    build = TTSEngine.__init__
+    build = CoreAssembly.__init__
 
-    def emulated_init(engine: TTSEngine, *args: Any, **kwargs: Any) -> None:
-        build(engine, *args, **kwargs)
-        engine.emulated_device = EmulatedDevice(step_ms, decoder_ms).install(engine)
+    def emulated_init(assembly: CoreAssembly, *args: Any, **kwargs: Any) -> None:
+        build(assembly, *args, **kwargs)
+        assembly.emulated_device = EmulatedDevice(step_ms, decoder_ms).install(assembly)
 
-    TTSEngine.__init__ = emulated_init
+    CoreAssembly.__init__ = emulated_init
+    hook = (__name__, "install_in_every_engine", (float(step_ms), float(decoder_ms)))
+    if hook not in CoreProcess.hooks:
+        CoreProcess.hooks.append(hook)

@@ -1,0 +1,172 @@
+"""The engine core in a process of its own (engine_process = subprocess, core/process/): the same
+audio as in process, requests, cancels, cloning and metrics across the boundary, and faults: a
+core killed mid-stream ends its streams UNAVAILABLE within a second and is replaced, a front end
+that dies takes its core with it, a core that cannot start fails the caller with its error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from audio_pipeline.engine import TTSEngine, resolve_engine_process
+from audio_pipeline.testing.background import BackgroundServer
+from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
+from helpers import TRANSCRIPT, make_config, pcm_of, recording, wait_serving
+
+#: Real servers and processes: left out of the quick subset (scripts/test.sh -m "not slow").
+pytestmark = pytest.mark.slow
+
+
+def request(text="The core runs in a process of its own.", max_tokens=56, **sampling):
+    return tts_pb2.SynthesizeRequest(text=text, sampling=tts_pb2.SamplingParams(
+        max_tokens=max_tokens, **sampling))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (ended, not yet reaped by its parent) counts as ended.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_auto_is_in_process_on_the_cpu_and_a_process_of_its_own_on_cuda():
+    assert resolve_engine_process("auto", "cpu") == "in_process"
+    assert resolve_engine_process("auto", "cuda:0") == "subprocess"
+    assert resolve_engine_process("in_process", "cuda") == "in_process"
+    with pytest.raises(ValueError, match="engine_process"):
+        resolve_engine_process("threads", "cpu")
+
+
+def test_bad_setting_names_the_field(tiny_model_dir):
+    with pytest.raises(ValueError, match="engine_process"):
+        make_config(tiny_model_dir, "engine_process=elsewhere")
+
+
+def test_greedy_and_seeded_audio_are_the_same_in_both_modes(tiny_model_dir):
+    config = make_config(tiny_model_dir)
+    results = {}
+    for mode in ("in_process", "subprocess"):
+        engine = TTSEngine(config, engine_process=mode)
+        engine.start()
+        try:
+            results[mode] = [engine.synthesize("Hello there.", temperature=0.0, max_tokens=84).samples,
+                             engine.synthesize("Hello there.", temperature=0.9, seed=7, max_tokens=84).samples]
+        finally:
+            engine.stop(1.0)
+    for inside, outside in zip(results["in_process"], results["subprocess"]):
+        assert inside.size > 0
+        np.testing.assert_array_equal(inside, outside)
+
+
+def test_a_core_that_cannot_start_fails_the_caller_with_its_error(tiny_model_dir, monkeypatch):
+    from audio_pipeline.core.process.client import CoreProcess
+
+    monkeypatch.setattr(CoreProcess, "hooks", [("helpers", "fail_core_start", ("no GPU left for the core",))])
+    with pytest.raises(ValueError, match="no GPU left for the core"):
+        TTSEngine(make_config(tiny_model_dir), engine_process="subprocess")
+
+
+@pytest.fixture
+def server(tiny_model_dir, tmp_path):
+    running = BackgroundServer(make_config(tiny_model_dir, "engine_process=subprocess",
+                                           voices_dir=str(tmp_path / "voices"))).start()
+    yield running
+    running.stop()
+
+
+def test_streams_cancels_cloning_and_metrics_cross_the_boundary(server):
+    engine = server.engine
+    assert engine.engine_process == "subprocess" and engine.backend.pid != os.getpid()
+    with grpc.insecure_channel(server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        chunks = list(stub.Synthesize(request(temperature=0.0), timeout=120))
+        assert pcm_of(chunks).size > 0
+        assert chunks[-1].complete.usage.audio_seconds == pytest.approx(pcm_of(chunks).size / 24000)
+        # A voice cloned: the reference is encoded in the core (a call beside its loop).
+        stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="copy", reference=tts_pb2.VoiceReference(
+            audio=recording(), transcript=TRANSCRIPT)), timeout=120)
+        assert "copy" in [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices]
+        cloned = list(stub.Synthesize(tts_pb2.SynthesizeRequest(text="In the copied voice.", voice="copy",
+                      sampling=tts_pb2.SamplingParams(max_tokens=28, temperature=0.0)), timeout=120))
+        assert pcm_of(cloned).size > 0
+        # A stream the client leaves is stopped in the core and lets go of all it held.
+        stream = stub.Synthesize(request(max_tokens=2000), timeout=120)
+        next(stream)
+        stream.cancel()
+        deadline = time.monotonic() + 10
+        while engine.backend._sinks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not engine.backend._sinks
+    text = engine.metrics.render().decode()
+    # Both processes on one page: the front end's RPC outcomes and the core's engine metrics.
+    assert 'tts_rpc_requests_total{outcome="ok"}' in text
+    assert 'tts_engine_requests_finished_total{reason="cancelled"} 1.0' in text
+    assert "tts_kv_cache_blocks_used 0.0" in text
+
+
+def test_a_killed_core_ends_its_streams_unavailable_and_is_replaced(server):
+    engine = server.engine
+    first_core = engine.backend.pid
+    with grpc.insecure_channel(server.target) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        streams = [stub.Synthesize(request(max_tokens=4000), timeout=120) for _ in range(3)]
+        for stream in streams:
+            next(stream)
+        os.kill(first_core, signal.SIGKILL)
+        killed = time.monotonic()
+        for stream in streams:
+            with pytest.raises(grpc.RpcError) as error:
+                for _ in stream:
+                    pass
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
+        assert time.monotonic() - killed < 1.0
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        # A request meanwhile is refused, not left hanging.
+        try:
+            list(stub.Synthesize(request(), timeout=60))
+        except grpc.RpcError as refused:
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        wait_serving(channel, timeout=120)
+        assert engine.backend.pid != first_core and engine.backend.restarts == 1
+        assert not alive(first_core)
+        assert pcm_of(list(stub.Synthesize(request(temperature=0.0), timeout=120))).size > 0
+
+
+def test_the_core_exits_when_its_front_end_dies(tiny_model_dir, tmp_path):
+    script = tmp_path / "front.py"
+    script.write_text(
+        "import sys, time\n"
+        "sys.path[:0] = %r\n"
+        "from helpers import make_config\n"
+        "from audio_pipeline.engine import TTSEngine\n"
+        "engine = TTSEngine(make_config(%r), engine_process='subprocess')\n"
+        "print(engine.backend.pid, flush=True)\n"
+        "time.sleep(600)\n" % (sys.path, str(tiny_model_dir)))
+    front = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        core = int(front.stdout.readline())
+        assert alive(core)
+        front.send_signal(signal.SIGKILL)
+        front.wait()
+        deadline = time.monotonic() + 5
+        while alive(core) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(core)
+    finally:
+        front.kill()
