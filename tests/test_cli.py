@@ -147,11 +147,16 @@ def test_sigterm_lets_every_admitted_multi_segment_stream_finish(tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
+@pytest.mark.parametrize("engine_process", ["in_process", "subprocess"])
+def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir, engine_process):
+    """SIGTERM mid-stream: the stream is spoken to its end and the server exits 0; with the engine
+    core in its own process, also when the signal goes to the whole process group (as a service
+    manager sends it): the core goes on serving the drain."""
     server = subprocess.Popen([sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1",
                                "--port", "0", "--model", str(tiny_model_dir), "--device", "cpu",
-                               "--task-arg", "chunk_size=28", "--task-arg", "grace_period_s=60"],
-                              stderr=subprocess.PIPE, text=True)
+                               "--task-arg", "chunk_size=28", "--task-arg", "grace_period_s=60",
+                               "--task-arg", f"engine_process={engine_process}"],
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         port = listening_port(server)
         target = f"127.0.0.1:{port}"
@@ -163,7 +168,10 @@ def test_serve_drains_an_in_flight_stream_on_sigterm(tiny_model_dir):
             assert next(stream).HasField("format")
             first = next(stream)
             assert first.HasField("audio")
-            server.send_signal(signal.SIGTERM)
+            if engine_process == "subprocess":
+                os.killpg(server.pid, signal.SIGTERM)
+            else:
+                server.send_signal(signal.SIGTERM)
             rest = list(stream)
         assert rest[-1].HasField("complete") and rest[-1].complete.usage.generated_tokens == 700
         # All its audio came: a frame of samples for each 7 tokens of the tiny model's SNAC decoder.
