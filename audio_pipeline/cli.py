@@ -151,7 +151,7 @@ def run_serve(args: argparse.Namespace, config) -> None:
 
 def run_synthesize(args: argparse.Namespace, config) -> None:
     """Text to a WAV file through the speech service in this process (segmented as a server would)."""
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.service.request import SpeechRequest
     from audio_pipeline.service.speech import SpeechService, gather
 

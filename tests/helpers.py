@@ -68,7 +68,7 @@ def make_config(model_dir, *flags, **overrides):
 
 def start_engine(model_dir, *flags, **overrides):
     """A started TTSEngine on ``make_config(model_dir, *flags, **overrides)``; the caller stops it."""
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     engine = TTSEngine(make_config(model_dir, *flags, **overrides))
     engine.start()

@@ -139,7 +139,7 @@ def test_models_stream_by_default_unless_the_configuration_says_otherwise(tmp_pa
 
 def _engine(*flags):
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     # The phoneme-lpc voice (four positions per frame, forced alignment tokens): what this file tests.
     engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=list(flags),
@@ -361,7 +361,7 @@ def test_the_frame_voice_speaks_held_out_sentences_in_one_pass_per_frame(tmp_pat
     are identified, and sampling wildly it still speaks every frame of the alignment, streamed as
     the decoder's one-shot audio."""
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from recipes.builtin_voice.corpus import held_out
     from recipes.builtin_voice.evaluate import evaluate
 

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client import AsyncTTSClient, TTSClient, TTSError
 from helpers import make_config

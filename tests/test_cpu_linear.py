@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.models.cpu_linear import (OneDNNWeight, PackedWeight, linear, onednn_linear_available,
                                               pack_linears, pack_weight, packing_available, use_packed_linears)
 from audio_pipeline_kernels.native_decode import NativeWeight, build_native_decode, native_decode

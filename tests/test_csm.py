@@ -246,7 +246,7 @@ def test_the_familys_streaming_and_sampling_defaults(model_dir):
 
 
 def test_int8_quantization_is_refused_for_csm_before_its_weights_load(model_dir, monkeypatch):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.models import csm_model
 
     def no_load(*args, **kwargs):

@@ -22,7 +22,7 @@ import os
 import pytest
 import torch
 
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.layouts import orpheus
 from helpers import audio_of, forced_logits, make_config, run_requests, run_texts, synthesize, wait_idle
 

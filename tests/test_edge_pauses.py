@@ -129,7 +129,7 @@ def test_the_default_voice_is_heard_at_once_and_ends_when_its_words_do():
     the speech (20 ms of pause, then the first phoneme's quiet start), at most 100 ms after it."""
     from audio_pipeline.audio.audibility import audible_end, audible_onset
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     engine = TTSEngine(AudioGenerationConfig.load(env={}, model={"device": "cpu"}))
     engine.start()

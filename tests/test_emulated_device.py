@@ -11,7 +11,7 @@ from helpers import GREEDY, make_config, run_to_completion
 
 
 def emulated_engine(model_dir, step_ms=1.0, decoder_ms=1.0, config=None):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.testing.emulated_device import EmulatedDevice
 
     engine = TTSEngine(config or make_config(model_dir))
@@ -71,7 +71,7 @@ def test_an_emulated_engine_speaks_valid_tokens_as_silence_of_the_right_length(t
 def test_an_engine_that_is_not_emulated_still_samples_for_real(tiny_model_dir, sampler_calls):
     """The emulated sampling is routed by model: another engine's runner (in the same process, after
     an emulated one) samples as served."""
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     emulated_engine(tiny_model_dir)[0].stop()
     engine = TTSEngine(make_config(tiny_model_dir))

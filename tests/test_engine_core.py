@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from audio_pipeline.core.stop import StopReason
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.models.llama_model import candidate_groups
 from helpers import GREEDY, TEXTS, forced_logits, make_config, run_texts, start_engine, wait_idle
 

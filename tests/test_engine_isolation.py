@@ -14,7 +14,7 @@ import time
 import pytest
 
 from audio_pipeline.core.stop import StopReason
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.errors import Unavailable
 from audio_pipeline.core import engine_core as audio_generation
 from helpers import make_config, wait_idle

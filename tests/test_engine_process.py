@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from audio_pipeline.engine import TTSEngine, resolve_engine_process
+from audio_pipeline.service.engine import TTSEngine, resolve_engine_process
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from helpers import TRANSCRIPT, make_config, pcm_of, recording, wait_serving
@@ -154,7 +154,7 @@ def test_the_core_exits_when_its_front_end_dies(tiny_model_dir, tmp_path):
         "import sys, time\n"
         "sys.path[:0] = %r\n"
         "from helpers import make_config\n"
-        "from audio_pipeline.engine import TTSEngine\n"
+        "from audio_pipeline.service.engine import TTSEngine\n"
         "engine = TTSEngine(make_config(%r), engine_process='subprocess')\n"
         "print(engine.backend.pid, flush=True)\n"
         "time.sleep(600)\n" % (sys.path, str(tiny_model_dir)))

@@ -83,7 +83,7 @@ def test_a_family_registered_by_its_record_alone_is_served(tiny_model_dir, tmp_p
     defaults sit below the configuration's sources, and the engine speaks with it."""
     import shutil
 
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     model_dir = tmp_path / "whisper"
     shutil.copytree(tiny_model_dir, model_dir)

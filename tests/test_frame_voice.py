@@ -151,7 +151,7 @@ def test_a_prompt_form_the_model_was_not_trained_on_is_refused_at_start(tmp_path
     import json
     import shutil
 
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     mismatched = tmp_path / "mismatched"
     shutil.copytree(model_dir, mismatched)
@@ -254,7 +254,7 @@ def test_the_recipe_trains_exports_and_the_engine_speaks_a_frame_voice(tmp_path)
     voice that speaks."""
     import json
 
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from recipes.builtin_voice import dataset, export, train
     from frame_voice import FRONT_END, SHIPPED
 

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from audio_pipeline.core.stop import StopReason
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
 from helpers import (PCM_STEP, TEST_MAX_TOKENS, alone_and_together, grpc_request, make_config, pcm_bytes, pcm_of,

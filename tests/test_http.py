@@ -479,7 +479,7 @@ def test_while_warming_up_speech_answers_503_with_retry_after_and_health_is_not_
     import threading
     import time
 
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.testing.background import BackgroundServer
 
     engine = TTSEngine(make_config(tiny_model_dir))

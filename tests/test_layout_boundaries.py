@@ -5,7 +5,7 @@ import sys
 
 #: The serving runtime: the server with both doors, the in-process CLI, the engine.
 RUNTIME = ("audio_pipeline.server.app", "audio_pipeline.http.app", "audio_pipeline.http.stream_socket",
-           "audio_pipeline.cli", "audio_pipeline.engine")
+           "audio_pipeline.cli", "audio_pipeline.service.engine")
 
 
 def imported_by(*modules: str) -> set[str]:
@@ -20,7 +20,7 @@ def test_the_runtime_imports_no_test_support():
     """Tiny and random model writers and the background server live in audio_pipeline.testing,
     which the server, the doors, the CLI and the engine never import."""
     loaded = imported_by(*RUNTIME)
-    assert "audio_pipeline.engine" in loaded
+    assert "audio_pipeline.service.engine" in loaded
     assert not {m for m in loaded if m.startswith("audio_pipeline.testing")}
 
 
@@ -41,7 +41,7 @@ def test_the_tiny_test_model_is_written_by_the_testing_package_on_request(tmp_pa
 #: the models below the decoders, which load their weights with the models' readers.
 LAYERS = (
     ("doors and tools", {"server", "http", "cli", "config_reference", "bench", "testing"}),
-    ("service", {"service", "engine"}),
+    ("service", {"service"}),
     ("core", {"core"}),
     ("decoders", {"decoders"}),
     ("models", {"models"}),
@@ -109,7 +109,7 @@ def test_the_doors_are_peers_over_the_service():
     crossing = sorted((a, b) for a in graph if a.startswith("audio_pipeline.http")
                       for b in graph[a] if b.startswith("audio_pipeline.server"))
     assert not crossing, f"the HTTP door imports the gRPC server: {crossing}"
-    below = imported_by("audio_pipeline.service.speech", "audio_pipeline.engine")
+    below = imported_by("audio_pipeline.service.speech", "audio_pipeline.service.engine")
     assert "audio_pipeline.core.engine_core" in below
     assert not {m for m in below if m.startswith(("audio_pipeline.server", "audio_pipeline.http"))}
     assert not {m for m in below if m.startswith("audio_pipeline_client")}

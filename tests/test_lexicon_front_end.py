@@ -149,7 +149,7 @@ def tiny_lexicon_voice(tmp_path_factory):
 
 def test_the_engine_speaks_a_lexicon_voice_with_its_frames_and_word_timings(tiny_lexicon_voice):
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.layouts.phoneme_lpc import TAIL_PAUSE_FRAMES
 
     config = AudioGenerationConfig.load(env={}, audio_flags=[], model={"model_path": str(tiny_lexicon_voice),
@@ -202,7 +202,7 @@ def test_a_voice_finds_its_front_end_in_the_folder_its_manifest_names(tiny_lexic
     import shutil
 
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.layouts.manifest import MANIFEST_NAME, ModelManifest
 
     def speak(directory):

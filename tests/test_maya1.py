@@ -24,7 +24,7 @@ def maya1_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(maya1_dir):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     engine = TTSEngine(make_config(maya1_dir))
     engine.start()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.core.model_runner import ModelRunner
 from audio_pipeline.core.sampler import DeviceSamplingRows, SamplingRows, sample_rows, slot_counts
 from audio_pipeline.core.scheduler import AudioGenerationScheduler

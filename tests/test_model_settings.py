@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.models.llama_model import StaticBucketForward, check_quantization
 from helpers import make_config, run_texts, start_engine
 

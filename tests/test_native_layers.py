@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline_kernels.native_decode import native_decode
 from helpers import make_config, run_texts
 

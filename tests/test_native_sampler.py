@@ -123,7 +123,7 @@ def test_the_engine_samples_natively_and_speaks_what_the_torch_form_speaks(monke
     # the depth head's code): seeded streams give the same frames either way.
     import audio_pipeline_kernels.native_sampler as native
     from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     calls = []
     kernel = native.native_sampler()

@@ -101,7 +101,7 @@ def test_the_prompt_is_the_reference_implementations(engine, model_dir):
 
 
 def test_a_model_without_a_preset_voice_refuses_a_request_without_a_reference(bare_dir):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     engine = TTSEngine(make_config(bare_dir))
     with pytest.raises(InvalidArgument) as refused:
@@ -188,7 +188,7 @@ def test_tokenizers_that_are_not_neuttss_are_refused_naming_what_is_wrong(tmp_pa
 
 
 def test_a_preset_voice_without_its_reference_is_a_load_error(bare_dir, tmp_path):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     broken = tmp_path / "model"
     shutil.copytree(bare_dir, broken)

@@ -58,7 +58,7 @@ def test_the_default_voice_serves_without_transformers_sympy_or_dynamo():
     script = """
 import sys
 from audio_pipeline.config import AudioGenerationConfig
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 engine = TTSEngine(AudioGenerationConfig.load(env={}, audio_flags=[], model={"device": "cpu"}))
 engine.start()
 engine.warmup()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from audio_pipeline.config import AudioGenerationConfig
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.models.prompt_precision import (add_prompt_weights, native_bfloat16_cpu, project, prompt_ranges,
                                                     resolve_prompt_dtype)
 from helpers import GREEDY, TEXTS, make_config, run_texts, start_engine

@@ -29,7 +29,7 @@ from qwen3_tts_cases import CASES, FIXTURES, case_array, case_info, case_request
 
 
 def engine_for(model_dir: Path, *flags: str):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     # Float32 throughout (model.prompt_dtype): the reference's greedy frames are float32 ones.
     config = AudioGenerationConfig.load(env={}, audio_flags=["normalize_text=false", "grace_period_s=5", *flags],

@@ -200,7 +200,7 @@ def test_bad_requests_never_name_the_servers_internals(idle):
 def test_a_single_speed_models_refusals_name_no_layout(tiny_model_dir):
     """The messages a model that speaks at one speed (the tiny Orpheus-layout model) refuses with,
     in process: a speed, an SSML rate."""
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.service.prepare import RequestPreparer
 
     engine = TTSEngine(make_config(tiny_model_dir))

@@ -16,7 +16,7 @@ TWO_SENTENCES = "The first sentence is here. And the second one follows it."
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     engine = TTSEngine(make_config(tiny_model_dir))
     engine.start()

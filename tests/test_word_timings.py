@@ -255,7 +255,7 @@ def test_the_default_voice_times_every_word_on_its_front_ends_alignment():
     """slt-en (the lexicon front end): every written word once, in order, on the unit boundaries
     the engine forces."""
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from audio_pipeline.layouts.phoneme_lpc import split_prompt
     from audio_pipeline.text.normalize import normalize
 

@@ -66,7 +66,7 @@ def build_engine(model_dir: str, device: str, batches: list[int], context: int, 
     from pathlib import Path
 
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     largest = max(batches)
     limit = context + 4 * steps + 64  # every request's context and the steps timed after it, with room

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import LlamaForCausalLM
 
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     with tempfile.TemporaryDirectory() as scratch:
         if args.model:

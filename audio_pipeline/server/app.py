@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from audio_pipeline.config import AudioGenerationConfig, PrometheusMetricsMode
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.server.auth import BearerTokenInterceptor
 from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.server.handlers import SERVICE_NAME, add_text_to_speech

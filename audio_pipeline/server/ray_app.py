@@ -102,7 +102,7 @@ class TextToSpeechReplica:
     """One engine, warmed up before the replica reports ready, serving gRPC and HTTP."""
 
     def __init__(self, sources: dict) -> None:
-        from audio_pipeline.engine import TTSEngine
+        from audio_pipeline.service.engine import TTSEngine
         from audio_pipeline.server.metrics import ServerMetrics
         from audio_pipeline.server.servicer import TextToSpeechServicer
         from audio_pipeline.service.speech import SpeechService

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class PreparingEngine(Protocol):
-    """What preparation reads of the engine it prepares for (audio_pipeline/engine.py's TTSEngine):
+    """What preparation reads of the engine it prepares for (service/engine.py's TTSEngine):
     its configuration, model, layout, tokenizer, decoder and voices."""
 
     config: "AudioGenerationConfig"

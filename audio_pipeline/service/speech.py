@@ -21,7 +21,7 @@ from contextlib import aclosing
 
 
 from audio_pipeline.core.stop import StopReason
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.errors import (AlreadyExists, GenerationFailed, RequestError, ResourceExhausted,
                                    ServerCancelled, Unavailable, echo, error_of_kind)
 from audio_pipeline.service.live_text import LiveText

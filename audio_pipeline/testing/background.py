@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from audio_pipeline.config import AudioGenerationConfig
-from audio_pipeline.engine import TTSEngine
+from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.server.app import ServerOptions, serve
 from audio_pipeline.service.auth import AuthTokens
 from audio_pipeline.server.tls import TLSFiles

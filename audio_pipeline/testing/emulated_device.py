@@ -38,7 +38,7 @@ import torch
 if TYPE_CHECKING:
     from audio_pipeline.core.model_runner import ModelRunner
     from audio_pipeline.core.sampler import SamplingRows
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
 #: The emulated models, each with its sampling (what ModelRunner._sample does for their runners).
 _EMULATED_SAMPLING: "weakref.WeakKeyDictionary[Any, Callable[..., torch.Tensor]]" = weakref.WeakKeyDictionary()

@@ -38,7 +38,7 @@ def run(engine, texts: list[str], overrides: dict) -> tuple[float, list[float], 
 
 def main(argv: list[str] | None = None) -> int:
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
     from recipes.builtin_voice.corpus import held_out
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

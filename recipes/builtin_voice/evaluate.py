@@ -98,7 +98,7 @@ def print_missed(result: dict) -> None:
 def engine_synthesizer(model_dir: str, *, temperature: float | None = None, flags: Sequence[str] = ()):
     """A started TTSEngine serving ``model_dir`` and a ``synthesize(text)`` that goes through it."""
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     config = AudioGenerationConfig.load(
         env={}, audio_flags=list(flags),
