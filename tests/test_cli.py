@@ -59,7 +59,7 @@ def test_synthesize_writes_a_wav_with_the_built_in_default_model(tmp_path):
     # The same speech as the built-in model's engine makes in this process for the same request
     # (one sentence: one segment, spoken with the seed as given).
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.engine import TTSEngine
+    from audio_pipeline.service.engine import TTSEngine
 
     engine = TTSEngine(AudioGenerationConfig.load())
     engine.start()

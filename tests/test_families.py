@@ -95,7 +95,7 @@ def test_a_family_registered_by_its_record_alone_is_served(tiny_model_dir, tmp_p
     engine.start()
     try:
         assert isinstance(engine.layout, WhisperLayout)
-        assert [v.name for v in engine.voices] == ["ghost"] and engine.manifest.default_voice == "ghost"
+        assert [v.name for v in engine.voice_catalogue.listed] == ["ghost"] and engine.manifest.default_voice == "ghost"
         context = engine.create_context("Hello there.", voice="ghost", seed=1)
         assert context.prompt_ids == engine.layout.prompt_ids(engine.tokenizer("(whispering, ghost) Hello there.").input_ids)
         result = engine.synthesize("Hello there.", voice="ghost", seed=1)

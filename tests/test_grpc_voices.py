@@ -57,7 +57,7 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
     # The prompt starts with the reference exchange: transcript, its speech tokens, end of turn.
     engine = server.engine
     context = engine.create_context("Speak in the cloned voice.", voice="alice")
-    codes = engine.voice_store.get("alice").prompt.codes
+    codes = engine.voice_catalogue.store.get("alice").prompt.codes
     speech = OrpheusLayout().codes_to_tokens(codes.tolist())
     at = context.prompt_ids.index(speech[0])
     assert context.prompt_ids[at:at + len(speech) + 2] == [*speech, END_OF_SPEECH, END_OF_AI]
@@ -72,7 +72,7 @@ def test_register_list_use_restart_and_delete(tiny_model_dir, tmp_path, server):
         with grpc.insecure_channel(again.target) as channel:
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
             assert "alice" in [v.name for v in stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=10).voices]
-            assert again.engine.voice_store.get("alice").prompt.codes.equal(codes)
+            assert again.engine.voice_catalogue.store.get("alice").prompt.codes.equal(codes)
             assert pcm_bytes(synthesize(stub, voice="alice")) == spoken  # it speaks as it did before the restart
             stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10)
             for call in (lambda: stub.DeleteVoice(tts_pb2.DeleteVoiceRequest(name="alice"), timeout=10),

@@ -42,7 +42,7 @@ def test_a_voice_registered_over_http_is_listed_speaks_and_is_deleted(server):
     spoken = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=120,
                         json={"model": "tts", "input": "Hello.", "voice": "http-voice", "response_format": "pcm"})
     assert spoken.status_code == 200 and spoken.content
-    assert server.engine.voice_store.get("http-voice").prompt.transcript == TRANSCRIPT
+    assert server.engine.voice_catalogue.store.get("http-voice").prompt.transcript == TRANSCRIPT
     again = register(server, "http-voice")
     assert again.status_code == 409 and again.json()["error"]["param"] == "name"
     deleted = httpx.delete(f"{server.http_url}/v1/audio/voices/http-voice", timeout=30)
@@ -64,7 +64,7 @@ def test_bad_registrations_are_refused_naming_the_form_field(server, fields, sta
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"]
-    assert server.engine.voice_store.get("Bad Name!") is None
+    assert server.engine.voice_catalogue.store.get("Bad Name!") is None
 
 
 def test_with_admin_tokens_only_an_admin_registers_or_deletes(tiny_model_dir, tmp_path):

@@ -139,7 +139,7 @@ def test_the_page_speaks_streams_highlights_and_matches_the_servers_wav(server, 
     open_with_token(browser, f"{server.http_url}/")
     assert browser.evaluate("document.getElementById('status').textContent") == "ready"
     voices = browser.evaluate("[...document.getElementById('voice').options].map(o => o.value)")
-    assert voices == [v.name for v in server.engine.voices]
+    assert voices == [v.name for v in server.engine.voice_catalogue.listed]
     assert browser.evaluate("document.getElementById('clone').hidden") is True  # the built-in voice cannot clone
 
     last = speak(browser, SENTENCE)
@@ -215,7 +215,7 @@ def test_a_reference_upload_registers_a_cloned_voice(tiny_model_dir, browser, tm
                          f"document.getElementById('clone-transcript').value = {json.dumps(TRANSCRIPT)}; "
                          "document.getElementById('clone-form').requestSubmit(); true")
         browser.wait_for("document.getElementById('voice').value === 'my-voice'", timeout=120)
-        assert "my-voice" in [v.name for v in running.engine.registered_voices()]
+        assert "my-voice" in [v.name for v in running.engine.voice_catalogue.registered()]
         # A bad upload: the server's refusal, as it words it.
         browser.evaluate("document.getElementById('clone-transcript').value = ''; "
                          "document.getElementById('clone-form').requestSubmit(); true")

@@ -279,7 +279,7 @@ def test_a_base_model_clones_a_registered_voice_by_its_reference_codes_and_speak
                     client.register_voice("me", wav, "Speak with a cheerful tone.")
                 samples = client.synthesize("Hi.", voice="me", seed=1, max_tokens=8).samples
             assert samples.size > 0
-            prompt = server.engine.voice_store.get("me").prompt
+            prompt = server.engine.voice_catalogue.store.get("me").prompt
             np.testing.assert_allclose(prompt.speaker_embedding.numpy(),
                                        np.load(FIXTURES / "speaker_encoder" / "reference_xvector.npy"), atol=1e-5, rtol=0)
             assert prompt.codes.view(-1, 16).tolist() == np.load(

@@ -78,8 +78,8 @@ def create_app(running) -> Starlette:
         except ValueError as exc:
             return error_response(400, f"the body is not JSON: {exc}", "body")
         try:
-            wanted = OpenAISpeech(parsed, [v.name for v in engine.voices], engine.manifest.default_voice,
-                                  voice_map, request.headers, takes_instructions=engine.takes_instructions)
+            wanted = OpenAISpeech(parsed, [v.name for v in engine.voice_catalogue.listed], engine.manifest.default_voice,
+                                  voice_map, request.headers, takes_instructions=engine.layout.acts_on_instructions)
         except RequestError as error:
             service.count("invalid")
             return request_error(error)
@@ -103,12 +103,12 @@ def create_app(running) -> Starlette:
 
     async def voices(request: Request) -> Response:
         default = engine.manifest.default_voice
-        registered = {v.name for v in engine.registered_voices()}
+        registered = {v.name for v in engine.voice_catalogue.registered()}
         return JSONResponse({"voices": [{"name": v.name, "language": v.language, "description": v.description,
                                          "default": v.name == default, "registered": v.name in registered}
-                                        for v in engine.voices],
+                                        for v in engine.voice_catalogue.listed],
                              # extension: whether POST /v1/audio/voices can clone a voice here
-                             "cloning": engine.can_clone})
+                             "cloning": engine.voice_catalogue.can_clone})
 
     async def health(request: Request) -> Response:
         serving = service.serving

@@ -131,8 +131,8 @@ class StreamSocket:
             whole = message.get("input") is not None
             settings = {key: value for key, value in message.items() if key not in ("type", "context_id")}
             try:
-                wanted = OpenAISpeech(settings, [v.name for v in self.engine.voices], self.engine.manifest.default_voice,
-                                      {}, default_format="pcm", takes_instructions=self.engine.takes_instructions)
+                wanted = OpenAISpeech(settings, [v.name for v in self.engine.voice_catalogue.listed], self.engine.manifest.default_voice,
+                                      {}, default_format="pcm", takes_instructions=self.engine.layout.acts_on_instructions)
             except RequestError:
                 self.service.count("invalid")
                 raise

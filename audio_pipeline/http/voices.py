@@ -77,7 +77,7 @@ def voice_handlers(running):
                 fields[name] = value
             audio = await upload.read()
             voice = await asyncio.get_running_loop().run_in_executor(
-                None, engine.register_voice, fields["name"], audio, fields["transcript"], fields["description"])
+                None, engine.voice_catalogue.register, fields["name"], audio, fields["transcript"], fields["description"])
         except RequestError as error:
             return request_error(_form_error(error))
         finally:
@@ -89,7 +89,7 @@ def voice_handlers(running):
     async def delete(request: Request) -> Response:
         name = request.path_params["name"]
         try:
-            await asyncio.get_running_loop().run_in_executor(None, engine.delete_voice, name)
+            await asyncio.get_running_loop().run_in_executor(None, engine.voice_catalogue.delete, name)
         except RequestError as error:
             return request_error(error)
         logger.info("deleted voice %s over HTTP", name)

@@ -91,6 +91,12 @@ class Layout:
     clonable: ClassVar[bool] = True
 
     @property
+    def acts_on_instructions(self) -> bool:
+        """Whether a request's ``instructions`` act: a described voice's description, or a style
+        beside a preset voice."""
+        return self.described_voices or self.takes_instructions
+
+    @property
     def codes_per_frame(self) -> int:
         """Audio codes per frame: what the decoder takes per frame."""
         return self.tokens_per_frame * self.codes_per_token

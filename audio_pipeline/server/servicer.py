@@ -202,11 +202,11 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         if isinstance(request, MalformedRequest):
             await self._refuse(context, InvalidArgument(request.reason))
         default = self.engine.manifest.default_voice
-        registered = {v.name for v in self.engine.registered_voices()}
+        registered = {v.name for v in self.engine.voice_catalogue.registered()}
         return tts_pb2.ListVoicesResponse(voices=[
             tts_pb2.Voice(name=v.name, description=v.description, language=v.language, is_default=v.name == default,
                           registered=v.name in registered)
-            for v in self.engine.voices])
+            for v in self.engine.voice_catalogue.listed])
 
     async def RegisterVoice(self, request: tts_pb2.RegisterVoiceRequest, context: grpc.aio.ServicerContext):
         if isinstance(request, MalformedRequest):
@@ -216,7 +216,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
                                                     if self.service.draining else "the server is warming up; retry shortly"))
         try:
             voice = await asyncio.get_running_loop().run_in_executor(
-                None, self.engine.register_voice, request.name, request.reference.audio,
+                None, self.engine.voice_catalogue.register, request.name, request.reference.audio,
                 request.reference.transcript, request.description)
         except RequestError as error:
             await self._refuse(context, error)
@@ -229,7 +229,7 @@ class TextToSpeechServicer(tts_pb2_grpc.TextToSpeechServicer):
         if isinstance(request, MalformedRequest):
             await self._refuse(context, InvalidArgument(request.reason))
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.engine.delete_voice, request.name)
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.voice_catalogue.delete, request.name)
         except RequestError as error:
             await self._refuse(context, error)
             return

@@ -1,7 +1,9 @@
-"""TTSEngine: one model served: its engine core (built in this process or run in a process of its
-own: ``engine_process``), and the front end's half: the tokenizer and layout requests are prepared
-with (service/prepare.py), the languages, the voices (presets, registered ones, pronunciations).
-The server and the in-process `synthesize` command both use it."""
+"""TTSEngine: one model served. It starts the engine core (core/assembly.py builds it: in this
+process, or in a process of its own, core/process/: ``engine_process``) and holds what the front
+end needs beside it: the engine core's facts, the tokenizer and layout requests are prepared with
+(service/prepare.py), the languages, and the voice catalogue (service/voice_catalogue.py). The
+server, the in-process ``synthesize`` command and a program of your own
+(``TTSEngine(config).synthesize(text)``) use it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import queue
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,11 @@ from audio_pipeline.core.local import LocalCore
 from audio_pipeline.core.request import TTSContext
 from audio_pipeline.core.stop import StopReason
 from audio_pipeline.decoders.settings_check import check_decoder_settings
-from audio_pipeline.errors import InvalidArgument, NotFound, RequestError, echo
+from audio_pipeline.errors import RequestError
 from audio_pipeline.layouts.manifest import ModelManifest
-from audio_pipeline.layouts.voice_info import VoiceInfo
 from audio_pipeline.text.segment import segments
-from audio_pipeline.service.voices import (RegisteredVoice, VoicePrompt, VoiceStore, check_reference_size,
-                                           check_transcript, codes_file, read_reference_audio, read_voice_entry)
+from audio_pipeline.service.voice_catalogue import VoiceCatalogue
+from audio_pipeline.service.voices import VoicePrompt
 from audio_pipeline.core.engine_core import AudioEvent, Sink, Usage
 from audio_pipeline.core.sampling_params import SamplingParams
 from audio_pipeline.service.prepare import RequestPreparer
@@ -106,71 +106,10 @@ class TTSEngine:
         #: The languages a request may name (text/languages.py): the manifest's, the checkpoint's, or the family's.
         self.languages = self.manifest.spoken_languages(self.layout)
         self.sampling_defaults = SamplingParams.from_config(config.sampling)
-        self.voice_store = self._open_voice_store()
-        #: Pronunciation lexicons by voice name ("*": every voice), from the configuration's file.
-        self.voice_lexicons = self._voice_lexicons()
-        #: Preset voices spoken as a clone of a reference the model directory ships.
-        self.preset_prompts = self._preset_prompts()
+        #: The voices: presets, registered (cloned) ones, their references and pronunciations.
+        self.voice_catalogue = VoiceCatalogue(self)
         #: Request preparation for in-process use (the speech service keeps its own over this engine).
         self.requests = RequestPreparer(self)
-
-    def _voice_lexicons(self) -> dict:
-        from audio_pipeline.errors import InvalidArgument
-        from audio_pipeline.text.pronunciations import load_voice_lexicons
-
-        if not self.config.pronunciations:
-            return {}
-        try:
-            lexicons = load_voice_lexicons(self.config.pronunciations)
-        except OSError as error:
-            raise ValueError(f"pronunciations: {error}") from None
-        except InvalidArgument as error:  # it names the file and the entry already
-            raise ValueError(str(error)) from None
-        logger.info("pronunciations from %s: %s", self.config.pronunciations,
-                    ", ".join(f"{voice} ({len(lexicon.entries)} words)" for voice, lexicon in lexicons.items()))
-        return lexicons
-
-    def _open_voice_store(self) -> VoiceStore | None:
-        """The registered voices (None when the decoder cannot encode audio, so no cloning)."""
-        if not self.facts.supports_encoding:
-            return None
-        from audio_pipeline.builtin import builtin_cache_dir
-
-        directory = Path(self.config.voices_dir) if self.config.voices_dir else builtin_cache_dir() / "voices"
-        speaker = self.speaker_embedding if self.facts.speaker_sample_rate is not None else None
-        store = VoiceStore(directory, self.decoder_name, self.sample_rate, self.encode, speaker)
-        skipped = store.load()
-        if skipped:
-            logger.warning("skipped unreadable registered voices in %s: %s", directory, ", ".join(skipped))
-        return store
-
-    def _preset_prompts(self) -> dict[str, VoicePrompt]:
-        """The voice prompts of the preset voices whose reference the model directory ships, in
-        ``voices/NAME/`` as registered voices are kept (voice.json's transcript, the decoder's
-        codes or reference.flac). A layout that speaks only as a reference needs one for each preset
-        voice: ValueError naming the voice otherwise."""
-        prompts = {}
-        encode = self.encode if self.voice_store is not None else None  # the decoder can encode
-        for voice in self.manifest.voices:
-            entry = self.model_dir / "voices" / voice.name
-            if (entry / "voice.json").is_file():
-                meta, codes, _ = read_voice_entry(entry, self.decoder_name, self.sample_rate, encode)
-                try:
-                    self.backend.check_codes(codes)
-                except ValueError as exc:
-                    raise ValueError(f"{entry}: the reference's codes: {exc}") from None
-                speaker = self.voice_store.speaker_of(entry) if self.voice_store is not None else None
-                prompts[voice.name] = VoicePrompt(meta["transcript"], codes, speaker)
-            elif self.clones_only:
-                raise ValueError(f"model.model_path: preset voice {voice.name!r} of the {self.manifest.family} "
-                                 f"model needs its reference: {entry}/voice.json with the transcript, and "
-                                 f"{codes_file(self.decoder_name)} or reference.flac")
-        return prompts
-
-    @property
-    def clones_only(self) -> bool:
-        """Whether every request speaks as a reference recording (the layout's requires_reference)."""
-        return self.layout.requires_reference
 
     def encode(self, samples: np.ndarray) -> torch.Tensor:
         """A recording's codes (the decoder's encoder, in the engine core: never on its loop)."""
@@ -195,51 +134,6 @@ class TTSEngine:
         return self.facts.samples_per_frame
 
     @property
-    def voices(self) -> list[VoiceInfo]:
-        """Preset voices (default first), then registered ones."""
-        default = self.manifest.default_voice
-        presets = sorted(self.manifest.voices, key=lambda v: v.name != default)
-        registered = [VoiceInfo(v.name, v.description, v.language) for v in self.registered_voices()]
-        return presets + registered
-
-    def registered_voices(self) -> list[RegisteredVoice]:
-        return self.voice_store.voices() if self.voice_store is not None else []
-
-    def register_voice(self, name: str, audio: bytes, transcript: str, description: str = "") -> RegisteredVoice:
-        """Clones a voice from a recording and its transcript and keeps it under ``name``.
-
-        The cheap checks (sizes, name, a full store: config.limits) come before the recording is decoded.
-        """
-        store = self.cloning_store()
-        limits = self.config.limits
-        reserved = {v.name for v in self.manifest.voices}
-        check_reference_size(audio, limits.max_reference_audio_bytes)
-        store.check_new(name, description, reserved, limits)
-        samples = read_reference_audio(audio, self.sample_rate, max_seconds=self.config.max_reference_seconds)
-        transcript = check_transcript(transcript, self.config.limits.max_transcript_chars)
-        return store.register(name, samples, transcript, description, reserved=reserved, limits=limits)
-
-    def delete_voice(self, name: str) -> None:
-        if len(name) > self.config.limits.max_voice_name_chars:  # longer than any voice name: no lookup
-            raise NotFound(f"no registered voice named {echo(name)}", field="name")
-        if name in {v.name for v in self.manifest.voices}:
-            raise InvalidArgument(f"{echo(name)} is a preset voice of the model and cannot be deleted", field="name")
-        self.cloning_store().delete(name)
-
-    @property
-    def can_clone(self) -> bool:
-        """Whether a reference recording can give a voice here: the decoder encodes audio and the
-        layout speaks as a reference (the built-in voices do not)."""
-        return self.voice_store is not None and self.layout.clonable
-
-    def cloning_store(self) -> VoiceStore:
-        """The voice store; InvalidArgument naming ``reference`` when the decoder cannot encode audio."""
-        if self.voice_store is None:
-            raise InvalidArgument("this server cannot clone voices: its model's audio codec cannot encode a "
-                                  "recording", field="reference")
-        return self.voice_store
-
-    @property
     def max_seq_len(self) -> int:
         return self.facts.max_seq_len
 
@@ -249,22 +143,6 @@ class TTSEngine:
         """A checked context of a whole text, for in-process use (tests, ``synthesize``, the warm-up):
         :meth:`RequestPreparer.create_context <audio_pipeline.service.prepare.RequestPreparer.create_context>`."""
         return self.requests.create_context(text, **kwargs)
-
-    @property
-    def takes_instructions(self) -> bool:
-        """Whether a request's ``instructions`` act: a described voice's description, or a style
-        beside a preset voice (the layout's takes_instructions)."""
-        return self.layout.described_voices or self.layout.takes_instructions
-
-    @property
-    def describes_voices(self) -> bool:
-        """Whether a voice is any description in words (Maya1) rather than a name from a list."""
-        return self.layout.described_voices
-
-    @property
-    def speaks_at_any_speed(self) -> bool:
-        """Whether the model's layout speaks at a requested speed (else a stream is time-stretched)."""
-        return self.layout.supports_speed
 
     def check_room(self, pending: int = 0) -> None:
         """Raises the error a request submitted now would get (Unavailable while the engine does not
@@ -308,7 +186,7 @@ class TTSEngine:
         # A model that speaks only as a reference and has no default voice: any codes (and speaker
         # embedding, where it clones by one) will do.
         reference = None
-        if self.clones_only and self.manifest.default_voice is None:
+        if self.layout.requires_reference and self.manifest.default_voice is None:
             speaker = (torch.zeros(self.facts.hidden_size)
                        if self.facts.speaker_sample_rate is not None else None)
             reference = VoicePrompt("warm up", torch.zeros(2 * self.layout.codes_per_frame, dtype=torch.long), speaker)

@@ -26,46 +26,34 @@ if TYPE_CHECKING:
     import torch
 
     from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.decoders.base import AudioDecoder
+    from audio_pipeline.core.assembly import CoreFacts
     from audio_pipeline.layouts.base import Layout
     from audio_pipeline.layouts.manifest import ModelManifest
-    from audio_pipeline.layouts.voice_info import VoiceInfo
-    from audio_pipeline.service.voices import VoiceStore
+    from audio_pipeline.service.voice_catalogue import VoiceCatalogue
     from audio_pipeline.text.languages import SpokenLanguages
 
 
 class PreparingEngine(Protocol):
-    """What preparation reads of the engine it prepares for (service/engine.py's TTSEngine):
-    its configuration, model, layout, tokenizer, decoder and voices."""
+    """What preparation reads of the engine it prepares for (service/engine.py's TTSEngine): its
+    configuration, layout, tokenizer, the engine core's facts and voices (the voice catalogue)."""
 
     config: "AudioGenerationConfig"
     manifest: "ModelManifest"
     layout: "Layout"
     tokenizer: Any
-    model: Any
-    decoder: "AudioDecoder"
+    facts: "CoreFacts"
     languages: "SpokenLanguages"
     sampling_defaults: SamplingParams
-    voice_store: "VoiceStore | None"
-    voice_lexicons: dict
-    preset_prompts: dict
+    voice_catalogue: "VoiceCatalogue"
 
     @property
-    def voices(self) -> "list[VoiceInfo]": ...
+    def sample_rate(self) -> int: ...
 
     @property
-    def clones_only(self) -> bool: ...
-
-    @property
-    def describes_voices(self) -> bool: ...
-
-    @property
-    def speaks_at_any_speed(self) -> bool: ...
+    def samples_per_frame(self) -> int: ...
 
     @property
     def max_seq_len(self) -> int: ...
-
-    def cloning_store(self) -> "VoiceStore": ...
 
     def encode(self, samples: "np.ndarray") -> "torch.Tensor": ...
 
@@ -165,7 +153,7 @@ class RequestPreparer:
                 raise InvalidArgument(f"{len(language)} characters, over the limit of {limits.max_voice_name_chars}",
                                       field="language")
             language = self.engine.languages.resolve(language)
-        if self.engine.describes_voices:
+        if self.engine.layout.described_voices:
             voice = self._voice_description(voice, instructions)
             instructions = None
         elif not self.engine.layout.takes_instructions:
@@ -187,24 +175,26 @@ class RequestPreparer:
                                   field="sampling.stop_token_ids")
         if reference is not None and voice:
             raise InvalidArgument("give either a voice name or a reference recording, not both", field="voice")
-        if reference is None and voice and self.engine.voice_store is not None and self.engine.voice_store.get(voice):
-            reference = self.engine.voice_store.get(voice).prompt
-        elif reference is None and not self.engine.describes_voices:
+        catalogue = self.engine.voice_catalogue
+        registered = catalogue.store.get(voice) if voice and catalogue.store is not None else None
+        if reference is None and registered:
+            reference = registered.prompt
+        elif reference is None and not self.engine.layout.described_voices:
             voice = voice or self.engine.manifest.default_voice
-            names = [v.name for v in self.engine.voices]
+            names = [v.name for v in catalogue.listed]
             if voice is not None and voice not in names:
                 raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
-            reference = self.engine.preset_prompts.get(voice)
-        if reference is None and self.engine.clones_only:
+            reference = catalogue.preset_prompts.get(voice)
+        if reference is None and self.engine.layout.requires_reference:
             raise InvalidArgument("this model speaks only in the voice of a reference recording and has no default "
                                   "voice: give a reference with its transcript, or a registered voice", field="reference")
         sampling = self.engine.sampling_defaults.with_overrides(
             max_tokens_limit=self.engine.config.sampling.max_tokens_limit,
             tokens_per_frame=self.engine.layout.tokens_per_frame, **sampling_overrides)
         speed = 1.0 if speed is None else float(speed)
-        if speed != 1.0 and not self.engine.speaks_at_any_speed:
+        if speed != 1.0 and not self.engine.layout.supports_speed:
             raise InvalidArgument("this model speaks at one speed: only 1.0 is supported", field="speed")
-        lexicons = self.engine.voice_lexicons
+        lexicons = self.engine.voice_catalogue.lexicons
         lexicon = lexicons.get("*", Lexicon()).merged(lexicons.get(voice or "", Lexicon())).merged(
             pronunciations or Lexicon())
         return RequestSettings(
@@ -222,7 +212,7 @@ class RequestPreparer:
         changed = [rate for rate in rates if rate != 1.0]
         if not changed:
             return
-        if not self.engine.speaks_at_any_speed:
+        if not self.engine.layout.supports_speed:
             raise InvalidArgument("SSML <prosody rate>: this model speaks at one speed; a request's speed "
                                   "time-stretches the whole stream instead", field="text")
         for rate in changed:
@@ -304,7 +294,7 @@ class RequestPreparer:
 
     def reference_prompt(self, audio: bytes, transcript: str) -> VoicePrompt:
         """A one-request voice prompt from a recording and its transcript."""
-        self.engine.cloning_store()
+        self.engine.voice_catalogue.cloning_store()
         check_reference_size(audio, self.engine.config.limits.max_reference_audio_bytes)
         samples = read_reference_audio(audio, self.engine.sample_rate, max_seconds=self.engine.config.max_reference_seconds)
         transcript = check_transcript(transcript, self.engine.config.limits.max_transcript_chars)

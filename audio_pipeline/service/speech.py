@@ -165,7 +165,7 @@ class SpeechService:
         """The request's settings checked against the model, and the speed to time-stretch the
         stream by (a model that speaks at one speed; None: no stretching)."""
         speed, stretch = request.speed, None
-        if speed is not None and speed != 1.0 and not self.engine.speaks_at_any_speed:
+        if speed is not None and speed != 1.0 and not self.engine.layout.supports_speed:
             speed, stretch = None, speed
         settings = self.requests.resolve_settings(voice=request.voice or None, reference=reference,
                                                 normalize_text=request.normalize_text, speed=speed,
