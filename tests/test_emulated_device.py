@@ -68,6 +68,28 @@ def test_an_emulated_engine_speaks_valid_tokens_as_silence_of_the_right_length(t
     assert sampler_calls == {"sample_rows": 0, "logits": 0}
 
 
+def test_steps_run_on_the_emulated_device_s_timeline_with_no_worker_thread(tiny_model_dir):
+    """A step is launched as on a GPU: no worker thread runs it (the CPU's overlap worker is gone
+    once the first step is launched, with overlap on as on CUDA), and its result waits until the
+    device has spent step_ms on it and on every step queued before it."""
+    import threading
+    import time
+
+    config = make_config(tiny_model_dir, "enable_overlap_scheduler=true", "max_num_steps=1")
+    engine, device = emulated_engine(tiny_model_dir, step_ms=20.0, decoder_ms=0.0, config=config)
+    try:
+        started = time.monotonic()
+        context = engine.create_context("The emulated device keeps its own time.", temperature=0.0, max_tokens=28)
+        run_to_completion(engine, [context])
+        seconds = time.monotonic() - started
+        assert engine.core.runner._worker is None
+        assert not [t for t in threading.enumerate() if t.name.startswith("model-runner")]
+    finally:
+        engine.stop()
+    # A lower bound only: every step took its 20 ms of device time, one after the other.
+    assert device.steps >= 28 and seconds >= device.steps * 0.020
+
+
 def test_an_engine_that_is_not_emulated_still_samples_for_real(tiny_model_dir, sampler_calls):
     """The emulated sampling is routed by model: another engine's runner (in the same process, after
     an emulated one) samples as served."""
