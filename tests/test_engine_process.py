@@ -170,3 +170,29 @@ def test_the_core_exits_when_its_front_end_dies(tiny_model_dir, tmp_path):
         assert not alive(core)
     finally:
         front.kill()
+
+
+def test_multiprocess_metrics_show_both_processes(tiny_model_dir, tmp_path):
+    """prometheus_metrics_mode = launch_multiproc_server: the core's process writes its metrics into
+    the front end's multiprocess directory, so the one exposition aggregates both (in a process of
+    its own: the mode switches prometheus_client's storage for the whole process)."""
+    script = tmp_path / "multiproc.py"
+    script.write_text(
+        "import sys\n"
+        "sys.path[:0] = %r\n"
+        "from helpers import make_config\n"
+        "from audio_pipeline.server.metrics import ServerMetrics\n"
+        "from audio_pipeline.service.engine import TTSEngine\n"
+        "config = make_config(%r, 'prometheus_metrics_mode=launch_multiproc_server')\n"
+        "engine = TTSEngine(config, engine_process='subprocess')\n"
+        "server = ServerMetrics(engine.metrics)\n"
+        "engine.start()\n"
+        "engine.synthesize('Counted in both processes.', temperature=0.0, max_tokens=28)\n"
+        "server.count('ok')\n"
+        "print(engine.metrics.render().decode())\n"
+        "engine.stop(1.0)\n" % (sys.path, str(tiny_model_dir)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 'tts_rpc_requests_total{outcome="ok"} 1.0' in out.stdout
+    assert 'tts_engine_requests_finished_total{reason="max_tokens"} 1.0' in out.stdout

@@ -76,6 +76,10 @@ class TTSEngine:
             from audio_pipeline.core.process.client import CoreProcess
             from audio_pipeline.core.process.metrics import front_end_metrics
 
+            if config.prometheus_metrics_mode.value == "launch_multiproc_server":
+                from audio_pipeline.core.metrics import enable_multiprocess
+
+                enable_multiprocess()  # before the core's process starts: it inherits the directory
             # The core's process loads the model while this one loads the tokenizer and the layout.
             self.backend = backend = CoreProcess(config)
             try:
