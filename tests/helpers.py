@@ -51,8 +51,9 @@ def scratch_voices_dir() -> str:
 
 
 def make_config(model_dir, *flags, **overrides):
-    """The test config of ``model_dir``: short chunks, TEST_MAX_TOKENS, a short grace period, a
-    voices folder of its own; ``flags`` and ``overrides`` (``model=`` for model settings) on top."""
+    """The test config of ``model_dir``: short chunks, TEST_MAX_TOKENS, a short grace period, the
+    engine core in process, a voices folder of its own; ``flags`` and ``overrides`` (``model=`` for
+    model settings) on top."""
     from audio_pipeline.config import AudioGenerationConfig
 
     # AUDIO_PIPELINE_TEST_DEVICE=cuda runs the engine tests on a GPU (the CPU is the default), and
@@ -62,8 +63,11 @@ def make_config(model_dir, *flags, **overrides):
     dtype = os.environ.get("AUDIO_PIPELINE_TEST_DTYPE", "auto")
     model = {"model_path": str(model_dir), "device": device, "dtype": dtype, **overrides.pop("model", {})}
     overrides.setdefault("voices_dir", scratch_voices_dir())
+    # The engine core in process (tests read its parts: engine.core, engine.scheduler); the servers
+    # of test_engine_process.py, test_cli.py and the Quick start run it in its own, the default.
     return AudioGenerationConfig.load(env={}, audio_flags=["chunk_size=28,56", f"sampling.max_tokens={TEST_MAX_TOKENS}",
-                                                           "grace_period_s=5", *flags], model=model, **overrides)
+                                                           "grace_period_s=5", "engine_process=in_process", *flags],
+                                      model=model, **overrides)
 
 
 def start_engine(model_dir, *flags, **overrides):
@@ -143,13 +147,12 @@ def wait_idle(engine, timeout: float = 60.0) -> None:
     """Waits until the engine holds nothing (no request, no KV block); fails naming what is still held."""
     deadline = time.monotonic() + timeout
     while True:
-        load = engine.core.load
-        blocks = engine.scheduler.block_manager
-        if load == (0, 0) and not blocks.sequences and blocks.num_used_blocks == 0:
+        queued, running, sequences, blocks = engine.holdings()  # in the engine core, wherever it runs
+        if (queued, running, sequences, blocks) == (0, 0, 0, 0):
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"engine not idle: (queued, running)={load}, KV sequences={blocks.sequences}, "
-                                 f"blocks used={blocks.num_used_blocks}")
+            raise AssertionError(f"engine not idle: (queued, running)={(queued, running)}, KV sequences={sequences}, "
+                                 f"blocks used={blocks}")
         time.sleep(0.02)
 
 

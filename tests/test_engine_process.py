@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from audio_pipeline.service.engine import TTSEngine, resolve_engine_process
 from audio_pipeline.testing.background import BackgroundServer
 from audio_pipeline_client._proto import tts_pb2, tts_pb2_grpc
-from helpers import TRANSCRIPT, make_config, pcm_of, recording, wait_serving
+from helpers import TRANSCRIPT, make_config, pcm_of, recording, wait_idle, wait_serving
 
 #: Real servers and processes: left out of the quick subset (scripts/test.sh -m "not slow").
 pytestmark = pytest.mark.slow
@@ -43,9 +43,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_auto_is_in_process_on_the_cpu_and_a_process_of_its_own_on_cuda():
-    assert resolve_engine_process("auto", "cpu") == "in_process"
+def test_auto_is_a_process_of_its_own_and_a_program_s_engine_runs_in_process(tiny_model_dir):
+    assert resolve_engine_process("auto", "cpu") == "subprocess"
     assert resolve_engine_process("auto", "cuda:0") == "subprocess"
+    from audio_pipeline.config import AudioGenerationConfig
+
+    assert AudioGenerationConfig().engine_process.value == "auto"
     assert resolve_engine_process("in_process", "cuda") == "in_process"
     with pytest.raises(ValueError, match="engine_process"):
         resolve_engine_process("threads", "cpu")
@@ -107,10 +110,7 @@ def test_streams_cancels_cloning_and_metrics_cross_the_boundary(server):
         stream = stub.Synthesize(request(max_tokens=2000), timeout=120)
         next(stream)
         stream.cancel()
-        deadline = time.monotonic() + 10
-        while engine.backend._sinks and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not engine.backend._sinks
+        wait_idle(engine, timeout=10)  # no request, KV sequence or block left in the core
     text = engine.metrics.render().decode()
     # Both processes on one page: the front end's RPC outcomes and the core's engine metrics.
     assert 'tts_rpc_requests_total{outcome="ok"}' in text

@@ -215,7 +215,7 @@ def test_served_over_grpc_http_and_the_websocket_with_its_presets_and_clear_erro
                                         voices_dir=str(tmp_path / "voices"))
     server = BackgroundServer(config, http_port=0).start()
     try:
-        frame = server.engine.decoder.samples_per_frame
+        frame = server.engine.samples_per_frame
         chunks = synthesize(server.target, "Hello world, this is a tiny test.", voice="serena", seed=1, max_tokens=12)
         usage = chunks[-1].complete.usage
         heard = audio_of(chunks)

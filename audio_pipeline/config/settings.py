@@ -69,7 +69,8 @@ class EngineProcess(_ValueEnum):
     """Where a server's engine core runs."""
 
     AUTO = "auto"
-    """Its own process on CUDA, the server's process on the CPU (docs/performance.md: measured)."""
+    """The measured best of the device: today a process of its own on the CPU and on CUDA
+    (docs/performance.md)."""
     SUBPROCESS = "subprocess"
     """A process of its own: the doors, encoders and request preparation never share its interpreter."""
     IN_PROCESS = "in_process"
@@ -514,7 +515,8 @@ class AudioGenerationConfig(PipelineConfig):
         EngineProcess.AUTO, description="Where the server's engine core (scheduler, KV cache, model, sampler, audio "
         "decoder) runs: subprocess = a process of its own, fed over local sockets (the doors, request preparation "
         "and audio encoding never share its interpreter; if it dies, its requests end UNAVAILABLE and a new one "
-        "starts); in_process = threads of the server's process; auto = subprocess on CUDA, in_process on the CPU. "
+        "starts); in_process = threads of the server's process; auto = the measured best of the device: "
+        "subprocess on the CPU and on CUDA today. "
         "A TTSEngine in a program of your own runs it in process unless told otherwise.")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
     voices_dir: str | None = Field(

@@ -244,6 +244,10 @@ class CoreAssembly:
         """ValueError unless ``codes`` are whole frames of codes the model speaks."""
         self.decoder.check_code_values(codes, self.layout.codebook_size)
 
+    def holdings(self) -> tuple[int, int, int, int]:
+        """What the engine core holds (EngineCore.holdings)."""
+        return self.core.holdings()
+
     def settle(self) -> None:
         """After the warm-up: everything alive (modules, model, tokenizer: the server's lifetime)
         leaves the garbage collector's generations. Otherwise the first full collection scans it

@@ -235,6 +235,14 @@ class EngineCore:
         with self._lock:
             return self.scheduler.num_waiting, self.scheduler.num_running
 
+    def holdings(self) -> tuple[int, int, int, int]:
+        """(queued, running) requests, the KV cache's sequences and its blocks in use: all 0 once the
+        engine holds nothing (the tests' leak check)."""
+        with self._lock:
+            blocks = self.scheduler.block_manager
+            return (self.scheduler.num_waiting, self.scheduler.num_running, len(blocks.sequences),
+                    blocks.num_used_blocks)
+
     @property
     def idle(self) -> bool:
         """No request queued or running, and no KV block held."""

@@ -70,5 +70,8 @@ class LocalCore:
     def check_codes(self, codes: torch.Tensor) -> None:
         self.assembly.check_codes(codes)
 
+    def holdings(self) -> tuple[int, int, int, int]:
+        return self.assembly.holdings()
+
     def settle(self) -> None:
         self.assembly.settle()

@@ -267,6 +267,9 @@ class CoreProcess:
     def settle(self) -> None:
         self.call("settle")
 
+    def holdings(self) -> tuple[int, int, int, int]:
+        return self.call("holdings", timeout=10.0)
+
     def metrics_text(self) -> bytes:
         return self.call("metrics_text", timeout=5.0)
 

@@ -42,7 +42,7 @@ POLL_SECONDS = 0.2
 #: 0.1 ms: 82, 1010.
 SWITCH_INTERVAL_S = 0.0005
 #: The calls a front end may make (CoreAssembly's methods of those names, and the metrics' text).
-CALLS = ("encode", "speaker_embedding", "check_codes", "settle", "metrics_text")
+CALLS = ("encode", "speaker_embedding", "check_codes", "settle", "holdings", "metrics_text")
 
 
 def main(config: Any, directory: str, parent_pid: int, hooks: list, log_level: int) -> None:
