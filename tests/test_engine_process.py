@@ -196,3 +196,14 @@ def test_multiprocess_metrics_show_both_processes(tiny_model_dir, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'tts_rpc_requests_total{outcome="ok"} 1.0' in out.stdout
     assert 'tts_engine_requests_finished_total{reason="max_tokens"} 1.0' in out.stdout
+
+
+def test_serve_fails_with_the_core_s_start_up_error_and_no_traceback(tmp_path):
+    """A setting that only the engine core's process can check (the decoder's weights are read
+    there): `serve` exits non-zero with the setting's error, said once, without a traceback."""
+    result = subprocess.run([sys.executable, "-m", "audio_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                             "--device", "cpu", "--audio-decoder-weights", str(tmp_path / "missing")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert f"audio_decoder_weights: {tmp_path / 'missing'} does not exist" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -68,7 +68,8 @@ def main(config: Any, directory: str, parent_pid: int, hooks: list, log_level: i
 
         assembly = CoreAssembly(config)
     except BaseException as exc:  # noqa: BLE001 - the front end fails with this error
-        logger.exception("the engine core could not start")
+        if not isinstance(exc, (ValueError, OSError)):  # a setting's error: the front end says it, once
+            logger.exception("the engine core could not start")
         out.send(m.encoder.encode(m.StartFailed(type(exc).__name__, str(exc))))
         out.close(linger=5000)
         context.term()
