@@ -185,8 +185,15 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
     try:
         # An engine whose loop has stopped for good takes the server out of rotation (NOT_SERVING).
         # A core in its own process that dies is replaced; once the new one is ready it serves again.
-        engine.on_health(lambda: asyncio.run_coroutine_threadsafe(running.set_serving(False), loop),
-                         lambda: asyncio.run_coroutine_threadsafe(running.set_serving(True), loop))
+        # Called from an engine thread; each waits (briefly) until health says so, so that a stream
+        # ended because the engine stopped is never seen before NOT_SERVING is.
+        def health(serving: bool) -> None:
+            try:
+                asyncio.run_coroutine_threadsafe(running.set_serving(serving), loop).result(timeout=2.0)
+            except Exception:  # noqa: BLE001 - the server is stopping (its loop is gone)
+                logger.warning("could not set health to %s", "SERVING" if serving else "NOT_SERVING")
+
+        engine.on_health(lambda: health(False), lambda: health(True))
         engine.start()
         seconds = await loop.run_in_executor(None, engine.warmup)
         running.service.ready = True

@@ -379,9 +379,9 @@ class CoreProcess:
         with self._lock:
             self._healthy = False
             self._accepting = False
-        self._fail_all(CORE_LOST, "Unavailable")
-        if self._on_unhealthy is not None:
+        if self._on_unhealthy is not None:  # first: a client told UNAVAILABLE finds health NOT_SERVING
             self._on_unhealthy()
+        self._fail_all(CORE_LOST, "Unavailable")
         connection.closing = True
         connection.close(kill=True)
         threading.Thread(target=self._restart, name="core-restart", daemon=True).start()
