@@ -44,14 +44,14 @@ def alive(pid: int) -> bool:
 
 
 def test_auto_is_a_process_of_its_own_and_a_program_s_engine_runs_in_process(tiny_model_dir):
-    assert resolve_engine_process("auto", "cpu") == "subprocess"
-    assert resolve_engine_process("auto", "cuda:0") == "subprocess"
+    assert resolve_engine_process("auto") == "subprocess"
+    assert resolve_engine_process("auto") == "subprocess"
     from audio_pipeline.config import AudioGenerationConfig
 
     assert AudioGenerationConfig().engine_process.value == "auto"
-    assert resolve_engine_process("in_process", "cuda") == "in_process"
+    assert resolve_engine_process("in_process") == "in_process"
     with pytest.raises(ValueError, match="engine_process"):
-        resolve_engine_process("threads", "cpu")
+        resolve_engine_process("threads")
 
 
 def test_bad_setting_names_the_field(tiny_model_dir):

@@ -21,9 +21,15 @@ def check_room(core, pending: int = 0) -> None:
     its capacity (max_queue_wait_ms), with ``pending`` others being prepared for submission."""
     if not core.accepting:
         raise core.unavailable()
-    if not core.has_room(pending):
+    refuse_when_full(core.has_room(pending), core.at_capacity())
+
+
+def refuse_when_full(room: bool, waited: float | None) -> None:
+    """ResourceExhausted when the queue has no ``room``, or when the oldest waiting request has
+    ``waited`` past max_queue_wait_ms (None: it has not); the refusals of both sides of the process
+    boundary."""
+    if not room:
         raise ResourceExhausted("the request queue is full; retry later")
-    waited = core.at_capacity()
     if waited is not None:
         raise ResourceExhausted(f"the server is at capacity: the oldest waiting request has waited {waited:.1f} s "
                                 f"for a place (max_queue_wait_ms); retry later")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from audio_pipeline.checkpoints.loading import load_tokenizer, resolve_model_dir
-from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig
+from audio_pipeline.config import DEFAULT_MODEL, AudioGenerationConfig, EngineProcess
 from audio_pipeline.core.assembly import CoreAssembly, CoreFacts
 from audio_pipeline.core.local import LocalCore
 from audio_pipeline.core.request import TTSContext
@@ -36,17 +36,15 @@ from audio_pipeline.service.prepare import RequestPreparer
 
 logger = logging.getLogger(__name__)
 
-ENGINE_PROCESSES = ("auto", "subprocess", "in_process")
-
-
-def resolve_engine_process(setting: str, device: str) -> str:
+def resolve_engine_process(setting: str) -> str:
     """Where a server's engine core runs: ``engine_process`` as set, or for ``auto`` the measured
     best of the device: its own process on the CPU and on CUDA (docs/performance.md: on 2 cores, the
     built-in voice's open loop at 8 requests a second stalled 0 % of requests against 29-49 % in
     process, and a GPU server's emulated host held 256 streams against none)."""
-    if setting not in ENGINE_PROCESSES:
-        raise ValueError(f"engine_process: {setting!r} is not one of {', '.join(ENGINE_PROCESSES)}")
-    return "subprocess" if setting == "auto" else setting
+    names = [choice.value for choice in EngineProcess]
+    if setting not in names:
+        raise ValueError(f"engine_process: {setting!r} is not one of {', '.join(names)}")
+    return EngineProcess.SUBPROCESS.value if setting == EngineProcess.AUTO.value else setting
 
 
 @dataclass
@@ -68,7 +66,7 @@ class TTSEngine:
 
     def __init__(self, config: AudioGenerationConfig, *, engine_process: str = "in_process"):
         check_decoder_settings(config)  # before anything loads
-        self.engine_process = resolve_engine_process(engine_process, config.model.device)
+        self.engine_process = resolve_engine_process(engine_process)
         if self.engine_process == "subprocess":
             from audio_pipeline.core.process.client import CoreProcess
             from audio_pipeline.core.process.metrics import front_end_metrics
@@ -162,10 +160,6 @@ class TTSEngine:
         """``unhealthy()`` runs (on an engine thread) when the engine core stops serving, ``healthy()``
         when a new one serves again (a core in its own process is restarted)."""
         self.backend.on_health(unhealthy, healthy)
-
-    def on_unhealthy(self, callback) -> None:
-        """``callback()`` runs (on the engine's thread) when the engine core stops serving."""
-        self.backend.on_health(callback)
 
     def holdings(self) -> tuple[int, int, int, int]:
         """(queued, running) requests, the KV cache's sequences and blocks in use, in the engine core."""

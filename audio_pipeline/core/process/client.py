@@ -35,8 +35,9 @@ import zmq
 
 from audio_pipeline.core.assembly import CoreFacts
 from audio_pipeline.core.engine_core import AudioEvent, Sink
+from audio_pipeline.core.local import refuse_when_full
 from audio_pipeline.core.process import messages as m
-from audio_pipeline.errors import AlreadyExists, ResourceExhausted, Unavailable, error_of_kind
+from audio_pipeline.errors import AlreadyExists, Unavailable, error_of_kind
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,17 @@ CALL_TIMEOUT = 120.0
 
 class StartupError(RuntimeError):
     """The engine core's process ended before it was ready."""
+
+
+#: The core's errors that keep their class here (a setting's: the server fails with them as it
+#: would in process); another is the request error it names, or the caller's ``otherwise``.
+SETTING_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "OSError": OSError}
+
+
+def error_from_core(kind: str, message: str, otherwise: Callable[[str], Exception] | None = None) -> Exception:
+    if kind in SETTING_ERRORS:
+        return SETTING_ERRORS[kind](message)
+    return otherwise(message) if otherwise is not None else error_of_kind(kind, message)
 
 
 class CoreChild:
@@ -119,6 +131,8 @@ class _Connection:
         self.from_core.setsockopt(zmq.LINGER, 0)
         self.from_core.bind(f"ipc://{self.directory}/from-core")
         self.process = CoreChild(config, self.directory, hooks, log_level)
+        #: The thread that reads the core's messages, once it is ready.
+        self.reader: threading.Thread | None = None
         #: Set when the front end ends this connection itself (a stop, a replaced core).
         self.closing = False
 
@@ -134,9 +148,7 @@ class _Connection:
                     return message.facts
                 if isinstance(message, m.StartFailed):
                     self.process.join(10)
-                    error = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError,
-                             "OSError": OSError}.get(message.kind, StartupError)
-                    raise error(message.error)
+                    raise error_from_core(message.kind, message.error, StartupError)
             elif not self.process.is_alive():
                 self.process.join()
                 raise StartupError(f"the engine core's process exited with code {self.process.exitcode} while "
@@ -230,13 +242,10 @@ class CoreProcess:
                 raise self.unavailable()
             in_flight = len(self._sinks)
             oldest = self._oldest_waiting
-        if in_flight + pending >= facts.max_queue_size + facts.admission_limit:
-            raise ResourceExhausted("the request queue is full; retry later")
         limit = self.config.max_queue_wait_ms
         waited = time.monotonic() - oldest if oldest is not None else 0.0
-        if limit is not None and waited * 1000 > limit:
-            raise ResourceExhausted(f"the server is at capacity: the oldest waiting request has waited {waited:.1f} s "
-                                    f"for a place (max_queue_wait_ms); retry later")
+        refuse_when_full(in_flight + pending < facts.max_queue_size + facts.admission_limit,
+                         waited if limit is not None and waited * 1000 > limit else None)
 
     # --- calls into the core --------------------------------------------------------------------
 
@@ -301,9 +310,8 @@ class CoreProcess:
             if connection.process.is_alive():
                 connection.to_core.send(m.encoder.encode(m.Stop(1e9 if timeout is None else timeout)))
         connection.process.join(None if timeout is None else timeout + 30)
-        reader = getattr(connection, "reader", None)
-        if reader is not None:
-            reader.join()
+        if connection.reader is not None:
+            connection.reader.join()
         connection.close(kill=True)
         self._fail_all("the server is shutting down", "Unavailable")
 
@@ -350,10 +358,8 @@ class CoreProcess:
             if future is not None:
                 if message.error_kind is None:
                     future.set_result(m.unpack(message.result))
-                elif message.error_kind in ("ValueError", "FileNotFoundError"):
-                    future.set_exception(ValueError(message.error))
                 else:
-                    future.set_exception(error_of_kind(message.error_kind, message.error or "failed"))
+                    future.set_exception(error_from_core(message.error_kind, message.error or "failed"))
         elif isinstance(message, m.Unhealthy):
             return False
         return True

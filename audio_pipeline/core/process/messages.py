@@ -136,7 +136,7 @@ def event_frames(events: list[AudioEvent]) -> tuple[list[EventHead], list[np.nda
             None if usage is None else (usage.prompt_tokens, usage.generated_tokens, usage.audio_samples,
                                         usage.time_to_first_audio_seconds, usage.generation_seconds),
             None if event.stop_reason is None else event.stop_reason.value, event.error,
-            getattr(event, "error_kind", None)))
+            event.error_kind))
     return heads, frames
 
 

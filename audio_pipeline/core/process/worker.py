@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from audio_pipeline.core.engine_core import AudioEvent
+from audio_pipeline.core.engine_core import LOGGED, AudioEvent
 from audio_pipeline.core.process import messages as m
 from audio_pipeline.errors import RequestError
 
@@ -142,9 +142,9 @@ class CoreServer:
         except RequestError as error:  # refused here (a race past the front end's own checks)
             self.outbox.put(AudioEvent("error", message.request_id, error=str(error),
                                        error_kind=type(error).__name__))
-        except Exception as error:  # noqa: BLE001 - one bad submission must not end the process
+        except Exception:  # noqa: BLE001 - one bad submission must not end the process
             logger.exception("request %s could not be submitted", message.request_id)
-            self.outbox.put(AudioEvent("error", message.request_id, error=f"generation failed ({error})"))
+            self.outbox.put(AudioEvent("error", message.request_id, error=f"generation failed ({LOGGED})"))
 
     def _call(self, message: m.Call) -> None:
         try:
