@@ -301,7 +301,8 @@ class PipelineConfig(BaseSettings):
         "only a full queue (max_queue_size) refuses.")
     first_audio_target_ms: float = Field(
         100.0, ge=0, description="With deadline_scheduling, the deadline of a request not heard yet: its arrival "
-        "plus this.")
+        "plus this; and how long prompts in line may wait for one prefill step that takes them all, where the "
+        "running streams' slack holds only some of them.")
     deadline_margin_ms: float = Field(
         20.0, ge=0, description="With deadline_scheduling, audio a stream keeps in reserve: the time between a chunk "
         "leaving the engine and its listener playing it (encoding, resampling, the network).")

@@ -39,7 +39,10 @@ A row's *slack* is its deadline less now, less the passes its next chunk needs, 
   run dry, has its next chunk due (first chunks early for new arrivals);
 - a prompt's prefill step is only as long as the smallest slack of the heard rows in decode allows
   (split where chunked prefill is on), and waits while no useful part of it fits: a new request
-  queues rather than a running stream stalls.
+  queues rather than a running stream stalls. Where the slack holds some but not all of the prompts
+  in line, they wait (decoding goes on and builds the rows' lead) for one step that takes them
+  all, until the oldest is ``first_audio_target_ms`` old: a burst of arrivals is prefilled in few
+  steps, not one or two prompts a pass.
 
 When a decode step cannot get a KV block, the most recently admitted other request is preempted:
 its blocks are released and it goes back to the front of the queue, to be recomputed (its prompt
@@ -498,7 +501,27 @@ class AudioGenerationScheduler:
         fits = self.costs.prompt_tokens_within(least, rows)
         if fits >= budget:
             return budget
+        if fits < self._queued_prompt_tokens(prefill) and self._may_gather(prefill):
+            return 0
         return fits if fits >= min(MIN_PREFILL_TOKENS, self._next_prompt_tokens(prefill)) else 0
+
+    def _queued_prompt_tokens(self, prefill: list[_Entry]) -> int:
+        """Prompt tokens of every prompt in line: those admitted and partly computed, and those waiting."""
+        waiting = sum(max(1, len(e.request.cache_prompt) + len(e.request.cache_generated)) for e in self._waiting)
+        return sum(entry.unscheduled for entry in prefill) + waiting
+
+    def _may_gather(self, prefill: list[_Entry]) -> bool:
+        """Whether the prompts in line (two or more) may wait for one prefill step that takes them all, rather than
+        go a few at a time in the slack the heard rows leave: while the oldest is younger than the
+        first-audio target. Decode passes meanwhile build the heard rows' lead, so the one step
+        fits sooner; each small step would cost a pass of its own and leave the rows no lead. 32
+        simultaneous starts on 2 cores (the built-in voice; they reach the engine core over about
+        60 ms as the front end prepares them, and the first is heard before the last arrives): first
+        audio p99 185 and 198 ms gathered, 400 and 413 ms a few at a time (p50 alike)."""
+        if len(prefill) + len(self._waiting) < 2:  # one prompt: chunked prefill's splitting is the way
+            return False
+        head = prefill[0].request if prefill else self._waiting[0].request
+        return self.clock() - head.arrival_time < self.config.first_audio_target_ms / 1000.0
 
     def _next_prompt_tokens(self, prefill: list[_Entry]) -> int:
         """Prompt tokens the next prefill would compute for the first prompt in line."""
