@@ -33,6 +33,7 @@ import torch
 from audio_pipeline.core.kv_cache.paged import PagedBatch, PagedKVCacheManager
 from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.models.prompt_precision import prompt_ranges
+from audio_pipeline.core.row_table import RowTable
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
@@ -192,6 +193,8 @@ class ModelRunner:
         self.tracks = track_inputs(model, layout)
         self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
                                        before_grow=self.wait)
+        #: Per request, what its sampling rows need every step (core/row_table.py).
+        self.rows = RowTable(layout)
         # The candidate logits' products (model.packed_linears; a no-op where they are not packed).
         model.pack_candidate_ranges({(layout.token_range(slot)[0], layout.codebook_size)
                                      for slot in range(layout.tokens_per_frame)})
@@ -216,8 +219,9 @@ class ModelRunner:
     # --- requests --------------------------------------------------------------------------------
 
     def release(self, request_id: str) -> None:
-        """Forgets a finished request's device state (its repetition counts, its latest sample)."""
+        """Forgets a finished request's state (its repetition counts, its row, its latest sample)."""
         self.counts.release(request_id)
+        self.rows.release(request_id)
         self._latest_sample.pop(request_id, None)
 
     def wait(self) -> None:
@@ -328,9 +332,11 @@ class ModelRunner:
         total, batch = metadata.num_tokens, len(sampling)
         positions = [item.start + item.num_tokens - len(item.request.prompt_ids) for item in sampling]
         contexts = [item.request for item in sampling]
-        rows = SamplingRows.build(contexts, positions=positions) if sampling else None
+        slots = self.rows.slots(contexts) if sampling else None
+        rows = self.rows.sampling_rows(contexts, positions, slots=slots) if sampling else None
         width = rows.extra_ids.shape[1] if rows is not None else 0
-        follow = self._forced_follow_ups(contexts, positions) if sampling else []
+        # Only rows of an aligned layout have forced tokens after their sample.
+        follow = self._forced_follow_ups(contexts, positions) if sampling and self.rows.aligned[slots].any() else []
         tokens, chained = [], {}
         # Python ints, read once: indexing the numpy array row by row costs more than the rows' work.
         ends = metadata.qo_indptr.tolist()
@@ -384,8 +390,8 @@ class ModelRunner:
         for name in DeviceSamplingRows.FIELDS:
             host[name][...] = getattr(rows, name)
         frame = self.layout.tokens_per_frame
-        host["count_rows"][:] = [slot * frame + frame_slot for slot, frame_slot in
-                                 zip(self.counts.slots([r.request_id for r in contexts]), rows.frame_slots.tolist())]
+        host["count_rows"][:] = np.asarray(self.counts.slots([r.request_id for r in contexts]),
+                                           dtype=np.int64) * frame + rows.frame_slots
         order, staged.groups = candidate_groups(rows.starts)
         host["order"][:] = order
         if follow:
