@@ -216,7 +216,7 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
     threads = torch.get_num_threads()
     try:
         assert decode_step(["--random-model", "orpheus-tiny", "--device", "cpu", "--batches", "1,3", "--context", "40",
-                            "--steps", "3", "--variants", "graphs,unfused", "--profile", "3"]) == 0
+                            "--steps", "3", "--variants", "graphs,unfused", "--profile", "3", "--engine-loop"]) == 0
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
@@ -226,6 +226,13 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
     # The host's share of a step: the scheduler, staging the inputs and the update each took time.
     assert all(float(ms) > 0 for row in rows for ms in row[2:])
     assert len(re.findall(r"profile \(middle fifth of 5 steps, [\d.]+ ms\): device busy", out)) == 2
+    # The engine's own loop, per variant and batch: its wall time a pass holds the step and the phases.
+    loops = re.findall(r"^engine loop: (\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+((?:[\d.]+\s*){7})$", out, re.M)
+    assert [row[:2] for row in loops] == [("graphs", "1"), ("graphs", "3"), ("unfused", "1"), ("unfused", "3")]
+    for _, _, wall, step, beyond, phases in loops:
+        values = [float(v) for v in phases.split()]
+        assert float(step) == pytest.approx(sum(values[:5]), abs=0.02) and values[2] > 0  # the model ran
+        assert float(wall) == pytest.approx(float(step) + values[5] + float(beyond), abs=0.02)
 
 
 @pytest.mark.slow

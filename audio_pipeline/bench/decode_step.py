@@ -2,7 +2,8 @@
 fixed batch sizes and context, in this process, against the memory floor; and one step profiled.
 
     python -m audio_pipeline.bench.decode_step --random-model orpheus-3b --device cuda \\
-        [--batches 1,64,128,256] [--context 300] [--steps 40] [--variants graphs,eager,fp8] [--profile 128]
+        [--batches 1,64,128,256] [--context 300] [--steps 40] [--variants graphs,eager,fp8] [--profile 128] \\
+        [--engine-loop]
 
 For each variant it builds the engine once (``TTSEngine``, not started: its model, KV cache,
 runner and CUDA graphs, with decode buckets equal to ``--batches``) and, per batch size B, starts B
@@ -12,6 +13,13 @@ steps two ways:
 - ``sync``: schedule, launch, read the result, update, one step after the other (no overlap);
 - ``ahead``: step n + 1 is scheduled and launched before step n's result is read (the engine's
   overlap pipeline on CUDA), so the host's work hides behind the device's.
+
+With ``--engine-loop`` each batch then runs through the engine's own loop as a server runs it
+(``EngineCore`` on its thread, with its settings: multi-step rounds, deadlines, the audio decoder):
+the same requests submitted to it and timed over ``--steps`` forward passes once they hold the
+context, from the engine's own step metrics. It prints the wall time a pass, the step's share
+(scheduling, inputs, model, sampling, update), the audio decoder's, and the host time beyond them
+(first-token notes, deadlines and load metrics, finding the due decoder windows, delivery).
 
 Variants: ``graphs`` (bf16 cache, CUDA graphs, fused layers: the CUDA defaults), ``eager`` (the same
 without graphs), ``unfused`` (graphs, model.fuse_layers=false), ``page64`` (pages of 64 tokens), ``page16``
@@ -156,6 +164,70 @@ def time_batch(engine, batch: int, context: int, steps: int, profile=None) -> St
             runner.release(c.request_id)
 
 
+@dataclass
+class LoopTimes:
+    batch: int
+    #: Wall ms a forward pass of the engine's own loop (its rounds over their passes).
+    wall_ms: float
+    #: Each phase's ms a pass (PHASES), from the engine's own metrics.
+    phases: dict[str, float]
+
+    @property
+    def step_ms(self) -> float:
+        """The step's share: scheduling, inputs, model, sampling and the update."""
+        return sum(self.phases[name] for name in ("schedule", "inputs", "model", "sample", "update"))
+
+    @property
+    def beyond_ms(self) -> float:
+        """The round's host time beyond the step and the audio's decoding (first-token notes, the
+        deadlines and load metrics, finding due decoder windows, delivery, collecting results)."""
+        return self.wall_ms - self.step_ms - self.phases["decode"]
+
+
+def time_loop(engine, batch: int, context: int, steps: int) -> LoopTimes:
+    """``batch`` requests through the engine's own loop (EngineCore's rounds on its thread, as a
+    server runs them), timed over ``steps`` forward passes once every request holds ``context`` tokens."""
+    import threading
+
+    from audio_pipeline.bench.serve import PHASES
+
+    core = engine.core
+    registry = core.metrics.registry
+    passes = threading.Semaphore(0)
+    core.on_step = lambda _core: passes.release()
+    length = context + 4 * steps + 32
+    contexts = [engine.create_context("The benchmark speaks this sentence to fill its context.",
+                                      request_id=f"loop-{batch}-{i}", temperature=0.8, top_p=0.95, seed=i,
+                                      min_tokens=length, max_tokens=length) for i in range(batch)]
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    def totals() -> tuple[float, float, dict[str, float]]:  # (now, forward passes, phase seconds)
+        forwards = sum(value("tts_forward_passes_total", kind=kind) for kind in ("ce", "tg", "mixed"))
+        return time.perf_counter(), forwards, {p: value("tts_step_phase_seconds_total", phase=p) for p in PHASES}
+
+    core.start()  # once per engine: it runs until the variant's engine stops
+    try:
+        for request in contexts:
+            core.submit(request, lambda event: None)
+        while min(c.total_length for c in contexts) < context or not all(c.generated for c in contexts):
+            passes.acquire(timeout=60)
+        before = totals()
+        while totals()[1] - before[1] < steps:
+            passes.acquire(timeout=60)
+        after = totals()
+    finally:
+        for request in contexts:
+            core.cancel(request.request_id)
+        while not core.idle:
+            passes.acquire(timeout=0.05)
+        core.on_step = None
+    forwards = after[1] - before[1]
+    return LoopTimes(batch, 1000 * (after[0] - before[0]) / forwards,
+                     {p: 1000 * (after[2][p] - before[2][p]) / forwards for p in PHASES})
+
+
 def profile_steps(run, trace: str | None) -> list[str]:
     """Profiles ``run`` (5 decode steps) and describes the middle step's device timeline."""
     from torch.profiler import ProfilerActivity, profile
@@ -215,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=300, help="KV tokens each request holds when timing starts")
     parser.add_argument("--steps", type=int, default=40, help="timed decode steps per batch and mode")
     parser.add_argument("--variants", default="graphs,eager,fp8", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--engine-loop", action="store_true",
+                        help="also run each batch through the engine's own loop (EngineCore's rounds, as served) "
+                             "and print its wall time a pass, the step's share and the host time beyond it")
     parser.add_argument("--profile", type=int, metavar="B", help="profile decode steps at batch B (every variant)")
     parser.add_argument("--trace", metavar="PATH", help="with --profile, write the first variant's Chrome trace here")
     args = parser.parse_args(argv)
@@ -237,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         config = RANDOM_SHAPES[args.random_model]
         print(f"{'variant':<8} {'B':>5} {'sync ms':>8} {'ahead ms':>9} {'floor ms':>9} {'x floor':>8} "
               f"{'GB/s':>7} {'tok/s':>8}  host: {'sched':>6} {'inputs':>6} {'update':>6}", flush=True)
+        loops: list[tuple[str, LoopTimes]] = []
         for index, variant in enumerate(variants):
             started = time.perf_counter()
             engine = build_engine(model_dir, args.device, batches, args.context, args.steps, VARIANTS[variant])
@@ -259,12 +335,26 @@ def main(argv: list[str] | None = None) -> int:
                           f"{best / floor:>7.2f}x {cost.bytes(batch, args.context) / best / 1e6:>7.0f} "
                           f"{1000 * batch / best:>8.0f}        {t.host_ms[0]:>6.2f} {t.host_ms[1]:>6.2f} "
                           f"{t.host_ms[2]:>6.2f}", flush=True)
+                    if args.engine_loop:
+                        loops.append((variant, time_loop(engine, batch, args.context, args.steps)))
             finally:
                 engine.stop()
                 del engine
                 gc.collect()
                 if args.device.startswith("cuda"):
                     torch.cuda.empty_cache()
+        if loops:
+            from audio_pipeline.bench.serve import PHASES
+
+            print(f"engine loop: {'variant':<8} {'B':>5} {'wall ms':>8} {'step ms':>8} {'beyond':>7}  "
+                  + " ".join(f"{phase[:6]:>6}" for phase in PHASES), flush=True)
+            for variant, loop in loops:
+                print(f"engine loop: {variant:<8} {loop.batch:>5} {loop.wall_ms:>8.2f} {loop.step_ms:>8.2f} "
+                      f"{loop.beyond_ms:>7.2f}  " + " ".join(f"{loop.phases[p]:>6.2f}" for p in PHASES), flush=True)
+            print("engine loop: ms a forward pass of the engine's own rounds (its thread, its settings: multi-step "
+                  "decoding, deadlines, the audio decoder); step = schedule + inputs + model + sample + update; "
+                  "beyond = wall - step - decode (first-token notes, deadlines and load metrics, finding due "
+                  "decoder windows, delivery)", flush=True)
         print("sync: one step after the other (schedule, launch, read, update); ahead: the next step launched "
               "before this one is read (the engine's overlap); floor = (linear weights + B x context x KV bytes "
               "per token) / read bandwidth; GB/s and tok/s at the better of the two; host: ms per step of the ahead run "
