@@ -246,7 +246,7 @@ class ModelRunner:
         """Starts one step over ``items`` (each ``request``, ``start``, ``num_tokens``, ``sample``).
         A request's tokens before ``start`` must be in the cache or computed by a step launched
         before this one. Reads no device value."""
-        items = [item for item in items if not item.request.is_done and item.num_tokens > 0]
+        items = [item for item in items if item.request.stop_reason is None and item.num_tokens > 0]
         if not items:
             return PendingStep([], [])
         timer = self.timer

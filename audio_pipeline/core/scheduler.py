@@ -68,7 +68,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from audio_pipeline.core.deadlines import StepCosts
 from audio_pipeline.core.kv_cache.block_manager import BlockManager
@@ -240,11 +240,12 @@ def _computed_tokens(request: ScheduledRequest) -> Sequence[int]:
     return _TokenPrefix(request.cache_prompt, request.cache_generated, request.processed)
 
 
-def _after_samples(entry: "_Entry", steps: int) -> tuple[int, int]:
-    """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` (``_decode_plan``) have run."""
+def _after_samples(entry: "_Entry", steps: int, plan: list["ScheduledItem"] | None = None) -> tuple[int, int]:
+    """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` (``_decode_plan``,
+    or ``plan``, that plan already made) have run."""
     if steps == 1:  # every decode pass with in-flight batching: no plan to build
         return entry.expected_len, entry.expected_len + entry.request.tokens_per_sample(entry.expected_len)
-    last = _decode_plan(entry, steps)[-1]
+    last = (plan or _decode_plan(entry, steps))[-1]
     computed = last.start + last.num_tokens
     return computed, computed + entry.request.tokens_per_sample(computed)
 
@@ -260,9 +261,10 @@ def _decode_plan(entry: "_Entry", steps: int) -> list["ScheduledItem"]:
     return plan
 
 
-@dataclass(frozen=True)
-class ScheduledItem:
-    """Compute tokens [start, start + num_tokens) of ``request``; sample after them if ``sample``."""
+class ScheduledItem(NamedTuple):
+    """Compute tokens [start, start + num_tokens) of ``request``; sample after them if ``sample``.
+    (A named tuple: a step makes one per row and pass, and a frozen dataclass's construction cost
+    several times as much.)"""
 
     request: ScheduledRequest
     start: int
@@ -655,14 +657,17 @@ class AudioGenerationScheduler:
             decode = decode[self._rotation:] + decode[:self._rotation]
             self._rotation += slots
         chosen: list[_Entry] = []
+        # Each row's plan of the round's passes, made once (the KV it needs and its items come from it).
+        plans: dict[_Entry, list[ScheduledItem]] = {}
         # A set: membership in the list, row by row, cost a quarter of the scheduler's time at 256 rows.
         running = set(self._running)
         for entry in decode:
             if len(chosen) >= slots:
                 break
-            if entry.request.is_done or entry not in running:
+            if entry.request.stop_reason is not None or entry not in running:
                 continue
-            need = min(_after_samples(entry, steps)[0], entry.request.max_length)
+            plan = plans[entry] = _decode_plan(entry, steps) if pure and steps > 1 else None
+            need = min(_after_samples(entry, steps, plan)[0], entry.request.max_length)
             if self.block_manager.holds(entry.request_id, need):
                 chosen.append(entry)
                 continue
@@ -673,6 +678,7 @@ class AudioGenerationScheduler:
             if self.block_manager.can_alloc(entry.request_id, need):
                 self.block_manager.alloc(entry.request_id, need)
                 chosen.append(entry)
+        planned = steps
         if pure and chosen:
             steps = min(steps, min(e.request.max_length - e.next_pos for e in chosen))
             if slack and steps > 1:
@@ -682,8 +688,9 @@ class AudioGenerationScheduler:
             output.substeps = [[] for _ in range(steps - 1)]
         for entry in chosen:
             if pure and steps > 1:
-                first, *rest = _decode_plan(entry, steps)
-                entry.next_pos, entry.expected_len = _after_samples(entry, steps)
+                plan = plans[entry] if steps == planned else _decode_plan(entry, steps)  # a shorter round
+                first, *rest = plan
+                entry.next_pos, entry.expected_len = _after_samples(entry, steps, plan)
                 entry.in_flight += 1
                 output.items.append(first)
                 for substep, item in zip(output.substeps, rest):
