@@ -24,7 +24,6 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from itertools import chain
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -309,23 +308,38 @@ class ModelRunner:
                                     lengths, padding=max(0, padded - len(items)))
         return metadata, padded
 
-    def _item_tokens(self, item: Any) -> tuple[list[int], tuple[torch.Tensor, int] | None]:
-        """The item's tokens known on the host, and where its first token is on the device when the
-        host does not know it yet (the request's latest launched sample, not applied yet: then the
-        list holds a placeholder and the forced tokens that follow the sample)."""
-        request, start, end = item.request, item.start, item.start + item.num_tokens
-        known = request.total_length
-        if start < request.processed:
-            raise RuntimeError(f"request {request.request_id}: step starts at {start}, but {request.processed} "
-                               "tokens are in the cache already")
-        if end <= known:
-            return tokens_of(request, start, end), None
-        latest = self._latest_sample.get(request.request_id)
-        if latest is None or start != latest[2]:
-            raise RuntimeError(f"request {request.request_id}: tokens [{start}, {end}) are neither known "
-                               f"({known}) nor the sample of a launched step")
-        run, _ = request.forced_run(start - len(request.prompt_ids) + 1)
-        return [0, *run[:item.num_tokens - 1]], latest[:2]
+    def _step_tokens(self, items: Sequence[Any], ends: list[int]) -> tuple[list[int], dict]:
+        """Every item's tokens in row order, and where a token is on the device, not yet known on the
+        host (the request's latest launched sample, not applied yet): a placeholder in the list, and
+        a link (its row, the sample's row) under the step whose ids hold it: ``{id(ids): (ids, links)}``.
+        After such a sample come the forced tokens that follow it. One pass over the rows, without
+        a call per row: at hundreds of rows a step the calls cost more than the rows' work."""
+        flat: list[int] = []
+        chained: dict[int, tuple[torch.Tensor, list[tuple[int, int]]]] = {}
+        latest_of = self._latest_sample.get
+        for index, item in enumerate(items):
+            request, start, count = item.request, item.start, item.num_tokens
+            if start < request.processed:
+                raise RuntimeError(f"request {request.request_id}: step starts at {start}, but {request.processed} "
+                                   "tokens are in the cache already")
+            prompt, generated = request.prompt_ids, request.generated
+            split = len(prompt)
+            known = split + len(generated)
+            if start + count <= known:
+                if count == 1:
+                    flat.append(prompt[start] if start < split else generated[start - split])
+                else:
+                    flat.extend(tokens_of(request, start, start + count))
+                continue
+            latest = latest_of(request.request_id)
+            if latest is None or start != latest[2]:
+                raise RuntimeError(f"request {request.request_id}: tokens [{start}, {start + count}) are neither "
+                                   f"known ({known}) nor the sample of a launched step")
+            flat.append(0)
+            if count > 1:
+                flat.extend(request.forced_run(start - split + 1)[0][:count - 1])
+            chained.setdefault(id(latest[0]), (latest[0], []))[1].append((ends[index], latest[1]))
+        return flat, chained
 
     def _stage(self, items: Sequence[Any], metadata: StepMetadata, sampling: list[Any]):
         """Host arrays of the step, in the arena (one copy to the device)."""
@@ -333,27 +347,22 @@ class ModelRunner:
         positions = [item.start + item.num_tokens - len(item.request.prompt_ids) for item in sampling]
         contexts = [item.request for item in sampling]
         slots = self.rows.slots(contexts) if sampling else None
-        rows = self.rows.sampling_rows(contexts, positions, slots=slots) if sampling else None
-        width = rows.extra_ids.shape[1] if rows is not None else 0
+        width = self.rows.stop_width(slots) if sampling else 0
+        codebook = self.layout.codebook_size if sampling else 0
         # Only rows of an aligned layout have forced tokens after their sample.
         follow = self._forced_follow_ups(contexts, positions) if sampling and self.rows.aligned[slots].any() else []
-        tokens, chained = [], {}
         # Python ints, read once: indexing the numpy array row by row costs more than the rows' work.
         ends = metadata.qo_indptr.tolist()
-        for index, item in enumerate(items):
-            known, latest = self._item_tokens(item)
-            tokens.append(known)
-            if latest is not None:
-                chained.setdefault(id(latest[0]), (latest[0], []))[1].append((ends[index], latest[1]))
+        tokens, chained = self._step_tokens(items, ends)
         links = [link for _, group in chained.values() for link in group]
         arrays = {
             "tokens": ((total,), np.int64), "positions": ((total,), np.int64), "slots": ((total,), np.int64),
             "logit_rows": ((batch,), np.int64), "order": ((batch,), np.int64), "count_rows": ((batch,), np.int64),
             "starts": ((batch,), np.int64), "extra_ids": ((batch, width), np.int64),
-            "blocked": ((batch, rows.width if rows is not None else 0), np.bool_),
+            "blocked": ((batch, codebook + width if sampling else 0), np.bool_),
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
         }
-        arrays.update(self.frame_sampling.arrays(total, batch, rows.codebook_size if rows is not None else 0))
+        arrays.update(self.frame_sampling.arrays(total, batch, codebook))
         arrays.update(self.tracks.arrays(items, total))
         if links:  # tokens to take from earlier steps' samples on the device
             arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
@@ -366,10 +375,12 @@ class ModelRunner:
             [item.start for item in items], [item.num_tokens for item in items],
             [len(item.request.prompt_ids) for item in items])) if self.prompt_dtype is not None else ()
         host = staged.host
+        # The sampling rows are written straight into the step's arrays (the sampler reads them there).
+        rows = self.rows.sampling_rows(contexts, positions, slots=slots, out=host) if sampling else None
         flat = host["tokens"]
         # Every item's tokens fill its rows in order: one write of them all (a numpy write per row
         # was most of a 256-row decode step's staging).
-        flat[:ends[len(items)]] = list(chain.from_iterable(tokens))
+        flat[:ends[len(items)]] = tokens
         flat[ends[len(items)]:] = 0  # padding rows
         self.frame_sampling.fill_inputs(host, items, ends)
         self.tracks.fill(host, items, ends)
@@ -387,8 +398,6 @@ class ModelRunner:
         if rows is None:
             return staged
         host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
-        for name in DeviceSamplingRows.FIELDS:
-            host[name][...] = getattr(rows, name)
         frame = self.layout.tokens_per_frame
         host["count_rows"][:] = np.asarray(self.counts.slots([r.request_id for r in contexts]),
                                            dtype=np.int64) * frame + rows.frame_slots

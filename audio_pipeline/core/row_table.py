@@ -111,32 +111,46 @@ class RowTable:
         self._owner[slot] = context
         return slot
 
+    def stop_width(self, slots: np.ndarray) -> int:
+        """Stop-id columns of a step of these slots' rows: the most stop ids any of them has."""
+        return int(self.stop_count[slots].max())
+
     def sampling_rows(self, contexts: Sequence["TTSContext"], positions: Sequence[int], *,
-                      draw: bool = True, slots: np.ndarray | None = None) -> SamplingRows:
+                      draw: bool = True, slots: np.ndarray | None = None,
+                      out: dict[str, np.ndarray] | None = None) -> SamplingRows:
         """Row i samples generated position ``positions[i]`` of ``contexts[i]``: the same rows
-        SamplingRows.build makes from the requests one by one."""
+        SamplingRows.build makes from the requests one by one. With ``out`` (a step's staged host
+        arrays, shaped for :meth:`stop_width`'s width) the rows' arrays are written there, and the
+        rows are views of them: no array of the step is made twice."""
         if slots is None:
             slots = self.slots(contexts)
         codebook = self.codebook
         batch = len(contexts)
         position = np.asarray(positions, dtype=np.int64)
         frame_slots = position % self.frame
-        starts = self.slot_starts[frame_slots]
         counts = self.stop_count[slots]
         width = int(counts.max())
-        extra_ids = self.stop_ids[slots, :width]
+        if out is None:
+            out = {"starts": np.empty(batch, dtype=np.int64), "extra_ids": np.empty((batch, width), dtype=np.int64),
+                   "blocked": np.empty((batch, codebook + width), dtype=bool),
+                   "floats": np.empty((len(FLOAT_FIELDS), batch), dtype=np.float32),
+                   "top_k": np.empty(batch, dtype=np.int64)}
+        starts, extra_ids, blocked, floats, top_k = (out[name] for name in ("starts", "extra_ids", "blocked",
+                                                                             "floats", "top_k"))
+        np.take(self.slot_starts, frame_slots, out=starts)
+        extra_ids[...] = self.stop_ids[slots, :width]
         # Stop ids may be chosen only where the speech may end (request.py's may_stop); the padding never.
         if self.stops_by_token:
             may_stop = (frame_slots == 0) & (position > 0) & (position >= self.min_tokens[slots])
             allowed = np.where(may_stop, counts, 0)
         else:
             allowed = np.zeros(batch, dtype=np.int64)
-        blocked = np.zeros((batch, codebook + width), dtype=bool)
+        blocked[:, :codebook] = False
         blocked[:, codebook:] = np.arange(width)[None, :] >= allowed[:, None]
-        floats = np.zeros((len(FLOAT_FIELDS), batch), dtype=np.float32)
         floats[:len(SETTINGS)] = self.settings[slots].T
-        top_k = self.top_k[slots]
-        top_k = np.where((top_k > 0) & (top_k < codebook + width), top_k, codebook + width)
+        floats[len(SETTINGS):] = 0.0
+        limit = self.top_k[slots]
+        top_k[...] = np.where((limit > 0) & (limit < codebook + width), limit, codebook + width)
         sampled = self.sampled[slots]
         sampling = np.flatnonzero(sampled).tolist()
         if draw and sampling:  # each row's from its request's own generator, on the host: nothing read back
