@@ -232,6 +232,8 @@ class TTSContext:
     def append_sample(self, token_id: int, frame: list[int] | None = None) -> StopReason | None:
         """Records a sampled token (and its frame), then the forced run that follows it, up to the
         first stop condition met (a forced end of speech is one), which it returns."""
+        if self.alignment is None:  # nothing is forced: the sample alone
+            return self.append_token(token_id, frame)
         if stop := self.append_token(token_id, frame):
             return stop
         run, ends = self.forced_run(len(self.generated))

@@ -425,9 +425,20 @@ class AudioGenerationScheduler:
         Returns the requests that ended and left flight here, let go (KV blocks released): ended by
         this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
         if result is not None:
-            frames = result.frames or [None] * len(result.items)
-            for item, tokens, item_frames in zip(result.items, result.tokens, frames):
-                self._apply(item, tokens, item_frames)
+            if result.frames is None and all(len(tokens) <= 1 for tokens in result.tokens):
+                # A step of one id (or none) per item, without frames (every decode step of a
+                # token layout): _apply's work, without a call per row.
+                for item, tokens in zip(result.items, result.tokens):
+                    request = item.request
+                    if request.stop_reason is not None:  # ended meanwhile (cancelled while its step ran)
+                        continue
+                    request.processed = item.start + item.num_tokens
+                    if tokens:
+                        request.stop_reason = request.append_sample(tokens[0])
+            else:
+                frames = result.frames or [None] * len(result.items)
+                for item, tokens, item_frames in zip(result.items, result.tokens, frames):
+                    self._apply(item, tokens, item_frames)
         if not last:
             return []
         finished = []
