@@ -139,19 +139,24 @@ def test_a_prefill_step_is_no_longer_than_the_least_slack_allows():
     assert step.kind == "ce" and step.items[0].num_tokens == 600 - step.items[0].start
 
 
-def test_prompts_in_line_wait_for_one_step_that_takes_them_all_until_the_first_audio_target():
-    """A burst: the heard row's slack holds two of five prompts. Rather than two now and the rest a
-    few at a time, the row decodes (building its lead) until one step takes all five, or until the
-    oldest prompt is first_audio_target_ms old, when what fits goes in."""
+def burst_behind_a_heard_row():
+    """A heard row decoding, and five prompts of 100 tokens arriving at once behind it."""
     clock = Clock()
     scheduler, _ = make_scheduler(blocks=512, clock=clock, max_num_steps=1, deadline_margin_ms=0,
                                   first_audio_target_ms=100)
     scheduler.costs = StepCosts(pass_seconds=0.002, per_row=0.0, per_prompt_token=0.0001)
     running = timed("running", clock, 0.0, passes=1, budget=400)
     started(scheduler, [running])
-    burst = [Request(f"new{i}", prompt(100, 9000 + 200 * i), budget=4, arrival_time=clock.now) for i in range(5)]
-    for request in burst:
-        scheduler.add(request)
+    for i in range(5):
+        scheduler.add(Request(f"new{i}", prompt(100, 9000 + 200 * i), budget=4, arrival_time=clock.now))
+    return clock, scheduler, running
+
+
+def test_prompts_in_line_wait_for_one_step_that_takes_them_all_until_the_first_audio_target():
+    """A burst: the heard row's slack holds two of five prompts. Rather than two now and the rest a
+    few at a time, the row decodes (building its lead) until one step takes all five, or until the
+    oldest prompt is first_audio_target_ms old, when what fits goes in."""
+    clock, scheduler, running = burst_behind_a_heard_row()
     running.deadline = clock.now + 0.025  # 25 ms: its next pass, the step's and 210 prompt tokens
     step = scheduler.schedule()
     assert step.kind == "tg" and [i.request.request_id for i in step.items] == ["running"]
@@ -160,16 +165,9 @@ def test_prompts_in_line_wait_for_one_step_that_takes_them_all_until_the_first_a
     step = scheduler.schedule()
     assert step.kind == "ce" and len(step.items) == 5
     # The same burst once its oldest prompt has waited out the first-audio target: what fits goes in.
-    clock2 = Clock()
-    late, _ = make_scheduler(blocks=512, clock=clock2, max_num_steps=1, deadline_margin_ms=0,
-                             first_audio_target_ms=100)
-    late.costs = StepCosts(pass_seconds=0.002, per_row=0.0, per_prompt_token=0.0001)
-    row = timed("running", clock2, 0.0, passes=1, budget=400)
-    started(late, [row])
-    for i in range(5):
-        late.add(Request(f"new{i}", prompt(100, 9000 + 200 * i), budget=4, arrival_time=clock2.now))
-    clock2.now += 0.101
-    row.deadline = clock2.now + 0.025
+    clock, late, row = burst_behind_a_heard_row()
+    clock.now += 0.101
+    row.deadline = clock.now + 0.025
     step = late.schedule()
     assert step.kind == "ce" and [i.num_tokens for i in step.items][:2] == [100, 100]
     assert step.input_tokens == pytest.approx(210, abs=1)  # 23 ms less the step's own pass (chunked: a piece of a third)

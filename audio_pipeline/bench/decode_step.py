@@ -90,6 +90,13 @@ def build_engine(model_dir: str, device: str, batches: list[int], context: int, 
                              f"sampling.max_tokens_limit={limit}"], model=model))
 
 
+def bench_contexts(engine, count: int, length: int, name: str) -> list:
+    """``count`` seeded sampling requests that never stop before ``length`` speech tokens."""
+    return [engine.create_context("The benchmark speaks this sentence to fill its context.",
+                                  request_id=f"{name}-{count}-{i}", temperature=0.8, top_p=0.95, seed=i,
+                                  min_tokens=length, max_tokens=length) for i in range(count)]
+
+
 def start_requests(engine, count: int, length: int):
     """A scheduler of ``count`` requests that never stop before ``length`` speech tokens, each
     prefilled; it runs beside the engine's own (not started) scheduler on the same KV blocks."""
@@ -99,10 +106,7 @@ def start_requests(engine, count: int, length: int):
         dataclasses.replace(engine.scheduler.config, max_batch_size=count, max_queue_size=count,
                             enable_in_flight_batching=False, max_num_steps=1),
         engine.scheduler.block_manager)
-    contexts = [engine.create_context("The benchmark speaks this sentence to fill its context.",
-                                      request_id=f"bench-{count}-{i}", temperature=0.8, top_p=0.95, seed=i,
-                                      min_tokens=length, max_tokens=length)
-                for i in range(count)]
+    contexts = bench_contexts(engine, count, length, "bench")
     for context in contexts:
         scheduler.add(context)
     return scheduler, contexts
@@ -196,9 +200,7 @@ def time_loop(engine, batch: int, context: int, steps: int) -> LoopTimes:
     passes = threading.Semaphore(0)
     core.on_step = lambda _core: passes.release()
     length = context + 4 * steps + 32
-    contexts = [engine.create_context("The benchmark speaks this sentence to fill its context.",
-                                      request_id=f"loop-{batch}-{i}", temperature=0.8, top_p=0.95, seed=i,
-                                      min_tokens=length, max_tokens=length) for i in range(batch)]
+    contexts = bench_contexts(engine, batch, length, "loop")
 
     def value(name: str, **labels: str) -> float:
         return registry.get_sample_value(name, labels) or 0.0

@@ -240,6 +240,12 @@ def _computed_tokens(request: ScheduledRequest) -> Sequence[int]:
     return _TokenPrefix(request.cache_prompt, request.cache_generated, request.processed)
 
 
+def _prompt_tokens(request: ScheduledRequest) -> int:
+    """Tokens a waiting request's prefill computes (its prompt, and what it generated before a
+    preemption), at least one."""
+    return max(1, len(request.cache_prompt) + len(request.cache_generated))
+
+
 def _after_samples(entry: "_Entry", steps: int, plan: list["ScheduledItem"] | None = None) -> tuple[int, int]:
     """(tokens computed, tokens known) once ``steps`` decode steps of ``entry`` (``_decode_plan``,
     or ``plan``, that plan already made) have run."""
@@ -425,20 +431,18 @@ class AudioGenerationScheduler:
         Returns the requests that ended and left flight here, let go (KV blocks released): ended by
         this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
         if result is not None:
-            if result.frames is None and all(len(tokens) <= 1 for tokens in result.tokens):
-                # A step of one id (or none) per item, without frames (every decode step of a
-                # token layout): _apply's work, without a call per row.
-                for item, tokens in zip(result.items, result.tokens):
+            frames = result.frames
+            for index, (item, tokens) in enumerate(zip(result.items, result.tokens)):
+                if frames is None and len(tokens) <= 1:
+                    # One id (or none) without a frame (every decode row of a token layout):
+                    # _apply's work, without a call per row.
                     request = item.request
-                    if request.stop_reason is not None:  # ended meanwhile (cancelled while its step ran)
-                        continue
-                    request.processed = item.start + item.num_tokens
-                    if tokens:
-                        request.stop_reason = request.append_sample(tokens[0])
-            else:
-                frames = result.frames or [None] * len(result.items)
-                for item, tokens, item_frames in zip(result.items, result.tokens, frames):
-                    self._apply(item, tokens, item_frames)
+                    if request.stop_reason is None:  # not ended meanwhile (cancelled while its step ran)
+                        request.processed = item.start + item.num_tokens
+                        if tokens:
+                            request.stop_reason = request.append_sample(tokens[0])
+                else:
+                    self._apply(item, tokens, frames[index] if frames is not None else None)
         if not last:
             return []
         finished = []
@@ -514,14 +518,13 @@ class AudioGenerationScheduler:
         fits = self.costs.prompt_tokens_within(least, rows)
         if fits >= budget:
             return budget
-        if fits < self._queued_prompt_tokens(prefill) and self._may_gather(prefill):
+        if self._may_gather(prefill) and fits < self._queued_prompt_tokens(prefill):
             return 0
         return fits if fits >= min(MIN_PREFILL_TOKENS, self._next_prompt_tokens(prefill)) else 0
 
     def _queued_prompt_tokens(self, prefill: list[_Entry]) -> int:
         """Prompt tokens of every prompt in line: those admitted and partly computed, and those waiting."""
-        waiting = sum(max(1, len(e.request.cache_prompt) + len(e.request.cache_generated)) for e in self._waiting)
-        return sum(entry.unscheduled for entry in prefill) + waiting
+        return sum(entry.unscheduled for entry in prefill) + sum(_prompt_tokens(e.request) for e in self._waiting)
 
     def _may_gather(self, prefill: list[_Entry]) -> bool:
         """Whether the prompts in line (two or more) may wait for one prefill step that takes them all, rather than
@@ -541,8 +544,7 @@ class AudioGenerationScheduler:
         if prefill:
             return prefill[0].unscheduled
         if self._waiting:
-            waiting = self._waiting[0].request
-            return max(1, len(waiting.cache_prompt) + len(waiting.cache_generated))
+            return _prompt_tokens(self._waiting[0].request)
         return 0
 
     def _let_go(self, entry: _Entry) -> Finished:
