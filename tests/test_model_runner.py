@@ -154,12 +154,12 @@ def test_device_counts_are_each_requests_codes_by_frame_slot(engine):
         expected = np.zeros((frame, layout.codebook_size), dtype=np.float32)
         for position, token in enumerate(context.generated):
             expected[position % frame, layout.token_to_code(token, position)] += 1
-        torch.testing.assert_close(runner.counts.of(context.request_id).cpu(), torch.from_numpy(expected))
+        torch.testing.assert_close(runner.device_rows.counts_of(context.request_id).cpu(), torch.from_numpy(expected))
         probe = type(context)(request_id="probe", prompt_ids=context.prompt_ids, sampling=context.sampling, layout=layout)
         probe.generated = context.generated
         assert np.array_equal(slot_counts(probe), expected[len(context.generated) % frame])
         runner.release(context.request_id)
-    assert len(runner.counts) == 0
+    assert len(runner.rows) == 0
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.8, seed=11)], ids=["greedy", "seeded"])

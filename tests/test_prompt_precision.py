@@ -131,8 +131,8 @@ def test_the_rows_taken_as_prompt_are_exactly_the_prompt_positions_of_mixed_step
     runner, seen = engine.core.runner, []
     stage = runner._stage
 
-    def recording(items, metadata, sampling):
-        staged = stage(items, metadata, sampling)
+    def recording(items):  # steps staged row by row: those with prompt positions
+        staged = stage(items)
         seen.append(([(item.start, item.num_tokens, len(item.request.prompt_ids)) for item in items],
                      staged.prompt_rows))
         return staged

@@ -47,6 +47,8 @@ def twin(context: TTSContext) -> TTSContext:
     copy = TTSContext(request_id=context.request_id, prompt_ids=list(context.prompt_ids), sampling=context.sampling,
                       layout=context.layout, alignment=context.alignment)
     copy.generated = list(context.generated)
+    copy.generator.set_state(context.generator.get_state())
+    copy._uniforms, copy._uniform_next = list(context._uniforms), context._uniform_next
     return copy
 
 
@@ -61,15 +63,11 @@ def orpheus_request(index: int, generated: int) -> TTSContext:
 def test_sampling_rows_from_the_table_equal_those_built_request_by_request():
     table = RowTable(ORPHEUS, capacity=2)  # grows as requests come
     requests = [orpheus_request(i, generated=(i * 5) % 29) for i in range(23)]
+    twins = {r.request_id: twin(r) for r in requests}  # drawing one at a time from the same generators
     for step in range(6):
         live = [r for i, r in enumerate(requests) if (i + step) % 4]  # rows come and go between steps
         positions = [len(r.generated) + step for r in live]
-        twins = [twin(r) for r in live]
-        # The twins' generators drew what the live ones drew so far.
-        for original, copy in zip(live, twins):
-            copy.generator.set_state(original.generator.get_state())
-            copy._uniforms, copy._uniform_next = list(original._uniforms), original._uniform_next
-        built = SamplingRows.build(twins, positions=positions)
+        built = SamplingRows.build([twins[r.request_id] for r in live], positions=positions)
         assert_same(table.sampling_rows(live, positions), built)
         for i, request in enumerate(requests):
             if (i + step) % 4 == 0:

@@ -51,9 +51,11 @@ class TokenSampling:
     def capture(self, buckets: Sequence[int], **model: Any) -> None:
         """Captures what follows the backbone's sample as CUDA graphs (nothing does here)."""
 
-    def stage(self, host: dict[str, np.ndarray], contexts: list[Any], positions: list[int],
-              rows: SamplingRows) -> SamplingRows | None:
-        """The sampling rows of what follows the backbone's sample (None: nothing follows)."""
+    def stage(self, host: dict[str, np.ndarray], contexts: list[Any], positions: np.ndarray,
+              rows: SamplingRows, table: Any, slots: np.ndarray, draws: np.ndarray | None) -> SamplingRows | None:
+        """The sampling rows of what follows the backbone's sample (None: nothing follows);
+        ``table``: the runner's row table, ``slots`` the rows' slots in it, ``draws`` the sampling
+        rows' uniform draws (the backbone's first)."""
         return None
 
     def chain(self, device: dict[str, torch.Tensor], rows: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
@@ -109,33 +111,36 @@ class DepthSampling(TokenSampling):
             first = max(start, split) - start
             out[first:first + len(known)] = known
 
-    def stage(self, host: dict[str, np.ndarray], contexts: list[Any], positions: list[int],
-              rows: SamplingRows) -> SamplingRows:
+    def stage(self, host: dict[str, np.ndarray], contexts: list[Any], positions: np.ndarray,
+              rows: SamplingRows, table: Any, slots: np.ndarray, draws: np.ndarray | None) -> SamplingRows:
         """The depth decoder's sampling rows: each row's settings (the penalties stay off: they count
         the backbone's codebook) and one uniform draw per codebook from the request's own generator,
-        drawn after the backbone's, so a seed gives the same frames whatever the batch. Also the
-        frame codes each row's alignment fixes (``depth_fixed``, -1 where none)."""
+        drawn after the backbone's (``draws``' later columns), so a seed gives the same frames
+        whatever the batch. Also the frame codes each row's alignment fixes (``depth_fixed``, -1
+        where none): gathered from the row table, asked row by row only of an alignment it does not
+        list."""
         codebook, depth = rows.codebook_size, self.codes - 1
         fixed, floats = host["depth_fixed"], host["depth_floats"]
-        fixed[:] = -1
-        floats[:] = rows.floats[None]
-        uniform = FLOAT_FIELDS.index("uniform")
-        for row, (context, position) in enumerate(zip(contexts, positions)):
-            codes = context.alignment.frame_codes(position) if context.alignment is not None else None
+        table.frame_codes(slots, positions, fixed)
+        for row in np.flatnonzero(table.aligned[slots]).tolist():
+            context = contexts[row]
+            codes = context.alignment.frame_codes(int(positions[row]))
             if codes is not None:  # the alignment fixes some of this frame's codes
                 fixed[row] = codes
-            if context.sampling.temperature > 0:
-                floats[:, uniform, row] = context.uniforms(depth)
-        top_k = np.array([c.sampling.top_k for c in contexts], dtype=np.int64)
+        floats[:] = rows.floats[None]
+        sampled = table.sampled[slots]
+        if draws is not None and draws.shape[0]:
+            floats[:, FLOAT_FIELDS.index("uniform"), np.flatnonzero(sampled)] = draws[:, 1:1 + depth].T
+        top_k = table.top_k[slots]
         host["depth_top_k"][:] = np.where((top_k > 0) & (top_k < codebook + 1), top_k, codebook + 1)
         host["depth_starts"][:] = 0
         host["depth_extra"][:] = 0
         host["depth_blocked"][:] = False
         host["depth_blocked"][:, codebook] = True  # the one (unused) extra column
-        sampled = [int(k) for c, k in zip(contexts, host["depth_top_k"]) if c.sampling.temperature > 0]
+        chosen = host["depth_top_k"][sampled]
         flags = dict(any_sampling=rows.any_sampling, penalized=False,
-                     prefix_suffices=all(k <= NUCLEUS_PREFIX for k in sampled),
-                     prefix_may_suffice=all(k <= NUCLEUS_PREFIX or k == codebook + 1 for k in sampled))
+                     prefix_suffices=bool((chosen <= NUCLEUS_PREFIX).all()),
+                     prefix_may_suffice=bool(((chosen <= NUCLEUS_PREFIX) | (chosen == codebook + 1)).all()))
         return SamplingRows(codebook, host["depth_starts"], host["depth_extra"], host["depth_blocked"], floats[0],
                             host["depth_top_k"], rows.frame_slots, **flags)
 

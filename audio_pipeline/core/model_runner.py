@@ -12,8 +12,15 @@ the padding rows compute a dummy token in the cache's scratch page and sample no
 requests' tokens are the same as unpadded; on CUDA each bucket's forward pass is captured once as a
 CUDA graph (cuda_graphs.py) and replayed.
 
-The runner owns, per request, its row of repetition counts on the device (codes generated so far,
-by frame slot); :meth:`release` frees it when the request ends.
+The runner owns, per request, a slot of its row table (core/row_table.py: what the request's rows
+need every step, on the host) and of the device's columns beside it (its repetition counts and its
+latest sample); :meth:`release` frees them when the request ends.
+
+A decode step whose every row computes the one token it sampled last (the steady state of every
+family without a text track) is staged from the tables alone: its inputs are the slots' latest
+samples on the device, its attention metadata gathers the KV cache's page table, and its sampling
+rows and the frame codes alignments fix are gathered from the row table, with no Python per row but
+the reading of its items.
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -36,7 +42,7 @@ from audio_pipeline.core.row_table import RowTable
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
-from audio_pipeline.core.tracks import track_inputs
+from audio_pipeline.core.tracks import NoTracks, track_inputs
 from audio_pipeline.core.sampler import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline.core.scheduler import StepResult
 from audio_pipeline_kernels import StepMetadata
@@ -53,62 +59,41 @@ logger = logging.getLogger(__name__)
 PREFILL_THREADS_MIN_TOKENS = 256
 
 
-class RepetitionCounts:
-    """Per request, how often each code was generated in each frame slot: a device table of
-    [slots * tokens_per_frame, codebook] rows, one block of rows per live request."""
+class DeviceRows:
+    """What the device keeps per row-table slot (core/row_table.py): each request's repetition
+    counts (how often each code was generated in each frame slot: [slots * tokens_per_frame,
+    codebook] rows) and its latest sample (``latest``: [slots] ids, or [slots, 1 + codes] with a
+    frame each), which a later step takes as its decode input without the host knowing it. Both
+    grow with the table; a slot's counts start afresh when a request is written into it (in the
+    device's order, by the step that first stages it)."""
 
-    def __init__(self, tokens_per_frame: int, codebook_size: int, device: torch.device, capacity: int = 16,
-                 before_grow=None):
-        self.frame, self.codebook, self.device = tokens_per_frame, codebook_size, device
-        #: Called before the table is replaced by a larger one (steps still running must finish first).
+    def __init__(self, rows: RowTable, tokens_per_frame: int, codebook_size: int, sample_shape: tuple[int, ...],
+                 device: torch.device, before_grow=None):
+        self.rows, self.frame, self.codebook, self.device = rows, tokens_per_frame, codebook_size, device
+        self.sample_shape = sample_shape
+        #: Called before the tensors are replaced by larger ones (steps still running must finish first).
         self.before_grow = before_grow
-        self.table = torch.zeros(capacity * tokens_per_frame, codebook_size, device=device)
-        self._slots: dict[str, int] = {}
-        self._free = list(range(capacity - 1, -1, -1))
-        # Steps may run on a worker thread (the CPU overlap pipeline) while the engine releases.
-        self._lock = threading.Lock()
+        self.capacity = 0
+        self.table = torch.zeros(0, codebook_size, device=device)
+        self.latest = torch.zeros(0, *sample_shape, dtype=torch.long, device=device)
+        self.fit()
 
-    def slot(self, request_id: str) -> int:
-        """The request's slot, assigned (and zeroed) on first use."""
-        with self._lock:
-            slot = self._slots.get(request_id)
-            if slot is None:
-                if not self._free:
-                    self._grow()
-                slot = self._free.pop()
-                self._slots[request_id] = slot
-                self.table[slot * self.frame:(slot + 1) * self.frame].zero_()
-            return slot
-
-    def slots(self, request_ids: Sequence[str]) -> list[int]:
-        """Each request's slot (:meth:`slot`), under one taking of the lock."""
-        with self._lock:
-            found = self._slots
-            if all(request_id in found for request_id in request_ids):
-                return [found[request_id] for request_id in request_ids]
-        return [self.slot(request_id) for request_id in request_ids]
-
-    def _grow(self) -> None:
-        if self.before_grow is not None:
+    def fit(self) -> None:
+        """Grows the tensors to the table's capacity (after the steps in flight)."""
+        capacity = self.rows.capacity
+        if capacity <= self.capacity:
+            return
+        if self.capacity and self.before_grow is not None:
             self.before_grow()
-        capacity = self.table.shape[0] // self.frame
-        table = torch.zeros(2 * capacity * self.frame, self.codebook, device=self.device)
+        table = torch.zeros(capacity * self.frame, self.codebook, device=self.device)
         table[:self.table.shape[0]] = self.table
-        self.table = table
-        self._free.extend(range(2 * capacity - 1, capacity - 1, -1))
+        latest = torch.zeros(capacity, *self.sample_shape, dtype=torch.long, device=self.device)
+        latest[:self.latest.shape[0]] = self.latest
+        self.table, self.latest, self.capacity = table, latest, capacity
 
-    def release(self, request_id: str) -> None:
-        with self._lock:
-            slot = self._slots.pop(request_id, None)
-            if slot is not None:
-                self._free.append(slot)
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def of(self, request_id: str) -> torch.Tensor:
+    def counts_of(self, request_id: str) -> torch.Tensor:
         """[tokens_per_frame, codebook] counts of a live request (a view)."""
-        slot = self._slots[request_id]
+        slot = self.rows.slot_of(request_id)
         return self.table[slot * self.frame:(slot + 1) * self.frame]
 
 
@@ -190,16 +175,14 @@ class ModelRunner:
         self.frame_sampling = position_sampling(model, layout, sync_free=self.sync_free)
         #: A text track beside the tokens (core/tracks.py), chosen once for the layout.
         self.tracks = track_inputs(model, layout)
-        self.counts = RepetitionCounts(layout.tokens_per_frame, layout.codebook_size, self.device,
-                                       before_grow=self.wait)
         #: Per request, what its sampling rows need every step (core/row_table.py).
         self.rows = RowTable(layout)
+        #: Per slot of ``rows``, its repetition counts and latest sample on the device.
+        self.device_rows = DeviceRows(self.rows, layout.tokens_per_frame, layout.codebook_size,
+                                      self.frame_sampling.ids_shape(1)[1:], self.device, before_grow=self.wait)
         # The candidate logits' products (model.packed_linears; a no-op where they are not packed).
         model.pack_candidate_ranges({(layout.token_range(slot)[0], layout.codebook_size)
                                      for slot in range(layout.tokens_per_frame)})
-        #: Per request, where its latest launched sample will be: (that step's ids, its row, and the
-        #: sample's position in the request's tokens).
-        self._latest_sample: dict[str, tuple[torch.Tensor, int, int]] = {}
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="model-runner") if worker else None
         self._last_launch: Future | None = None
         self.graphs = None
@@ -218,10 +201,8 @@ class ModelRunner:
     # --- requests --------------------------------------------------------------------------------
 
     def release(self, request_id: str) -> None:
-        """Forgets a finished request's state (its repetition counts, its row, its latest sample)."""
-        self.counts.release(request_id)
+        """Forgets a finished request's state (its slot of the row table and the device's columns)."""
         self.rows.release(request_id)
-        self._latest_sample.pop(request_id, None)
 
     def wait(self) -> None:
         """Waits until every launched step has run (the CPU worker's; on CUDA the caller syncs)."""
@@ -241,48 +222,51 @@ class ModelRunner:
         index = bisect.bisect_left(self.decode_buckets, batch)
         return self.decode_buckets[index] if index < len(self.decode_buckets) else batch
 
-    def launch(self, items: Sequence[Any]) -> PendingStep:
+    def launch(self, items: Sequence[Any], *, from_tables: bool = True) -> PendingStep:
         """Starts one step over ``items`` (each ``request``, ``start``, ``num_tokens``, ``sample``).
         A request's tokens before ``start`` must be in the cache or computed by a step launched
-        before this one. Reads no device value."""
+        before this one. Reads no device value. ``from_tables``: a steady decode step is staged
+        from the tables (the module docstring); False stages it row by row, as any other step (the
+        tests compare the two)."""
         items = [item for item in items if item.request.stop_reason is None and item.num_tokens > 0]
         if not items:
             return PendingStep([], [])
         timer = self.timer
         with timer.phase("inputs"):
-            metadata, padded = self._metadata(items)
-            sampling = [item for item in items if item.sample]
-            staged = self._stage(items, metadata, sampling)
+            staged = (self._stage_decode(items) if from_tables else None) or self._stage(items)
+            metadata, padded = staged.metadata, staged.padded
             device = self.arena.send(staged).device
-            ids = (torch.empty(self.frame_sampling.ids_shape(len(sampling)), dtype=torch.long, device=self.device)
-                   if sampling else None)
-            sample_rows, row = [], 0
-            for item in items:
-                sample_rows.append(row if item.sample else -1)
-                if item.sample:
-                    self._latest_sample[item.request.request_id] = (ids, row, item.start + item.num_tokens)
-                    row += 1
+            batch = len(staged.sample_slots)
+            ids = (torch.empty(self.frame_sampling.ids_shape(batch), dtype=torch.long, device=self.device)
+                   if batch else None)
+            if batch:  # where each sampling row's request will find its sample (its next decode input)
+                self.rows.latest[staged.sample_slots] = staged.sample_ends
         run = (self._device_step, device, metadata, padded, staged, ids)
         if self._worker is not None:
             done = self._last_launch = self._worker.submit(*run)
-            return PendingStep(items, sample_rows, ids, done)
+            return PendingStep(items, staged.sample_rows, ids, done)
         run[0](*run[1:])
         if ids is None or self.device.type == "cpu":
-            return PendingStep(items, sample_rows, ids)
+            return PendingStep(items, staged.sample_rows, ids)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         host.copy_(ids, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return PendingStep(items, sample_rows, host, event)
+        return PendingStep(items, staged.sample_rows, host, event)
 
     def _device_step(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int, staged,
                      ids: torch.Tensor | None) -> None:
         """The device's part of a step: earlier samples into the inputs, the forward pass, and the
-        sampling (into ``ids``)."""
+        sampling (into ``ids``, and each sampling row's slot's latest sample)."""
         timer = self.timer
+        columns = self.device_rows
         with timer.phase("model"):
-            for source, (first, end) in staged.chained:
-                rows, picked = device["chain_rows"][first:end], source.index_select(0, device["chain_from"][first:end])
+            if "fresh_slots" in device:  # requests new to their slots: their counts start at zero
+                fresh = device["fresh_slots"]
+                columns.table.view(-1, self.layout.tokens_per_frame, columns.codebook).index_fill_(0, fresh, 0)
+            if "chain_rows" in device:  # decode inputs still on the device: the slots' latest samples
+                rows = device["chain_rows"]
+                picked = columns.latest.index_select(0, device["chain_slots"])
                 device["tokens"].index_copy_(0, rows, self.frame_sampling.chain(device, rows, picked))
             wide = self.device.type == "cpu" and self.prefill_threads > 1 and \
                 metadata.num_tokens >= PREFILL_THREADS_MIN_TOKENS
@@ -298,25 +282,22 @@ class ModelRunner:
         if ids is not None:
             with timer.phase("sample"):
                 ids.copy_(self._sample(hidden, device, staged.rows, staged.groups, staged.depth_rows, staged.in_order))
+                columns.latest.index_copy_(0, device["sample_slots"], ids)
 
-    def _metadata(self, items: Sequence[Any]) -> tuple[StepMetadata, int]:
-        """The step's attention metadata, padded to its bucket for a decode step (scratch rows: one
-        token at position 0 of the cache's scratch page); and the padded batch size (0: unpadded)."""
-        lengths = [item.num_tokens for item in items]
-        padded = self.bucket_for(len(items)) if self.decode_buckets and all(n == 1 for n in lengths) else 0
-        metadata = self.kv.metadata([item.request.request_id for item in items], [item.start for item in items],
-                                    lengths, padding=max(0, padded - len(items)))
-        return metadata, padded
+    def _padded(self, items: Sequence[Any], decode: bool) -> int:
+        """The padded batch size of a decode step (scratch rows: one token at position 0 of the
+        cache's scratch page); 0: unpadded."""
+        return self.bucket_for(len(items)) if self.decode_buckets and decode else 0
 
-    def _step_tokens(self, items: Sequence[Any], ends: list[int]) -> tuple[list[int], dict]:
+    def _step_tokens(self, items: Sequence[Any], ends: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
         """Every item's tokens in row order, and where a token is on the device, not yet known on the
         host (the request's latest launched sample, not applied yet): a placeholder in the list, and
-        a link (its row, the sample's row) under the step whose ids hold it: ``{id(ids): (ids, links)}``.
-        After such a sample come the forced tokens that follow it. One pass over the rows, without
-        a call per row: at hundreds of rows a step the calls cost more than the rows' work."""
+        a link (its row, the request's slot, whose latest sample the device holds). After such a
+        sample come the forced tokens that follow it. One pass over the rows, without a call per
+        row: at hundreds of rows a step the calls cost more than the rows' work."""
         flat: list[int] = []
-        chained: dict[int, tuple[torch.Tensor, list[tuple[int, int]]]] = {}
-        latest_of = self._latest_sample.get
+        links: list[tuple[int, int]] = []
+        slot_of, latest = self.rows.slot_of, self.rows.latest
         for index, item in enumerate(items):
             request, start, count = item.request, item.start, item.num_tokens
             if start < request.processed:
@@ -331,52 +312,111 @@ class ModelRunner:
                 else:
                     flat.extend(tokens_of(request, start, start + count))
                 continue
-            latest = latest_of(request.request_id)
-            if latest is None or start != latest[2]:
+            slot = slot_of(request.request_id)
+            if slot is None or start != latest[slot]:
                 raise RuntimeError(f"request {request.request_id}: tokens [{start}, {start + count}) are neither "
                                    f"known ({known}) nor the sample of a launched step")
             flat.append(0)
             if count > 1:
                 flat.extend(request.forced_run(start - split + 1)[0][:count - 1])
-            chained.setdefault(id(latest[0]), (latest[0], []))[1].append((ends[index], latest[1]))
-        return flat, chained
+            links.append((ends[index], slot))
+        return flat, links
 
-    def _stage(self, items: Sequence[Any], metadata: StepMetadata, sampling: list[Any]):
-        """Host arrays of the step, in the arena (one copy to the device)."""
-        total, batch = metadata.num_tokens, len(sampling)
-        positions = [item.start + item.num_tokens - len(item.request.prompt_ids) for item in sampling]
-        contexts = [item.request for item in sampling]
-        slots = self.rows.slots(contexts) if sampling else None
-        width = self.rows.stop_width(slots) if sampling else 0
-        codebook = self.layout.codebook_size if sampling else 0
-        # Only rows of an aligned layout have forced tokens after their sample.
-        follow = self._forced_follow_ups(contexts, positions) if sampling and self.rows.aligned[slots].any() else []
-        # Python ints, read once: indexing the numpy array row by row costs more than the rows' work.
-        ends = metadata.qo_indptr.tolist()
-        tokens, chained = self._step_tokens(items, ends)
-        links = [link for _, group in chained.values() for link in group]
+    def _arrays(self, total: int, batch: int, width: int, links: int, fresh: int) -> dict[str, tuple]:
+        """The host arrays of a step of ``total`` tokens and ``batch`` sampling rows (name -> (shape, dtype))."""
+        codebook = self.layout.codebook_size if batch else 0
         arrays = {
             "tokens": ((total,), np.int64), "positions": ((total,), np.int64), "slots": ((total,), np.int64),
             "logit_rows": ((batch,), np.int64), "order": ((batch,), np.int64), "count_rows": ((batch,), np.int64),
             "starts": ((batch,), np.int64), "extra_ids": ((batch, width), np.int64),
-            "blocked": ((batch, codebook + width if sampling else 0), np.bool_),
+            "blocked": ((batch, codebook + width if batch else 0), np.bool_),
             "floats": ((len(FLOAT_FIELDS), batch), np.float32), "top_k": ((batch,), np.int64),
+            "sample_slots": ((batch,), np.int64),
         }
         arrays.update(self.frame_sampling.arrays(total, batch, codebook))
+        if links:  # tokens to take from the slots' latest samples on the device
+            arrays.update(chain_rows=((links,), np.int64), chain_slots=((links,), np.int64))
+        if fresh:
+            arrays["fresh_slots"] = ((fresh,), np.int64)
+        return arrays
+
+    def _stage_decode(self, items: Sequence[Any]):
+        """A steady decode step staged from the tables, or None where the step is not one: every
+        item computes one token and samples, the token its request sampled last (still on the
+        device, or known), its request's alignment (if any) is listed in the row table, and no text
+        track travels beside the tokens."""
+        if type(self.tracks) is not NoTracks:
+            return None
+        requests, starts, counts, samples = zip(*items)
+        if max(counts) != 1 or not all(samples):
+            return None
+        table = self.rows
+        slots = table.slots(requests)
+        self.device_rows.fit()
+        start = np.array(starts, dtype=np.int64)
+        if table.aligned[slots].any() or not np.array_equal(table.latest[slots], start):
+            return None
+        batch = len(items)
+        padded = self._padded(items, True)
+        metadata = self.kv.decode_metadata([request.request_id for request in requests], start,
+                                           padding=max(0, padded - batch))
+        total = metadata.num_tokens
+        fresh = table.take_written()
+        staged = self.arena.stage(self._arrays(total, batch, table.stop_width(slots), batch, len(fresh)))
+        host = staged.host
+        host["tokens"][:] = 0  # every row's from its slot's latest sample, on the device; 0: padding
+        self.frame_sampling.fill_inputs(host, (), ())
+        host["positions"][:] = metadata.positions
+        host["slots"][:] = metadata.slot_mapping
+        rows_ = np.arange(batch, dtype=np.int64)
+        host["chain_rows"][:] = rows_
+        host["chain_slots"][:] = slots
+        if fresh:
+            host["fresh_slots"][:] = fresh
+        host["logit_rows"][:] = rows_
+        positions = start + 1 - table.prompt_len[slots]
+        self._stage_sampling(staged, requests, positions, slots)
+        staged.prompt_rows = ()  # a decode row's position is past its prompt
+        staged.in_order = True
+        staged.metadata, staged.padded = metadata, padded
+        staged.sample_rows = list(range(batch))
+        staged.sample_ends = start + 1
+        return staged
+
+    def _stage(self, items: Sequence[Any]):
+        """Host arrays of the step, row by row where the tables do not serve (prompts, forced runs,
+        text tracks), in the arena (one copy to the device)."""
+        lengths = [item.num_tokens for item in items]
+        padded = self._padded(items, all(n == 1 for n in lengths))
+        metadata = self.kv.metadata([item.request.request_id for item in items], [item.start for item in items],
+                                    lengths, padding=max(0, padded - len(items)))
+        total = metadata.num_tokens
+        sampling = [item for item in items if item.sample]
+        batch = len(sampling)
+        contexts = [item.request for item in sampling]
+        slots = self.rows.slots(contexts) if sampling else np.zeros(0, dtype=np.int64)
+        self.device_rows.fit()
+        positions = np.array([item.start + item.num_tokens - len(item.request.prompt_ids) for item in sampling],
+                             dtype=np.int64)
+        width = self.rows.stop_width(slots) if sampling else 0
+        # Python ints, read once: indexing the numpy array row by row costs more than the rows' work.
+        ends = metadata.qo_indptr.tolist()
+        tokens, links = self._step_tokens(items, ends)
+        fresh = self.rows.take_written()
+        arrays = self._arrays(total, batch, width, len(links), len(fresh))
+        # Only rows of an aligned layout have forced tokens after their sample.
+        follow = self._forced_follow_ups(contexts, positions, slots) if sampling and self.rows.aligned[slots].any() \
+            else []
         arrays.update(self.tracks.arrays(items, total))
-        if links:  # tokens to take from earlier steps' samples on the device
-            arrays.update(chain_rows=((len(links),), np.int64), chain_from=((len(links),), np.int64))
         if follow:  # forced tokens that follow samples, for the repetition counts
             arrays.update(follow_rows=((len(follow),), np.int64), follow_codes=((len(follow),), np.int64),
                           follow_owner=((len(follow),), np.int64))
         staged = self.arena.stage(arrays)
         # Which rows are prompt positions, where model.prompt_dtype applies (by position, whatever the batch).
         staged.prompt_rows = tuple(prompt_ranges(
-            [item.start for item in items], [item.num_tokens for item in items],
+            [item.start for item in items], lengths,
             [len(item.request.prompt_ids) for item in items])) if self.prompt_dtype is not None else ()
         host = staged.host
-        # The sampling rows are written straight into the step's arrays (the sampler reads them there).
-        rows = self.rows.sampling_rows(contexts, positions, slots=slots, out=host) if sampling else None
         flat = host["tokens"]
         # Every item's tokens fill its rows in order: one write of them all (a numpy write per row
         # was most of a 256-row decode step's staging).
@@ -386,38 +426,56 @@ class ModelRunner:
         self.tracks.fill(host, items, ends)
         host["positions"][:] = metadata.positions
         host["slots"][:] = metadata.slot_mapping
-        staged.chained, first = [], 0
-        for source, group in chained.values():
-            staged.chained.append((source, (first, first + len(group))))
-            first += len(group)
         if links:
-            host["chain_rows"][:], host["chain_from"][:] = zip(*links)
-        staged.rows, staged.groups, staged.depth_rows = rows, [], None
+            host["chain_rows"][:], host["chain_slots"][:] = zip(*links)
+        if fresh:
+            host["fresh_slots"][:] = fresh
         # Every item is one token that samples: the sampling rows are the first rows of the step.
         staged.in_order = batch == len(items) and ends[len(items)] == batch
-        if rows is None:
+        staged.metadata, staged.padded = metadata, padded
+        sample_rows, row = [], 0
+        for item in items:
+            sample_rows.append(row if item.sample else -1)
+            row += item.sample
+        staged.sample_rows = sample_rows
+        staged.sample_ends = np.array([item.start + item.num_tokens for item in sampling], dtype=np.int64)
+        if not sampling:
+            staged.rows, staged.groups, staged.depth_rows, staged.sample_slots = None, [], None, slots
             return staged
         host["logit_rows"][:] = [ends[i + 1] - 1 for i, item in enumerate(items) if item.sample]
-        frame = self.layout.tokens_per_frame
-        host["count_rows"][:] = np.asarray(self.counts.slots([r.request_id for r in contexts]),
-                                           dtype=np.int64) * frame + rows.frame_slots
-        order, staged.groups = candidate_groups(rows.starts)
-        host["order"][:] = order
         if follow:
             host["follow_rows"][:], host["follow_codes"][:], host["follow_owner"][:] = zip(*follow)
-        staged.depth_rows = self.frame_sampling.stage(host, contexts, positions, rows)
+        self._stage_sampling(staged, contexts, positions, slots)
         return staged
 
-    def _forced_follow_ups(self, sampling: list[Any], positions: list[int]) -> list[tuple[int, int, int]]:
+    def _stage_sampling(self, staged, contexts: Sequence[Any], positions: np.ndarray, slots: np.ndarray) -> None:
+        """The sampling rows of the step's sampling requests (``contexts``, at generated
+        ``positions``, in ``slots`` of the row table), written straight into the step's arrays (the
+        sampler reads them there), with each sampling row's draws from its request's generator."""
+        host, table = staged.host, self.rows
+        sampled = table.sampled[slots]
+        draws = table.draw(slots[sampled], table.draws_per_row) if sampled.any() else None
+        rows = table.sampling_rows(contexts, positions, slots=slots, out=host, draws=draws, draw=False)
+        host["sample_slots"][:] = slots
+        host["count_rows"][:] = slots * self.layout.tokens_per_frame + rows.frame_slots
+        order, staged.groups = candidate_groups(rows.starts)
+        host["order"][:] = order
+        staged.rows = rows
+        staged.depth_rows = self.frame_sampling.stage(host, contexts, positions, rows, table, slots, draws)
+        staged.sample_slots = slots
+
+    def _forced_follow_ups(self, sampling: list[Any], positions: np.ndarray,
+                           slots: np.ndarray) -> list[tuple[int, int, int]]:
         """(count row, code, sampling row) of each forced token a layout appends right after a
         sample (phoneme-lpc's alignment): counted with the sample, unless the sample ends the speech."""
         follow = []
         frame = self.layout.tokens_per_frame
-        for row, (request, position) in enumerate(zip(sampling, positions)):
+        for row in np.flatnonzero(self.rows.aligned[slots]).tolist():
+            request, position = sampling[row], int(positions[row])
             run, _ = request.forced_run(position + 1)
             if not run:
                 continue
-            slot = self.counts.slot(request.request_id)
+            slot = int(slots[row])
             for offset, token in enumerate(run, start=position + 1):
                 follow.append((slot * frame + offset % frame, self.layout.token_to_code(token, offset), row))
         return follow
@@ -440,7 +498,7 @@ class ModelRunner:
         on the device ([B] ids, or with a frame each: core/depth.py); ``depth_rows`` are what
         follows the backbone's sample; ``in_order``: the sampling rows are the step's first rows."""
         codebook = rows.codebook_size
-        table = self.counts.table
+        table = self.device_rows.table
         captured = self.sample_graphs
         if captured is not None and in_order and "follow_rows" not in device and captured.fits(rows):
             states = hidden[:rows.starts.shape[0]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -174,6 +174,11 @@ class TTSContext:
         start = self._uniform_next
         self._uniform_next += count
         return self._uniforms[start:start + count]
+
+    def give_back_uniforms(self, values: Sequence[float]) -> None:
+        """Draws taken by :meth:`uniforms` but not used (the row table's, when the request leaves
+        it): the next draws are these first, so the generator's order holds."""
+        self._uniforms, self._uniform_next = list(values) + self._uniforms[self._uniform_next:], 0
 
     def may_stop(self, position: int) -> bool:
         """Whether the speech may end at generated ``position``: on a frame boundary, after

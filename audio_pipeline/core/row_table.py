@@ -1,13 +1,19 @@
 """The row table: one slot per running request and fixed-size numpy columns of what its rows need
-every step but that changes only when the request starts (its sampling settings, stop ids,
-min_tokens), written once, at the request's first step, and gathered by slot for each step.
+every step, written once, at the request's first step, and gathered by slot for each step.
+
+Written once: the sampling settings, stop ids, min_tokens, the prompt's length, and what the
+request's alignment fixes where it can be listed (a frame layout's one forced end of speech, and
+the frame codes it fixes at each position). Changed as steps launch: the position of each
+request's latest launched sample (the decode input a later step takes from the device, where the
+model runner keeps each slot's latest sample), and each request's uniform draws.
 
 A step's sampling rows (core/sampler.py's SamplingRows) come from the table by a few vectorised
-gathers instead of reading every request's settings row by row: at hundreds of rows a step those
-per-row reads were most of the host's staging time. What does change every step stays per row
-where it must: each sampling row's uniform draw comes from its request's own generator (so a seed
-gives the same speech alone or batched), and rows of layouts with an alignment (forced tokens)
-ask it for their position.
+gathers instead of reading every request row by row: at hundreds of rows a step those per-row reads
+were most of the host's staging time. The uniform draws come from each request's own generator (so
+a seed gives the same speech alone or batched), taken a block at a time into the slot's row and
+handed out in order: every draw of a request on its rows goes through here, so the numbers are the
+ones its generator gives one draw at a time. Python runs row by row only for what the table cannot
+hold: alignments that force many positions (phoneme-lpc's tokens) and a slot whose draws ran out.
 
 Torch-free; the model runner owns one and releases a request's slot with its other state.
 """
@@ -36,11 +42,18 @@ class RowTable:
         self.codebook, self.frame = layout.codebook_size, layout.tokens_per_frame
         self.end_of_speech = layout.end_of_speech
         self.stops_by_token = bool(layout.stops_by_token)
+        self.codes = layout.codes_per_token
+        #: Draws a sampling row takes a step: the backbone's, then one per depth codebook.
+        self.draws_per_row = self.codes
+        self.draw_block = max(64, 8 * self.draws_per_row)
         # A position's candidate range depends on its frame slot alone (its codebook).
         self.slot_starts = np.array([layout.token_range(slot)[0] for slot in range(self.frame)], dtype=np.int64)
         self._index: dict[str, int] = {}
         self._owner: list[Any] = []
         self._free: list[int] = []
+        #: Slots written since :meth:`take_written` (their device state must start afresh).
+        self._written: list[int] = []
+        self.fixed = np.full((capacity, 1, self.codes), -1, dtype=np.int64)
         self._allocate(capacity, stop_width=1)
 
     def _allocate(self, capacity: int, stop_width: int) -> None:
@@ -54,7 +67,18 @@ class RowTable:
             "min_tokens": np.zeros(capacity, dtype=np.int64),
             "sampled": np.zeros(capacity, dtype=bool),  # temperature > 0
             "penalized": np.zeros(capacity, dtype=bool),
-            "aligned": np.zeros(capacity, dtype=bool),  # the request's layout forces tokens somewhere
+            # The request's alignment forces positions the table does not list (forced() row by row).
+            "aligned": np.zeros(capacity, dtype=bool),
+            # The one position its alignment forces, and the id (-1: none listed).
+            "forced_at": np.full(capacity, -1, dtype=np.int64),
+            "forced_id": np.zeros(capacity, dtype=np.int64),
+            "prompt_len": np.zeros(capacity, dtype=np.int64),
+            # Position (prompt included) of the request's latest launched sample (-1: none yet).
+            "latest": np.full(capacity, -1, dtype=np.int64),
+            # Positions whose frame codes ``fixed`` holds for the slot.
+            "fixed_len": np.zeros(capacity, dtype=np.int64),
+            "draws": np.zeros((capacity, self.draw_block), dtype=np.float32),
+            "draw_next": np.full(capacity, self.draw_block, dtype=np.int64),
         }
         for name, column in columns.items():
             if kept:
@@ -64,11 +88,20 @@ class RowTable:
                 else:
                     column[:kept] = previous
             setattr(self, name, column)
+        if capacity > len(self.fixed):
+            fixed = np.full((capacity, *self.fixed.shape[1:]), -1, dtype=np.int64)
+            fixed[:len(self.fixed)] = self.fixed
+            self.fixed = fixed
         self._owner = old + [None] * (capacity - kept)
         self._free.extend(range(capacity - 1, kept - 1, -1))
 
     def __len__(self) -> int:
         return len(self._index)
+
+    @property
+    def capacity(self) -> int:
+        """Slots the columns hold (the model runner's device columns follow it)."""
+        return len(self._owner)
 
     def slots(self, contexts: Sequence["TTSContext"]) -> np.ndarray:
         """Each request's slot, written at the request's first step (a request id that now names
@@ -82,9 +115,21 @@ class RowTable:
             found.append(slot)
         return np.array(found, dtype=np.int64)
 
+    def slot_of(self, request_id: str) -> int | None:
+        """The slot of a request written already (None: none)."""
+        return self._index.get(request_id)
+
+    def take_written(self) -> list[int]:
+        """The slots written since the last call."""
+        written, self._written = self._written, []
+        return written
+
     def release(self, request_id: str) -> None:
         slot = self._index.pop(request_id, None)
         if slot is not None:
+            unused = self.draws[slot, self.draw_next[slot]:]
+            if unused.size:  # back to the request, whose next draws they are
+                self._owner[slot].give_back_uniforms(unused.tolist())
             self._owner[slot] = None
             self._free.append(slot)
 
@@ -106,26 +151,71 @@ class RowTable:
         self.sampled[slot] = params.temperature > 0
         self.penalized[slot] = (params.repetition_penalty != 1 or bool(params.frequency_penalty)
                                 or bool(params.presence_penalty))
-        self.aligned[slot] = context.alignment is not None
+        self.prompt_len[slot] = len(context.prompt_ids)
+        self.latest[slot] = -1
+        self.draw_next[slot] = self.draw_block  # empty: the first draw takes a block
+        self._write_alignment(slot, context.alignment)
         self._index[context.request_id] = slot
         self._owner[slot] = context
+        self._written.append(slot)
         return slot
+
+    def _write_alignment(self, slot: int, alignment: Any) -> None:
+        lone = alignment.lone_forced() if alignment is not None else None
+        self.aligned[slot] = alignment is not None and lone is None
+        self.forced_at[slot], self.forced_id[slot] = lone if lone is not None else (-1, 0)
+        table = alignment.frame_code_table() if alignment is not None and self.codes > 1 else None
+        self.fixed_len[slot] = 0 if table is None else len(table)
+        if table is not None:
+            if len(table) > self.fixed.shape[1]:
+                wider = np.full((len(self.fixed), max(len(table), 2 * self.fixed.shape[1]), self.codes), -1,
+                                dtype=np.int64)
+                wider[:, :self.fixed.shape[1]] = self.fixed
+                self.fixed = wider
+            self.fixed[slot, :len(table)] = table
 
     def stop_width(self, slots: np.ndarray) -> int:
         """Stop-id columns of a step of these slots' rows: the most stop ids any of them has."""
         return int(self.stop_count[slots].max())
 
+    def draw(self, slots: np.ndarray, count: int) -> np.ndarray:
+        """[len(slots), count] the next ``count`` uniform draws of each slot's request, in its
+        generator's order (a slot appears once)."""
+        block = self.draw_block
+        start = self.draw_next[slots]
+        for row in np.flatnonzero(start + count > block).tolist():  # a block's worth, now and then
+            slot = int(slots[row])
+            rest = self.draws[slot, self.draw_next[slot]:].copy()
+            self.draws[slot, :len(rest)] = rest
+            self.draws[slot, len(rest):] = self._owner[slot].uniforms(block - len(rest))
+            self.draw_next[slot] = 0
+            start[row] = 0
+        picked = self.draws[slots[:, None], start[:, None] + np.arange(count)]
+        self.draw_next[slots] = start + count
+        return picked
+
+    def frame_codes(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+        """Into ``out`` ([B, codes]): the frame codes each row's alignment fixes at its generated
+        position (-1 where none)."""
+        within = positions < self.fixed_len[slots]
+        out[...] = -1
+        if within.any():
+            rows = np.flatnonzero(within)
+            out[rows] = self.fixed[slots[rows], positions[rows]]
+
     def sampling_rows(self, contexts: Sequence["TTSContext"], positions: Sequence[int], *,
                       draw: bool = True, slots: np.ndarray | None = None,
-                      out: dict[str, np.ndarray] | None = None) -> SamplingRows:
+                      out: dict[str, np.ndarray] | None = None, draws: np.ndarray | None = None) -> SamplingRows:
         """Row i samples generated position ``positions[i]`` of ``contexts[i]``: the same rows
         SamplingRows.build makes from the requests one by one. With ``out`` (a step's staged host
         arrays, shaped for :meth:`stop_width`'s width) the rows' arrays are written there, and the
-        rows are views of them: no array of the step is made twice."""
+        rows are views of them: no array of the step is made twice. ``draws``: the sampling rows'
+        draws taken already (:meth:`draw`; the first column is the backbone's), else one each is
+        taken here where ``draw``."""
         if slots is None:
             slots = self.slots(contexts)
         codebook = self.codebook
-        batch = len(contexts)
+        batch = len(slots)
         position = np.asarray(positions, dtype=np.int64)
         frame_slots = position % self.frame
         counts = self.stop_count[slots]
@@ -152,17 +242,21 @@ class RowTable:
         limit = self.top_k[slots]
         top_k[...] = np.where((limit > 0) & (limit < codebook + width), limit, codebook + width)
         sampled = self.sampled[slots]
-        sampling = np.flatnonzero(sampled).tolist()
-        if draw and sampling:  # each row's from its request's own generator, on the host: nothing read back
-            floats[_UNIFORM, sampling] = [contexts[row].uniforms(1)[0] for row in sampling]
+        sampling = np.flatnonzero(sampled)
+        if sampling.size and (draws is not None or draw):  # from each request's own generator: nothing read back
+            floats[_UNIFORM, sampling] = (draws if draws is not None else self.draw(slots[sampling], 1))[:, 0]
         sampled_top_k = top_k[sampled]
-        flags = dict(any_sampling=bool(sampling), penalized=bool(self.penalized[slots].any()),
+        flags = dict(any_sampling=bool(sampling.size), penalized=bool(self.penalized[slots].any()),
                      prefix_suffices=bool((sampled_top_k <= NUCLEUS_PREFIX).all()),
                      prefix_may_suffice=bool(((sampled_top_k <= NUCLEUS_PREFIX)
                                               | (sampled_top_k == codebook + width)).all()))
         built = SamplingRows(codebook, starts, extra_ids, blocked, floats, top_k, frame_slots, **flags)
+        # A forced row allows its forced id alone: the one listed position of a frame alignment...
+        lone = np.flatnonzero(self.forced_at[slots] == position)
+        if lone.size:
+            blocked[lone] = built.candidate_ids(lone) != self.forced_id[slots[lone], None]
         aligned = np.flatnonzero(self.aligned[slots])
-        if aligned.size:  # a forced row allows its forced id alone
+        if aligned.size:  # ...and the positions of other alignments, asked row by row
             forced = [(row, fixed) for row in aligned.tolist()
                       if (fixed := contexts[row].alignment.forced(int(position[row]))) is not None]
             if forced:

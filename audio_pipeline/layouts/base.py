@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
 import torch
 
 from audio_pipeline.errors import InvalidArgument
@@ -68,6 +69,18 @@ class Alignment:
     def frame_codes(self, position: int) -> list[int] | None:
         """The codes of generated position ``position``'s frame the alignment fixes (-1 where the
         depth decoder samples), for a layout whose positions are frames; None: it fixes none."""
+        return None
+
+    def lone_forced(self) -> tuple[int, int] | None:
+        """(position, id) where :meth:`forced` fixes one position alone (a frame layout's end of
+        speech): the engine's row table keeps it and asks nothing row by row. None: it fixes more
+        (or none it can name this way), and the engine asks :meth:`forced` for each row."""
+        return None
+
+    def frame_code_table(self) -> np.ndarray | None:
+        """:meth:`frame_codes` of every generated position that has some, as one [positions, codes]
+        int64 array (later positions fix none), for the row table to gather; None where
+        :meth:`frame_codes` is None everywhere."""
         return None
 
 

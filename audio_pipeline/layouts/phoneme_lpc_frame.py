@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
+import numpy as np
 import torch
 
 from audio_pipeline.layouts.base import Alignment
@@ -61,6 +62,18 @@ class FrameAlignment(Alignment):
 
     def forced(self, position: int) -> int | None:
         return END_OF_SPEECH if position == len(self.frames) else None
+
+    def lone_forced(self) -> tuple[int, int]:
+        return len(self.frames), END_OF_SPEECH
+
+    def frame_code_table(self) -> np.ndarray:
+        """Row p: :meth:`frame_codes` (p), for p up to the end of speech's position."""
+        table = np.full((len(self.frames) + 1, COLUMNS), -1, dtype=np.int64)
+        if len(self.frames) > 1:
+            following = np.asarray(self.frames[1:], dtype=np.int64)
+            table[:len(self.frames) - 1, PHONEME] = following[:, 0] - slot_token(PHONEME, 0)
+            table[:len(self.frames) - 1, CONTEXT] = following[:, 1] - slot_token(CONTEXT, 0)
+        return table
 
     def frame_codes(self, position: int) -> list[int]:
         """The codes of generated position ``position``'s frame that the alignment fixes (the next

@@ -176,14 +176,14 @@ def _route_launch() -> None:
     if getattr(real, "routes_emulated_launch", False):
         return
 
-    def launch(runner: "ModelRunner", items: Any) -> Any:
+    def launch(runner: "ModelRunner", items: Any, **options: Any) -> Any:
         device = _EMULATED_DEVICES.get(runner.model)
         if device is None:
-            return real(runner, items)
+            return real(runner, items, **options)
         if runner._worker is not None:  # the device runs ahead by itself
             runner._worker.shutdown(wait=True)
             runner._worker = None
-        pending = real(runner, items)
+        pending = real(runner, items, **options)
         if pending.items:
             pending.done = Completion(device.device_free)
         return pending

@@ -115,6 +115,43 @@ class StepMetadata:
                    kv_last_page_len=(seq_lens - (pages - 1) * page_size).astype(np.int32),
                    positions=positions, slot_mapping=slots)
 
+    @classmethod
+    def for_decode(cls, page_table: np.ndarray, page_counts: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+                   page_size: int, *, padding: int = 0, padding_page: int = 0) -> "StepMetadata":
+        """:meth:`build`'s metadata for a decode step (one token per sequence), from page tables kept
+        as rows of one array: sequence b holds pages ``page_table[rows[b], :page_counts[rows[b]]]``
+        and computes the token at ``starts[b]``; then ``padding`` sequences of one token at position 0
+        of ``padding_page``. A few numpy gathers, whatever the batch (:meth:`build` walks each
+        sequence's list)."""
+        start = np.asarray(starts, dtype=np.int64)
+        pages = start // page_size + 1
+        held = page_counts[rows]
+        short = np.flatnonzero(held < pages)
+        if short.size:
+            b = int(short[0])
+            raise RuntimeError(f"KV for {int(pages[b]) * page_size} tokens not allocated (the sequence holds "
+                               f"{int(held[b])} pages of {page_size})")
+        width = int(pages.max()) if pages.size else 1
+        table = page_table[rows, :width]
+        if padding:
+            start = np.concatenate([start, np.zeros(padding, dtype=np.int64)])
+            pages = np.concatenate([pages, np.ones(padding, dtype=np.int64)])
+            table = np.concatenate([table, np.full((padding, width), padding_page, dtype=table.dtype)])
+        batch = len(start)
+        if batch == 0:
+            raise ValueError("every sequence of a step computes at least one token")
+        kv_indptr = np.zeros(batch + 1, dtype=np.int64)
+        np.cumsum(pages, out=kv_indptr[1:])
+        kv_indices = table[np.arange(width)[None, :] < pages[:, None]]
+        seq_lens = start + 1
+        slots = table[np.arange(batch), start // page_size] * page_size + start % page_size
+        qo_indptr = np.arange(batch + 1, dtype=np.int32)
+        return cls(page_size=page_size, query_lens=np.ones(batch, dtype=np.int32), qo_indptr=qo_indptr,
+                   seq_lens=seq_lens.astype(np.int32), kv_indptr=kv_indptr.astype(np.int32),
+                   kv_indices=kv_indices.astype(np.int32),
+                   kv_last_page_len=(seq_lens - (pages - 1) * page_size).astype(np.int32),
+                   positions=start, slot_mapping=slots.astype(np.int64))
+
     @property
     def batch_size(self) -> int:
         return len(self.seq_lens)

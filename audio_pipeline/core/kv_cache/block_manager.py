@@ -29,6 +29,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+import numpy as np
+
 
 class KVCacheFull(RuntimeError):
     """Not enough free KV blocks for an allocation."""
@@ -41,6 +43,8 @@ class _Sequence:
     num_tokens: int = 0
     #: Prefix-cache key of each full, committed block, in order.
     keys: list[Hashable] = field(default_factory=list)
+    #: Its row of the page table (BlockManager.page_table).
+    row: int = -1
 
 
 @dataclass
@@ -80,6 +84,12 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._sequences: dict[str, _Sequence] = {}
         self.prefix_stats = PrefixCacheStats()
+        #: Every sequence's blocks as a row of one array (``page_counts``: how many of the row are
+        #: its), kept beside the lists: a decode step's attention metadata gathers its rows' pages
+        #: with a few numpy operations instead of flattening hundreds of lists.
+        self.page_table = np.zeros((16, 8), dtype=np.int64)
+        self.page_counts = np.zeros(16, dtype=np.int64)
+        self._free_rows = list(range(15, -1, -1))
 
     # --- facts -----------------------------------------------------------------------------------
 
@@ -135,7 +145,7 @@ class BlockManager:
         """
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id!r} is already claimed")
-        sequence = _Sequence()
+        sequence = _Sequence(row=self._take_row())
         self._sequences[seq_id] = sequence
         if not self.enable_prefix_caching or not tokens:
             return 0
@@ -154,6 +164,7 @@ class BlockManager:
             sequence.keys.append(key)
             parent = key
         sequence.num_tokens = len(sequence.blocks) * self.block_size
+        self._write_pages(sequence, 0)
         self.prefix_stats.hit_tokens += sequence.num_tokens
         return sequence.num_tokens
 
@@ -183,8 +194,10 @@ class BlockManager:
         self._make_room(needed)
         if needed > self.num_free_blocks:
             raise KVCacheFull(f"sequence {seq_id!r} needs {needed} more KV blocks, {self.num_free_blocks} free")
+        held = len(sequence.blocks)
         for _ in range(needed):
             sequence.blocks.append(self._take_block())
+        self._write_pages(sequence, held)
 
     def step(self, seq_id: str, tokens: Sequence[int]) -> None:
         """Records that the KV of ``tokens`` (the sequence's first len(tokens) tokens) is written."""
@@ -230,6 +243,8 @@ class BlockManager:
         sequence = self._sequences.pop(seq_id, None)
         if sequence is None:
             return
+        self.page_counts[sequence.row] = 0
+        self._free_rows.append(sequence.row)
         for block in reversed(sequence.blocks):  # the deepest block is evicted first
             self._ref_counts[block] -= 1
             if self._ref_counts[block] > 0:
@@ -256,6 +271,30 @@ class BlockManager:
             self._free.extend(range(self.total_num_blocks, target))
             self._ref_counts.extend([0] * (target - self.total_num_blocks))
             self.total_num_blocks = target
+
+    def page_rows(self, seq_ids: Sequence[str]) -> np.ndarray:
+        """The page-table rows of ``seq_ids``."""
+        sequences = self._sequences
+        return np.array([sequences[seq_id].row for seq_id in seq_ids], dtype=np.int64)
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            rows = len(self.page_counts)
+            self.page_table = np.concatenate([self.page_table, np.zeros_like(self.page_table)])
+            self.page_counts = np.concatenate([self.page_counts, np.zeros_like(self.page_counts)])
+            self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
+        return self._free_rows.pop()
+
+    def _write_pages(self, sequence: _Sequence, first: int) -> None:
+        """The sequence's blocks from index ``first`` on into its page-table row."""
+        count = len(sequence.blocks)
+        width = self.page_table.shape[1]
+        if count > width:
+            wider = np.zeros((len(self.page_table), max(count, 2 * width)), dtype=np.int64)
+            wider[:, :width] = self.page_table
+            self.page_table = wider
+        self.page_table[sequence.row, first:count] = sequence.blocks[first:]
+        self.page_counts[sequence.row] = count
 
     @staticmethod
     def _key(parent: Hashable, tokens: Sequence[int]) -> Hashable:

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from audio_pipeline.models.interface import KVCacheParams
@@ -136,6 +137,17 @@ class PagedKVCacheManager:
         tables = self.block_manager.block_tables(request_ids) + [[self.cache.scratch_block]] * padding
         try:
             return StepMetadata.build(tables, [*starts, *[0] * padding], [*lengths, *[1] * padding], self.page_size)
+        except RuntimeError as exc:
+            raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
+
+    def decode_metadata(self, request_ids: Sequence[str], starts: Sequence[int], *, padding: int = 0) -> StepMetadata:
+        """:meth:`metadata` of a decode step (request i computes the one token at ``starts[i]``),
+        from the block manager's page table."""
+        blocks = self.block_manager
+        try:
+            return StepMetadata.for_decode(blocks.page_table, blocks.page_counts, blocks.page_rows(request_ids),
+                                           np.asarray(starts, dtype=np.int64), self.page_size, padding=padding,
+                                           padding_page=self.cache.scratch_block)
         except RuntimeError as exc:
             raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
 
