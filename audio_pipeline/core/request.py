@@ -191,8 +191,10 @@ class TTSContext:
         the end of the budget), None while generation goes on. Ending the request is the
         scheduler's (its update)."""
         position = len(self.generated)
-        may_stop = self.may_stop(position)
         layout = self.layout
+        # may_stop's test inline, and the stop ids read only where the speech may end: every row of
+        # every step passes here.
+        may_stop = position % layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens
         if layout.stops_by_token:
             if token_id == layout.end_of_speech or (may_stop and token_id in self.stop_ids):
                 return StopReason.END_OF_SPEECH

@@ -186,6 +186,8 @@ class _Entry:
     admitted_order: int = 0
     #: Why it failed, when it did (handed back with it once it is let go).
     error: str | None = None
+    #: The request's max_length (fixed for its life), read every step.
+    max_length: int = 0
 
     @property
     def request_id(self) -> str:
@@ -385,7 +387,7 @@ class AudioGenerationScheduler:
         if request.max_length > self.capacity_tokens:
             raise ValueError(f"the request may need {request.max_length} KV tokens, more than the whole cache "
                              f"({self.capacity_tokens}); lower max_tokens or give the KV cache more memory")
-        entry = _Entry(request)
+        entry = _Entry(request, max_length=request.max_length)
         self._waiting.append(entry)
         self._by_id[request.request_id] = entry
 
@@ -433,28 +435,29 @@ class AudioGenerationScheduler:
         if result is not None:
             frames = result.frames
             for index, (item, tokens) in enumerate(zip(result.items, result.tokens)):
-                if frames is None and len(tokens) <= 1:
-                    # One id (or none) without a frame (every decode row of a token layout):
-                    # _apply's work, without a call per row.
-                    request = item.request
-                    if request.stop_reason is None:  # not ended meanwhile (cancelled while its step ran)
-                        request.processed = item.start + item.num_tokens
-                        if tokens:
-                            request.stop_reason = request.append_sample(tokens[0])
-                else:
+                request = item.request
+                if request.stop_reason is not None:  # ended meanwhile (cancelled while its step ran)
+                    continue
+                request.processed = item.start + item.num_tokens
+                if len(tokens) == 1:  # a row's one sample (every decode row): _apply's work, without a call
+                    if frames is None:
+                        request.stop_reason = request.append_sample(tokens[0])
+                    else:
+                        request.stop_reason = request.append_sample(tokens[0], frames[index][0])
+                elif tokens:
                     self._apply(item, tokens, frames[index] if frames is not None else None)
         if not last:
             return []
         finished = []
-        manager = self.block_manager
-        for item in output.items:
-            entry = self._by_id.get(item.request.request_id)
+        by_id = self._by_id
+        entries = [by_id.get(item.request.request_id) for item in output.items]
+        self.block_manager.commit_all([entry.request for entry in entries if entry is not None],
+                                      _computed_tokens)
+        for entry in entries:
             if entry is None:
                 continue
             entry.in_flight -= 1
-            request = entry.request
-            manager.commit(request.request_id, request.processed, _computed_tokens, request)
-            if request.is_done and not entry.in_flight:
+            if entry.request.stop_reason is not None and not entry.in_flight:
                 finished.append(self._let_go(entry))
         return finished
 
@@ -463,9 +466,16 @@ class AudioGenerationScheduler:
     def schedule(self) -> SchedulerOutput:
         """The next step's work (possibly idle)."""
         config = self.config
-        decode = [e for e in self._running if e.unscheduled == 1 and self._can_grow(e)]
-        # Requests that ended stay in _running only while a step of them is in flight.
-        prefill = [e for e in self._running if e.unscheduled > 1 and not e.request.is_done]
+        # One pass: rows with one token to compute that may grow decode; those with more are prompts
+        # in progress. Requests that ended stay in _running only while a step of them is in flight.
+        decode, prefill = [], []
+        for e in self._running:
+            left = e.expected_len - e.next_pos
+            if left == 1:
+                if e.expected_len < e.max_length and e.request.stop_reason is None:
+                    decode.append(e)
+            elif left > 1 and e.request.stop_reason is None:
+                prefill.append(e)
         slack = self._slack(decode) if config.deadline_scheduling and decode else None
         if config.enable_in_flight_batching:
             output = self._mixed(decode, prefill, slack)
@@ -568,7 +578,7 @@ class AudioGenerationScheduler:
                 return
 
     def _can_grow(self, entry: _Entry) -> bool:
-        return entry.expected_len < entry.request.max_length and not entry.request.is_done
+        return entry.expected_len < entry.max_length and not entry.request.is_done
 
     def _num_steps(self) -> int:
         if self.config.max_num_steps != -1:
@@ -674,14 +684,21 @@ class AudioGenerationScheduler:
         plans: dict[_Entry, list[ScheduledItem]] = {}
         # A set: membership in the list, row by row, cost a quarter of the scheduler's time at 256 rows.
         running = set(self._running)
-        for entry in decode:
+        multi = pure and steps > 1
+        if multi:
+            for entry in decode:
+                plans[entry] = _decode_plan(entry, steps)
+            needs = [min(_after_samples(entry, steps, plans[entry])[0], entry.max_length) for entry in decode]
+        else:  # one pass: each row computes the one token it has (expected_len < max_length)
+            needs = [entry.expected_len for entry in decode]
+        # Whether each row's pages hold what it computes, for all rows at once (the page table's).
+        held = self.block_manager.holds_all([entry.request.request_id for entry in decode], needs)
+        for entry, need, holds in zip(decode, needs, held):
             if len(chosen) >= slots:
                 break
             if entry.request.stop_reason is not None or entry not in running:
                 continue
-            plan = plans[entry] = _decode_plan(entry, steps) if pure and steps > 1 else None
-            need = min(_after_samples(entry, steps, plan)[0], entry.request.max_length)
-            if self.block_manager.holds(entry.request_id, need):
+            if holds:
                 chosen.append(entry)
                 continue
             while not self.block_manager.can_alloc(entry.request_id, need):
@@ -693,23 +710,28 @@ class AudioGenerationScheduler:
                 chosen.append(entry)
         planned = steps
         if pure and chosen:
-            steps = min(steps, min(e.request.max_length - e.next_pos for e in chosen))
+            steps = min(steps, min(e.max_length - e.next_pos for e in chosen))
             if slack and steps > 1:
                 steps = min(steps, self._round_end(chosen, slack, steps))
             steps = max(steps, 1)
         if pure and steps > 1 and chosen:
             output.substeps = [[] for _ in range(steps - 1)]
+        items = output.items
         for entry in chosen:
             if pure and steps > 1:
                 plan = plans[entry] if steps == planned else _decode_plan(entry, steps)  # a shorter round
                 first, *rest = plan
                 entry.next_pos, entry.expected_len = _after_samples(entry, steps, plan)
                 entry.in_flight += 1
-                output.items.append(first)
+                items.append(first)
                 for substep, item in zip(output.substeps, rest):
                     substep.append(item)
-            else:
-                self._take(entry, 1, output)
+            else:  # _take's work for a row that samples the one token it computes, without a call
+                request, start = entry.request, entry.next_pos
+                entry.next_pos = start + 1
+                entry.in_flight += 1
+                entry.expected_len += request.tokens_per_sample(entry.expected_len)
+                items.append(ScheduledItem(request, start, 1, True))
         if chosen:
             output.kind = "tg"
         return output

@@ -83,12 +83,14 @@ class OrpheusLayout(Layout):
 
         Never shifts the frame phase to make a bad token fit: a wrong token is an error.
         """
-        if not self.is_valid_token(token_id, position):
-            start, end = self.token_range(position)
+        # token_range's arithmetic inline: every sampled token of every row passes here.
+        start = self.audio_token_base + (position % self.tokens_per_frame) * self.codebook_size
+        code = token_id - start
+        if not 0 <= code < self.codebook_size:
             raise ValueError(
                 f"token {token_id} is not a speech token for frame position {position % self.tokens_per_frame} "
-                f"(expected [{start}, {end}))")
-        return token_id - self.token_range(position)[0]
+                f"(expected [{start}, {start + self.codebook_size}))")
+        return code
 
     def tokens_to_codes(self, token_ids: Sequence[int], first_position: int = 0) -> torch.Tensor:
         """Maps speech-token ids (starting at frame position ``first_position``) to codes."""

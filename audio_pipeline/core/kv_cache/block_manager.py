@@ -231,6 +231,34 @@ class BlockManager:
             return
         self._written(seq_id, sequence, count)
 
+    def commit_all(self, owners: Sequence[Any], tokens: Callable[[Any], Sequence[int]]) -> None:
+        """:meth:`commit` of each owner's sequence (``owner.request_id``) with its ``owner.processed``
+        tokens written: one call for a step's rows, the common case (no block filled) without a
+        call per row."""
+        sequences, size = self._sequences, self.block_size
+        prefix = self.enable_prefix_caching
+        for owner in owners:
+            seq_id, count = owner.request_id, owner.processed
+            sequence = sequences.get(seq_id)
+            if sequence is None:  # released while its last batch was in flight
+                continue
+            if prefix and count // size > len(sequence.keys):
+                self.step(seq_id, tokens(owner))
+            elif count > len(sequence.blocks) * size:
+                self._written(seq_id, sequence, count)  # refused there
+            elif count > sequence.num_tokens:
+                sequence.num_tokens = count
+
+    def holds_all(self, seq_ids: Sequence[str], totals: Sequence[int]) -> list[bool]:
+        """:meth:`holds` of each sequence (False for one not claimed), from the page table at once."""
+        sequences = self._sequences
+        rows = [sequences[seq_id].row if seq_id in sequences else -1 for seq_id in seq_ids]
+        if not rows:
+            return []
+        index = np.array(rows, dtype=np.int64)
+        held = self.page_counts[index] * self.block_size >= np.asarray(totals, dtype=np.int64)
+        return (held & (index >= 0)).tolist()
+
     def _written(self, seq_id: str, sequence: _Sequence, count: int) -> None:
         """Records ``count`` tokens of ``sequence`` written (refused beyond its blocks)."""
         if count > len(sequence.blocks) * self.block_size:
