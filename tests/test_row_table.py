@@ -117,3 +117,39 @@ def test_a_seeded_request_draws_the_same_numbers_through_the_table(seed):
     other = orpheus_request(3, 0)
     draws = [table.sampling_rows([other, alone], [i, i]).floats[-1, 1] for i in range(70)]
     assert draws == [SamplingRows.build([same], positions=[i]).floats[-1, 0] for i in range(70)]
+
+
+def test_a_sample_is_plain_only_where_appending_it_neither_stops_nor_fails():
+    """RowTable.plain_samples (every row of a step at once) calls a sample plain only where the
+    request's append_sample, one by one, would append it and go on: a code of its position's
+    codebook, no stop id where the speech may end, not the budget's last token. And the usual
+    sample (a valid code mid-speech) is plain."""
+    rng = np.random.default_rng(0)
+    table = RowTable(ORPHEUS)
+    requests = [orpheus_request(i, generated=int(rng.integers(0, 40))) for i in range(40)]
+    slots = table.slots(requests)
+    positions = np.array([len(r.generated) for r in requests], dtype=np.int64)
+    for trial in range(30):
+        ids = []
+        for request, position in zip(requests, positions.tolist()):
+            start = ORPHEUS.token_range(position)[0]
+            kind = rng.integers(0, 5)
+            ids.append({0: start + int(rng.integers(0, ORPHEUS.codebook_size)), 1: start - 1 - int(rng.integers(0, 9)),
+                        2: ORPHEUS.end_of_speech, 3: int(rng.choice(request.stop_ids)),
+                        4: start + ORPHEUS.codebook_size}[int(kind)])
+        plain = table.plain_samples(slots, positions, np.array(ids, dtype=np.int64))
+        for request, token, is_plain in zip(requests, ids, plain.tolist()):
+            probe = twin(request)
+            try:
+                outcome = probe.append_sample(token)
+            except ValueError:
+                outcome = "refused"
+            if is_plain:
+                assert outcome is None and probe.generated[-1] == token
+            elif ORPHEUS.token_range(len(request.generated))[0] <= token < ORPHEUS.token_range(len(request.generated))[1] \
+                    and token not in request.stop_ids and len(request.generated) + 1 < request.token_budget:
+                pytest.fail(f"a valid code mid-speech was not plain: {token} at {len(request.generated)}")
+    budget_end = TTSContext(request_id="end", prompt_ids=[1], layout=ORPHEUS, sampling=SamplingParams(max_tokens=14))
+    budget_end.generated = [ORPHEUS.token_range(i)[0] for i in range(13)]
+    slot = table.slots([budget_end])
+    assert not table.plain_samples(slot, np.array([13]), np.array([ORPHEUS.token_range(13)[0]]))[0]

@@ -225,6 +225,14 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
     assert [row[:2] for row in rows] == [("graphs", "1"), ("graphs", "3"), ("unfused", "1"), ("unfused", "3")]
     # The host's share of a step: the scheduler, staging the inputs and the update each took time.
     assert all(float(ms) > 0 for row in rows for ms in row[2:])
+    # Per variant, the share at the largest batch and what each extra row adds: the rows' own sums.
+    shares = re.findall(r"^# (\w+): host share ([\d.]+) ms a step at 3 rows, (-?[\d.]+) us an extra row \(1 -> 3\)$",
+                        out, re.M)
+    assert [share[0] for share in shares] == ["graphs", "unfused"]
+    for (variant, total, extra), small, large in zip(shares, rows[0::2], rows[1::2]):
+        assert float(total) == pytest.approx(sum(float(ms) for ms in large[2:]), abs=0.02)
+        assert float(extra) == pytest.approx(
+            1000 * (sum(float(ms) for ms in large[2:]) - sum(float(ms) for ms in small[2:])) / 2, abs=20)
     assert len(re.findall(r"profile \(middle fifth of 5 steps, [\d.]+ ms\): device busy", out)) == 2
     # The engine's own loop, per variant and batch: its wall time a pass holds the step and the phases.
     loops = re.findall(r"^engine loop: (\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+((?:[\d.]+\s*){7})$", out, re.M)

@@ -279,6 +279,18 @@ def profile_steps(run, trace: str | None) -> list[str]:
     return lines
 
 
+def host_share_line(variant: str, totals: dict[int, float]) -> str:
+    """The host's share of a step (scheduler + inputs + update) at the largest batch, and what each
+    row beyond the smallest batch adds."""
+    largest = max(totals)
+    line = f"# {variant}: host share {totals[largest]:.2f} ms a step at {largest} rows"
+    smallest = min(totals)
+    if largest > smallest:
+        extra = 1000 * (totals[largest] - totals[smallest]) / (largest - smallest)
+        line += f", {extra:.1f} us an extra row ({smallest} -> {largest})"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audio_pipeline.bench.decode_step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -323,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"graphs {'on' if engine.core.runner.graphs is not None else 'off'})", flush=True)
             cost = PassCost.of(config, str(engine.model.dtype).removeprefix("torch."),
                                str(engine.model.cache_dtype).removeprefix("torch."))
+            host_totals: dict[int, float] = {}
             try:
                 for batch in batches:
                     profile = None
@@ -337,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"{best / floor:>7.2f}x {cost.bytes(batch, args.context) / best / 1e6:>7.0f} "
                           f"{1000 * batch / best:>8.0f}        {t.host_ms[0]:>6.2f} {t.host_ms[1]:>6.2f} "
                           f"{t.host_ms[2]:>6.2f}", flush=True)
+                    host_totals[batch] = sum(t.host_ms)
                     if args.engine_loop:
                         loops.append((variant, time_loop(engine, batch, args.context, args.steps)))
+                print(host_share_line(variant, host_totals), flush=True)
             finally:
                 engine.stop()
                 del engine

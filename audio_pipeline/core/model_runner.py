@@ -109,12 +109,21 @@ class PendingStep:
     ids: torch.Tensor | None = None
     #: What to wait for before reading ``ids``: a CUDA event, or the CPU worker's future.
     done: Any = None
+    #: A step staged from the tables, one token a position: the row table and its rows' slots and
+    #: generated positions, to check every sample at once (RowTable.plain_samples).
+    checked_by: tuple[Any, np.ndarray, np.ndarray] | None = None
 
     def result(self) -> StepResult:
         if isinstance(self.done, Future):
             self.done.result()
         elif self.done is not None:
             self.done.synchronize()
+        if self.checked_by is not None and self.ids is not None:
+            table, slots, positions = self.checked_by
+            values = self.ids.numpy()
+            ids = values.tolist()
+            return StepResult(self.items, [[token] for token in ids],
+                              plain=table.plain_samples(slots, positions, values).tolist())
         ids = self.ids.tolist() if self.ids is not None else []
         if self.ids is not None and self.ids.dim() == 2:  # [B, 1 + codes]: each row's id, then its frame
             return StepResult(self.items, [[ids[row][0]] if row >= 0 else [] for row in self.sample_rows],
@@ -242,17 +251,20 @@ class ModelRunner:
             if batch:  # where each sampling row's request will find its sample (its next decode input)
                 self.rows.latest[staged.sample_slots] = staged.sample_ends
         run = (self._device_step, device, metadata, padded, staged, ids)
+        # A token step from the tables: its samples are checked for all rows at once when read.
+        checked = (self.rows, staged.sample_slots, staged.positions) if staged.tabled and self.frame_sampling.codes == 1 \
+            else None
         if self._worker is not None:
             done = self._last_launch = self._worker.submit(*run)
-            return PendingStep(items, staged.sample_rows, ids, done)
+            return PendingStep(items, staged.sample_rows, ids, done, checked)
         run[0](*run[1:])
         if ids is None or self.device.type == "cpu":
-            return PendingStep(items, staged.sample_rows, ids)
+            return PendingStep(items, staged.sample_rows, ids, None, checked)
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         host.copy_(ids, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return PendingStep(items, staged.sample_rows, host, event)
+        return PendingStep(items, staged.sample_rows, host, event, checked)
 
     def _device_step(self, device: dict[str, torch.Tensor], metadata: StepMetadata, padded: int, staged,
                      ids: torch.Tensor | None) -> None:
@@ -381,6 +393,7 @@ class ModelRunner:
         staged.metadata, staged.padded = metadata, padded
         staged.sample_rows = list(range(batch))
         staged.sample_ends = start + 1
+        staged.tabled, staged.positions = True, positions
         return staged
 
     def _stage(self, items: Sequence[Any]):
@@ -433,6 +446,7 @@ class ModelRunner:
         # Every item is one token that samples: the sampling rows are the first rows of the step.
         staged.in_order = batch == len(items) and ends[len(items)] == batch
         staged.metadata, staged.padded = metadata, padded
+        staged.tabled = False
         sample_rows, row = [], 0
         for item in items:
             sample_rows.append(row if item.sample else -1)

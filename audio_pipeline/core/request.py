@@ -91,6 +91,11 @@ class TTSContext:
             self.cache_generated = [tuple(frame) for frame in self.frames]
         if self.text_track is not None:  # the text id (and any vector) is part of each position's input
             self.cache_prompt = [self.text_track.cache_key(i, key) for i, key in enumerate(self.cache_prompt)]
+        # Where the alignment forces only the end of speech (a frame layout's), the one position it
+        # ends at: no forced run ever follows a sample, and nothing need ask the alignment row by
+        # row, step by step (-1: no such alignment).
+        lone = self.alignment.lone_forced() if self.alignment is not None else None
+        self._end_at = lone[0] if lone is not None and lone[1] == self.layout.end_of_speech else -1
 
     @property
     def edge_pause_frames(self) -> tuple[int, int]:
@@ -231,7 +236,7 @@ class TTSContext:
         """Tokens known once the token at ``total_position`` (prompt included) is sampled: that
         one, plus the forced run right after it (:meth:`forced_run`), which :meth:`append_sample`
         appends at once so it takes no model step of its own; never past the token budget."""
-        if self.alignment is None:
+        if self.alignment is None or self._end_at >= 0:
             return 1
         position = total_position - len(self.prompt_ids)
         return 1 + min(len(self.forced_run(position + 1)[0]), max(0, self.token_budget - position - 1))
@@ -243,6 +248,8 @@ class TTSContext:
             return self.append_token(token_id, frame)
         if stop := self.append_token(token_id, frame):
             return stop
+        if self._end_at >= 0:  # no run: the speech ends where the alignment ends it
+            return StopReason.END_OF_SPEECH if len(self.generated) == self._end_at else None
         run, ends = self.forced_run(len(self.generated))
         for forced in run:
             if stop := self.append_token(forced):

@@ -73,6 +73,7 @@ class RowTable:
             "forced_at": np.full(capacity, -1, dtype=np.int64),
             "forced_id": np.zeros(capacity, dtype=np.int64),
             "prompt_len": np.zeros(capacity, dtype=np.int64),
+            "budget": np.zeros(capacity, dtype=np.int64),  # the request's token_budget
             # Position (prompt included) of the request's latest launched sample (-1: none yet).
             "latest": np.full(capacity, -1, dtype=np.int64),
             # Positions whose frame codes ``fixed`` holds for the slot.
@@ -152,6 +153,7 @@ class RowTable:
         self.penalized[slot] = (params.repetition_penalty != 1 or bool(params.frequency_penalty)
                                 or bool(params.presence_penalty))
         self.prompt_len[slot] = len(context.prompt_ids)
+        self.budget[slot] = context.token_budget
         self.latest[slot] = -1
         self.draw_next[slot] = self.draw_block  # empty: the first draw takes a block
         self._write_alignment(slot, context.alignment)
@@ -193,6 +195,22 @@ class RowTable:
         picked = self.draws[slots[:, None], start[:, None] + np.arange(count)]
         self.draw_next[slots] = start + count
         return picked
+
+    def plain_samples(self, slots: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Per row, whether sampled id ``ids[i]`` at generated position ``positions[i]`` of a
+        token layout (one code a position) is one the request appends as it is (TTSContext's
+        append_sample, checked for all rows at once): a code of its position's codebook, no stop
+        where the speech may end, not the last of the token budget, and no alignment of the
+        request's. The rest are appended one by one, with those checks."""
+        frame_slots = positions % self.frame
+        code = ids - self.slot_starts[frame_slots]
+        plain = (code >= 0) & (code < self.codebook) & (positions + 1 < self.budget[slots])
+        plain &= ~self.aligned[slots] & (self.forced_at[slots] < 0)
+        if self.stops_by_token:
+            may_stop = (frame_slots == 0) & (positions > 0) & (positions >= self.min_tokens[slots])
+            stop = (ids == self.end_of_speech) | (may_stop & (self.stop_ids[slots] == ids[:, None]).any(axis=1))
+            plain &= ~stop
+        return plain
 
     def frame_codes(self, slots: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
         """Into ``out`` ([B, codes]): the frame codes each row's alignment fixes at its generated

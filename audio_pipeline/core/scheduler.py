@@ -208,6 +208,11 @@ class StepResult:
     tokens: list[list[int]] = field(default_factory=list)
     #: Layouts whose positions carry frames: per item, the frame of each sampled id (else None).
     frames: list[list[list[int]]] | None = None
+    #: Per item, whether its one sample is plain (checked already, for every row at once: a code
+    #: of its position's codebook, no stop id, within the token budget, nothing forced after it),
+    #: so the update only appends it to the request's tokens; None: every sample is checked as
+    #: it is appended.
+    plain: list[bool] | None = None
 
     def by_request(self) -> dict[str, list[int]]:
         """Sampled ids by request id."""
@@ -433,13 +438,15 @@ class AudioGenerationScheduler:
         Returns the requests that ended and left flight here, let go (KV blocks released): ended by
         this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
         if result is not None:
-            frames = result.frames
+            frames, plain = result.frames, result.plain
             for index, (item, tokens) in enumerate(zip(result.items, result.tokens)):
                 request = item.request
                 if request.stop_reason is not None:  # ended meanwhile (cancelled while its step ran)
                     continue
                 request.processed = item.start + item.num_tokens
-                if len(tokens) == 1:  # a row's one sample (every decode row): _apply's work, without a call
+                if plain is not None and plain[index]:  # checked with its step's rows: appended as it is
+                    request.generated.append(tokens[0])
+                elif len(tokens) == 1:  # a row's one sample (every decode row): _apply's work, without a call
                     if frames is None:
                         request.stop_reason = request.append_sample(tokens[0])
                     else:
