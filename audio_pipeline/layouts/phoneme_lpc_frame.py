@@ -22,6 +22,7 @@ positions and 50 backbone passes (phoneme-lpc: 200 and 100).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import ClassVar, Sequence
 
 import numpy as np
@@ -69,8 +70,9 @@ class FrameAlignment(Alignment):
     def frame_code_table(self) -> np.ndarray:
         """Row p: :meth:`frame_codes` (p), for p up to the end of speech's position."""
         table = np.full((len(self.frames) + 1, COLUMNS), -1, dtype=np.int64)
-        if len(self.frames) > 1:
-            following = np.asarray(self.frames[1:], dtype=np.int64)
+        if len(self.frames) > 1:  # (fromiter: half the time of asarray over a list of pairs)
+            following = np.fromiter(chain.from_iterable(self.frames[1:]), dtype=np.int64,
+                                    count=2 * (len(self.frames) - 1)).reshape(-1, 2)
             table[:len(self.frames) - 1, PHONEME] = following[:, 0] - slot_token(PHONEME, 0)
             table[:len(self.frames) - 1, CONTEXT] = following[:, 1] - slot_token(CONTEXT, 0)
         return table
