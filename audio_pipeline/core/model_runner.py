@@ -155,7 +155,7 @@ class ModelRunner:
 
     def __init__(self, model: "LlamaPipelineModel", kv: PagedKVCacheManager, layout: Any, *, decode_buckets: Sequence[int] = (),
                  cuda_graphs: bool = False, sync_free: bool | None = None, timer: StepTimer | None = None,
-                 worker: bool = False, sample_graphs: bool = True, prefill_threads: int = 1):
+                 worker: bool = False, sample_graphs: bool = True, prefill_threads: int = 1, rows: int = 16):
         if worker and model.devices[0].type != "cpu":
             # Its launches would copy step n + 1's inputs into the one device staging buffer before
             # the worker has queued step n's forward pass that reads it; the device needs no worker.
@@ -185,7 +185,9 @@ class ModelRunner:
         #: A text track beside the tokens (core/tracks.py), chosen once for the layout.
         self.tracks = track_inputs(model, layout)
         #: Per request, what its sampling rows need every step (core/row_table.py).
-        self.rows = RowTable(layout)
+        # Slots for ``rows`` requests from the start (the engine's batch): a table that grows waits
+        # for the steps in flight first, and a burst of new requests should not.
+        self.rows = RowTable(layout, capacity=max(1, rows))
         #: Per slot of ``rows``, its repetition counts and latest sample on the device.
         self.device_rows = DeviceRows(self.rows, layout.tokens_per_frame, layout.codebook_size,
                                       self.frame_sampling.ids_shape(1)[1:], self.device, before_grow=self.wait)
@@ -562,7 +564,7 @@ def build_runner(model: "LlamaPipelineModel", kv: PagedKVCacheManager, layout: A
     prefill_threads = model_config.prefill_threads or min(4, cores)
     return ModelRunner(model, kv, layout, decode_buckets=buckets, cuda_graphs=graphs, timer=timer,
                        worker=overlap and device.type == "cpu", sample_graphs=model_config.sample_graphs,
-                       prefill_threads=prefill_threads)
+                       prefill_threads=prefill_threads, rows=max_batch_size)
 
 
 def sample_graphs_for(model: "LlamaPipelineModel", layout: Any, frame_sampling: Any, buckets: Sequence[int], *,
