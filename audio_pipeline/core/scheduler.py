@@ -584,9 +584,6 @@ class AudioGenerationScheduler:
                 request.stop_reason = reason
                 return
 
-    def _can_grow(self, entry: _Entry) -> bool:
-        return entry.expected_len < entry.max_length and not entry.request.is_done
-
     def _num_steps(self) -> int:
         if self.config.max_num_steps != -1:
             return self.config.max_num_steps
