@@ -8,7 +8,8 @@
 #   smoke     FlashInfer against the reference at Orpheus-3B's shape, eager and in a re-planned CUDA graph
 #   kernels   tests/test_kernels.py's FlashInfer cases
 #   cuda      tests/test_cuda.py (the engine on FlashInfer, buckets, graphs, overlap, fp8, decoders, CSM, frame voice)
-#   runner    tests/test_model_runner.py on CUDA in float32 (the host-sync guard on the CUDA runner)
+#   runner    tests/test_model_runner.py on CUDA in float32 (the host-sync guard on the CUDA runner; RUNNER_TESTS
+#             replaces the files, e.g. with tests/test_table_staging.py beside it)
 # Phase B runs the timings one after the other, alone on the GPU:
 #   decoder   python -m audio_pipeline.bench.decoder (SNAC 24 kHz on CUDA: seconds of audio per second, batched)
 #   step      python -m audio_pipeline.bench.decode_step (graphs / eager / fp8 per batch, floor, a profiled step)
@@ -31,9 +32,12 @@ stage() {  # stage NAME LIMIT LOG CMD...: runs CMD for at most LIMIT seconds int
   local name=$1 lim; lim=$(limit "$2"); local log=$3; shift 3
   if [ "$lim" -lt 30 ]; then say "SKIP $name (no time left)"; return 99; fi
   say "START $name (limit ${lim}s)"; local t=$SECONDS
-  timeout -k 5 "$lim" "$@" > "$log" 2>&1; local rc=$?
-  # A benchmark's server that outlived it (killed past the limit) would hold the GPU's memory.
-  pkill -9 -f -- "--metrics-port" 2>/dev/null && sleep 2
+  # timeout leads a process group of its own (the stage, its servers and their engine cores); what
+  # outlives the stage (a server killed past the limit) would hold the GPU's memory: that group, by
+  # its id, and nothing else on the machine, is ended after it.
+  timeout -k 5 "$lim" "$@" > "$log" 2>&1 & local pid=$!
+  wait "$pid"; local rc=$?
+  kill -9 -- "-$pid" 2>/dev/null && sleep 2
   say "END $name rc=$rc in $((SECONDS - t))s$([ $rc = 124 ] && echo ' (timed out)')"
   tail -n 8 "$log" | sed 's/^/    /' >> "$S"; return $rc
 }
@@ -89,7 +93,7 @@ want smoke && { stage smoke 60 "$OUT/smoke.log" "$PY" "$KIT/smoke.py" & pids+=($
 want kernels && { stage kernels 120 "$OUT/kernels.log" "${PYTEST[@]}" tests/test_kernels.py -k flashinfer & pids+=($!); }
 want cuda && { stage cuda ${CUDA_LIMIT:-140} "$OUT/cuda.log" "${PYTEST[@]}" -s tests/test_cuda.py ${CUDA_K:+-k "$CUDA_K"} & pids+=($!); }
 want runner && { stage runner 120 "$OUT/runner.log" env AUDIO_PIPELINE_TEST_DEVICE=${TEST_DEVICE:-cuda} \
-  AUDIO_PIPELINE_TEST_DTYPE=float32 "${PYTEST[@]}" tests/test_model_runner.py & pids+=($!); }
+  AUDIO_PIPELINE_TEST_DTYPE=float32 "${PYTEST[@]}" ${RUNNER_TESTS:-tests/test_model_runner.py} & pids+=($!); }
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
 for f in smoke kernels cuda runner; do  # one file for the checks: $OUT returns at most 8 files
   [ -f "$OUT/$f.log" ] && { echo "===== $f"; cat "$OUT/$f.log"; rm "$OUT/$f.log"; } >> "$OUT/tests.log"

@@ -7,6 +7,7 @@
 # - transformers from .venv (the project needs 5.24 or newer; the GPU machine has 5.17), pure Python,
 #   cut to what travels: every model's configuration (a config lookup by model type reads them all)
 #   and the whole code of the families the project and its tests use;
+# - pyzmq and msgspec wheels for Python 3.12 (the engine core's transport; the shared kit predates it);
 # - --base REV: that commit's Python (audio_pipeline, kernels, clients; no weights) as base.tar.xz,
 #   which gpu_check.sh unpacks to /tmp/base: BASE_TREE=/tmp/base with BASE_ARGS / BASE_STEP_ARGS
 #   measures it beside the working tree in the same call;
@@ -61,6 +62,11 @@ done
 for name in $families; do cp -r "$site/transformers/models/$name" "$work/transformers/models/"; done
 find "$work" -name __pycache__ -prune -exec rm -rf {} +
 tar -cJf .gpukit/extra-transformers-site312.tar.xz -C "$work" transformers "transformers-$version.dist-info"
+
+# The project's dependencies newer than the shared kit, as Python 3.12 wheels (gpu_check.sh unpacks
+# every .whl into its site): the engine core's transport (pyzmq, msgspec).
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpukit "pyzmq>=25" "msgspec>=0.18"
 
 if [ -n "$base" ]; then
   git archive "$base" -- audio_pipeline kernels clients pyproject.toml ':(exclude)*.safetensors' ':(exclude)*.gz' \

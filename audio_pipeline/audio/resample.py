@@ -13,8 +13,30 @@ from __future__ import annotations
 
 from math import gcd
 
+import logging
+
 import numpy as np
-from scipy.signal import firwin, upfirdn
+
+logger = logging.getLogger(__name__)
+
+
+def scipy_signal():
+    """scipy.signal, imported on first use: its import takes 0.3 to 1 s and a server whose streams
+    keep the model's rate never needs it (the server imports it in a thread while it warms up:
+    :func:`preload`, so no request pays it on the event loop)."""
+    from scipy import signal
+
+    return signal
+
+
+def preload() -> None:
+    """Imports scipy.signal ahead of the first resampling stream; where scipy is missing (it is a
+    dependency: a broken install) the server still serves the model's own rate, and says so."""
+    try:
+        scipy_signal()
+    except ImportError as exc:
+        logger.warning("scipy.signal cannot be imported (%s): streams at other sample rates will fail", exc)
+
 
 #: Filter length in samples of the lower of the two rates: a transition band of about 1.25 kHz
 #: at 16 kHz; the stream is delayed by half of it (2 ms at 16 kHz).
@@ -41,7 +63,9 @@ class StreamResampler:
         # ``taps`` per sample of the lower rate; odd, so the group delay is whole upsampled samples.
         length = taps * max(self.up, self.down) + 1
         cutoff = CUTOFF * min(in_rate, out_rate) / 2
-        h = firwin(length, cutoff, window=("kaiser", BETA), fs=in_rate * self.up) * self.up
+        signal = scipy_signal()
+        self._upfirdn = signal.upfirdn
+        h = signal.firwin(length, cutoff, window=("kaiser", BETA), fs=in_rate * self.up) * self.up
         half = (length - 1) // 2
         pad = -half % self.down
         self._filter = np.concatenate([np.zeros(pad), h]).astype(np.float32)
@@ -82,7 +106,7 @@ class StreamResampler:
             return np.zeros(0, dtype=np.float32)
         # The window's first output is the stream's sample at upsampled index _start * up.
         first = (self._delay - self._start * self.up) // self.down + self._next
-        out = upfirdn(self._filter, self._buffer, self.up, self.down)[first:first + count - self._next]
+        out = self._upfirdn(self._filter, self._buffer, self.up, self.down)[first:first + count - self._next]
         self._next = count
         # Keep, from a multiple of down, what the next output's filter reaches back to.
         oldest = (self._next * self.down + self._delay - (self._filter.size - 1)) // self.up

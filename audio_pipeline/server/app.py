@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from audio_pipeline.audio import resample
 from audio_pipeline.config import AudioGenerationConfig, PrometheusMetricsMode
 from audio_pipeline.service.engine import TTSEngine
 from audio_pipeline.server.auth import BearerTokenInterceptor
@@ -195,7 +196,8 @@ async def serve(config: AudioGenerationConfig, options: ServerOptions, engine: T
 
         engine.on_health(lambda: health(False), lambda: health(True))
         engine.start()
-        seconds = await loop.run_in_executor(None, engine.warmup)
+        seconds, _ = await asyncio.gather(loop.run_in_executor(None, engine.warmup),
+                                          loop.run_in_executor(None, resample.preload))
         running.service.ready = True
         await running.set_serving(True)
         options.ready.set()
