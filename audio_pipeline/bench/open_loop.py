@@ -295,7 +295,7 @@ async def run_rate(target, rate: float, duration: float, warmup: float, seed: in
 class Target:
     host: str
     grpc_port: int
-    http_port: int
+    http_port: int | None
 
     @property
     def grpc(self) -> str:
@@ -400,7 +400,7 @@ def run(args) -> int:
         model = str(write_random_model(model_dir, args.random_model))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = Server(model, task_args, device=args.device, log_path=args.server_log,
-                    start_timeout=args.start_timeout, http=True)
+                    start_timeout=args.start_timeout, http=args.door == "http")  # only the door measured
     succeeded = False
     try:
         server.wait_ready()
