@@ -517,7 +517,8 @@ class AudioGenerationConfig(PipelineConfig):
         "decoder) runs: subprocess = a process of its own, fed over local sockets (the doors, request preparation "
         "and audio encoding never share its interpreter; if it dies, its requests end UNAVAILABLE and a new one "
         "starts); in_process = threads of the server's process; auto = the measured best of the device: "
-        "subprocess on the CPU and on CUDA today. "
+        "subprocess on the CPU and on CUDA (an H200 made 90 passes a second at 256 Orpheus-3B streams in its own "
+        "process, 74 in process). "
         "A TTSEngine in a program of your own runs it in process unless told otherwise.")
     grace_period_s: float = Field(10.0, ge=0, description="On shutdown, time given to running requests to finish.")
     voices_dir: str | None = Field(
