@@ -148,6 +148,9 @@ class EngineCore:
         #: Windows being decoded on the decoder thread: (their requests and windows, the result).
         self._decoding: deque[tuple[list[tuple[_Request, DecodeWindow]], Future]] = deque()
         self._requests: dict[str, _Request] = {}
+        #: Requests not yet given their first token, with how many tokens they held when submitted:
+        #: the first-token notes read these few, not every row of every step.
+        self._awaiting_first: dict[str, tuple[_Request, int]] = {}
         #: The requests the scheduler let go, until their last event is sent.
         self._ended: dict[str, _Request] = {}
         self._cancelled: set[str] = set()
@@ -268,7 +271,8 @@ class EngineCore:
             stream = DecoderStream(self.decoder, chunk_size=settings.chunk_size, buffer=settings.buffer,
                                    block_causal=settings.block_causal, prepend=settings.prepend,
                                    prepend_causal=settings.prepend_causal, prompt_codes=context.prompt_speech_codes)
-            self._requests[context.request_id] = _Request(context, sink, stream)
+            self._requests[context.request_id] = request = _Request(context, sink, stream)
+            self._awaiting_first[context.request_id] = (request, len(context.generated))
             self.listeners.add(context.request_id, context.stream_id)
             self._update_load()
             self._lock.notify_all()
@@ -414,13 +418,21 @@ class EngineCore:
                 self._lock.wait(timeout=output.wait_s or 0.005)
 
     def _note_first_tokens(self, results: list[StepResult]) -> None:
+        """Times the first token of each request the results applied one to (the update appended
+        it): only requests still waiting for one are looked at."""
+        if not results or not self._awaiting_first:
+            return
         now = time.monotonic()
-        for result in results:
-            for request_id, tokens in result.by_request().items():
-                request = self._requests.get(request_id)
-                if request is not None and tokens and request.context.first_token_time is None:
-                    request.context.first_token_time = now
-                    self.metrics.time_to_first_token.observe(now - request.context.arrival_time)
+        requests = self._requests
+        for request_id, (request, held) in list(self._awaiting_first.items()):
+            context = request.context
+            if requests.get(request_id) is not request:  # ended without a token
+                del self._awaiting_first[request_id]
+            elif len(context.generated) > held:
+                del self._awaiting_first[request_id]
+                if context.first_token_time is None:
+                    context.first_token_time = now
+                    self.metrics.time_to_first_token.observe(now - context.arrival_time)
 
     def _decode_due(self) -> None:
         """Delivers the decoder thread's finished audio, and decodes the windows now due (in one
@@ -429,7 +441,11 @@ class EngineCore:
         if self._decoder_busy:
             return
         with self._lock:
-            active = [r for r in self._requests.values() if r.context.generated or r.context.is_done]
+            # A running stream's next window is due once its codes reach the stream's due_at (its
+            # chunk's end): one comparison a row; ended ones ask their stream (the final chunk).
+            active = [r for r in self._requests.values()
+                      if r.context.stop_reason is not None
+                      or len(r.context.generated) * r.context.layout.codes_per_token >= r.stream.due_at]
         self._decode([(r, w) for r in active if (w := self._next_window(r)) is not None])
         # A request may need several windows at the end (a long remainder after the last chunk);
         # on the decoder thread they come one batch after another.
@@ -496,9 +512,10 @@ class EngineCore:
         due = len(self._pending)
         if output.items:
             self.metrics.batch_size.labels(output.kind).observe(output.batch_size)
-            for item in output.items:
-                if not item.sample or item.start < len(item.request.prompt_ids):
-                    self.metrics.input_tokens.inc(item.num_tokens)
+            if output.kind != "tg":  # a decode step's rows compute what they sampled: no input tokens
+                for item in output.items:
+                    if not item.sample or item.start < len(item.request.prompt_ids):
+                        self.metrics.input_tokens.inc(item.num_tokens)
             runner = self.runner
             steps = output.steps
             for index, items in enumerate(steps):

@@ -20,6 +20,7 @@ tokens and the chunks of a stream add up to the one-shot decode's length.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,6 +65,9 @@ class DecoderStream:
         #: Decoder state after the prompt alone (prepend_causal without block_causal).
         self.prompt_state: Any = None
         self.closed = False
+        #: Generated codes at which the next chunk falls due while the stream runs (next_window
+        #: returns one from there; a finished stream's final chunk may come sooner).
+        self.due_at = self._due_at()
 
     @property
     def prompt_frames(self) -> int:
@@ -83,6 +87,11 @@ class DecoderStream:
         self.state = None
         self.prompt_state = None
         self.closed = True
+        self.due_at = math.inf
+
+    def _due_at(self) -> float:
+        length = self.schedule.chunk_length(self.chunks_decoded)
+        return math.inf if length is None or self.closed else self.decoded_index + length
 
     def _prompt_tail(self, window: DecodeWindow) -> torch.Tensor:
         return self.prompt_codes[self.prompt_codes.numel() - window.prompt_tokens:]
@@ -93,6 +102,7 @@ class DecoderStream:
     def _advance(self, window: DecodeWindow) -> None:
         self.decoded_index = window.end
         self.chunks_decoded += 1
+        self.due_at = self._due_at()
         if self.schedule.prompt_context(self.chunks_decoded, min(self.schedule.buffer, self.decoded_index)) == 0:
             self.prompt_state = None  # no later chunk gets prompt context
 
