@@ -294,6 +294,25 @@ def test_stream_settings_are_checked(decoders):
         decoder.decode(torch.full((7,), 4096))
 
 
+# Chunks ending at 7, 21, 49, 77, 105, 133; every 14; none before the end.
+@pytest.mark.parametrize("chunks,buffer,expected", [([7, 14, 28], 0, 6), ([14], 7, 9), (None, 0, 0)])
+def test_a_running_streams_due_at_is_where_its_next_window_falls_due(decoders, chunks, buffer, expected):
+    """The engine finds due windows by comparing a stream's codes with ``due_at`` (one comparison a
+    row): while the stream runs, no window is due below it and one is at it, chunk after chunk."""
+    decoder = decoders["causal-conv"]
+    stream = DecoderStream(decoder, chunk_size=chunks, buffer=buffer)
+    windows = 0
+    for generated in range(1, 140):
+        window = stream.next_window(generated, finished=False)
+        assert (window is not None) == (generated >= stream.due_at), (generated, stream.due_at)
+        if window is not None:
+            stream._advance(window)
+            windows += 1
+    assert windows == expected
+    stream.close()
+    assert stream.due_at == math.inf
+
+
 # --- what the decoder is handed, mode by mode ------------------------------------------------------
 
 class Recording(CausalConvDecoder):
