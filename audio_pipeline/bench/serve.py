@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="--device for the server (cpu, cuda, cuda:N; default: the server's)")
     parser.add_argument("--random-model", metavar="SHAPE",
                         help="serve a randomly initialised model of this shape instead of --model: orpheus-3b "
-                             "(Llama 3.2 3B + SNAC 24 kHz), orpheus-tiny, qwen3-tts-0.6b (talker, code "
+                             "(Llama 3.2 3B + SNAC 24 kHz), orpheus-tiny, qwen3-tts-0.6b or qwen3-tts-1.7b (talker, code "
                              "predictor, 12 Hz speech tokenizer) or qwen3-tts-tiny")
     parser.add_argument("--utterance-tokens", type=int, default=490,
                         help="with --random-model, speech tokens per stream (default 490: 70 Orpheus frames, 6 s; "
