@@ -162,6 +162,7 @@ class EngineCore:
         #: is the output's last). With overlap, the last round's stay here while the next one runs.
         self._pending: list[tuple[SchedulerOutput, PendingStep, bool]] = []
         self._prefix_seen = (0, 0)
+        self._load_membership = -1  # the scheduler's membership the load gauges were counted at
         #: Finished requests by stop reason, since start (cancellations included).
         self.stop_reasons: Counter[StopReason] = Counter()
         self.metrics.kv_blocks_total.set(scheduler.block_manager.total_num_blocks)
@@ -672,12 +673,15 @@ class EngineCore:
         metrics, scheduler = self.metrics, self.scheduler
         # Client requests, not contexts: a long text's next piece is prepared and queued while its
         # current one runs (and may still wait a moment after that one ends): the request counts
-        # once, as running.
-        running = {request.stream_id for request in scheduler.running}
-        running |= {request.stream_id for request in scheduler.waiting if request.continuation}
-        queued = {request.stream_id for request in scheduler.waiting} - running
-        metrics.requests_queued.set(len(queued))
-        metrics.requests_running.set(len(running))
+        # once, as running. Counted again only when the scheduler's sets changed (twice a round
+        # they walked every running row).
+        if scheduler.membership != self._load_membership:
+            self._load_membership = scheduler.membership
+            running = {request.stream_id for request in scheduler.running}
+            running |= {request.stream_id for request in scheduler.waiting if request.continuation}
+            queued = {request.stream_id for request in scheduler.waiting} - running
+            metrics.requests_queued.set(len(queued))
+            metrics.requests_running.set(len(running))
         manager = scheduler.block_manager
         metrics.kv_blocks_used.set(manager.num_used_blocks)
         metrics.kv_blocks_total.set(manager.total_num_blocks)  # it grows on demand on the CPU

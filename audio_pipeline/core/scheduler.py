@@ -334,6 +334,9 @@ class AudioGenerationScheduler:
         self.clock = clock
         self._waiting: deque[_Entry] = deque()
         self._running: list[_Entry] = []
+        #: Bumped whenever a request joins or leaves the queue or the running set: what a reader
+        #: derives from those (the engine's load gauges) is recomputed only when it moved.
+        self.membership = 0
         self._by_id: dict[str, _Entry] = {}
         self._admissions = 0
         self._rotation = 0
@@ -395,6 +398,7 @@ class AudioGenerationScheduler:
         entry = _Entry(request, max_length=request.max_length)
         self._waiting.append(entry)
         self._by_id[request.request_id] = entry
+        self.membership += 1
 
     def remove(self, request_id: str) -> Any | None:
         """Drops a request without ending it and releases its KV blocks: for an owner that gives
@@ -406,6 +410,7 @@ class AudioGenerationScheduler:
             self._running.remove(entry)
         else:
             self._waiting.remove(entry)
+        self.membership += 1
         self.block_manager.release(request_id)
         return entry.request
 
@@ -664,6 +669,7 @@ class AudioGenerationScheduler:
                 self._admissions += 1
                 entry.admitted_order = self._admissions
                 self._running.append(entry)
+                self.membership += 1
                 manager.alloc(request.request_id, cached + count)
                 self._take(entry, count, output)
                 budget -= count
@@ -786,6 +792,7 @@ class AudioGenerationScheduler:
         victim.next_pos = 0
         victim.expected_len = victim.request.total_length
         self._waiting.appendleft(victim)
+        self.membership += 1
         self.num_preemptions += 1
         output.preempted.append(victim.request)
         return True
