@@ -75,12 +75,45 @@ def test_greedy_and_seeded_audio_are_the_same_in_both_modes(tiny_model_dir):
         np.testing.assert_array_equal(inside, outside)
 
 
+def started_cores(monkeypatch) -> tuple[list, list]:
+    """The core processes started from here on, and the ones the front end had to kill."""
+    from audio_pipeline.core.process.client import CoreChild
+
+    started, killed = [], []
+    init, kill = CoreChild.__init__, CoreChild.kill
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        started.append(self)
+
+    def record_kill(self):
+        killed.append(self.pid)
+        kill(self)
+
+    monkeypatch.setattr(CoreChild, "__init__", record)
+    monkeypatch.setattr(CoreChild, "kill", record_kill)
+    return started, killed
+
+
 def test_a_core_that_cannot_start_fails_the_caller_with_its_error(tiny_model_dir, monkeypatch):
     from audio_pipeline.core.process.client import CoreProcess
 
+    started, killed = started_cores(monkeypatch)
     monkeypatch.setattr(CoreProcess, "hooks", [("helpers", "fail_core_start", ("no GPU left for the core",))])
     with pytest.raises(ValueError, match="no GPU left for the core"):
         TTSEngine(make_config(tiny_model_dir), engine_process="subprocess")
+    # Having said why, the core's process exited by itself (an open socket once held it until the
+    # front end gave up waiting and killed it).
+    assert len(started) == 1 and killed == [] and started[0].exitcode == 1
+
+
+def test_a_front_end_that_fails_while_its_core_loads_ends_the_core(tmp_path, monkeypatch):
+    """A model path that is not there fails the front end's half at once: the core it started is
+    ended then, not waited for (a stop would wait for it to finish loading)."""
+    started, killed = started_cores(monkeypatch)
+    with pytest.raises(FileNotFoundError, match="model.model_path"):
+        TTSEngine(make_config(tmp_path / "no-such-model"), engine_process="subprocess")
+    assert len(started) == 1 and killed == [started[0].pid] and not started[0].is_alive()
 
 
 @pytest.fixture

@@ -84,7 +84,7 @@ class TTSEngine:
                 self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
                 self.facts: CoreFacts = backend.wait_ready()
             except BaseException:
-                backend.stop(0.0)
+                backend.abort()  # a core still loading: a stop would wait for its load to end
                 raise
             self.config = config.for_device(self.facts.device_type)
             self.metrics = front_end_metrics(self.config.prometheus_metrics_mode.value, backend.metrics_text)

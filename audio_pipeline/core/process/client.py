@@ -135,6 +135,7 @@ class _Connection:
         self.reader: threading.Thread | None = None
         #: Set when the front end ends this connection itself (a stop, a replaced core).
         self.closing = False
+        self.closed = False
 
     def wait_ready(self) -> CoreFacts:
         """The core's facts once it is built; its start-up error (re-raised as the class it names
@@ -155,6 +156,9 @@ class _Connection:
                                    "starting (its log is above)")
 
     def close(self, kill: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if kill and self.process.is_alive():
             self.process.kill()
         self.process.join(30)
@@ -314,6 +318,19 @@ class CoreProcess:
             connection.reader.join()
         connection.close(kill=True)
         self._fail_all("the server is shutting down", "Unavailable")
+
+    def abort(self) -> None:
+        """Ends a core that has not served (its front end failed while both were starting): killed
+        at once. A stop would wait for it to finish loading first, up to 30 s, since its loop reads
+        nothing before it is built."""
+        with self._lock:
+            self._accepting = False
+            self._stopping = True
+            connection = self._connection
+            connection.closing = True
+        connection.close(kill=True)
+        if connection.reader is not None:
+            connection.reader.join()
 
     # --- the reader -----------------------------------------------------------------------------
 

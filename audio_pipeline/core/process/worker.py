@@ -72,6 +72,7 @@ def main(config: Any, directory: str, parent_pid: int, hooks: list, log_level: i
             logger.exception("the engine core could not start")
         out.send(m.encoder.encode(m.StartFailed(type(exc).__name__, str(exc))))
         out.close(linger=5000)
+        inbox.close(linger=0)  # the context's term waits for every socket: an open one held it forever
         context.term()
         os._exit(1)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
