@@ -11,9 +11,8 @@ stream comes out the same however it was cut into chunks. The filtering is scipy
 
 from __future__ import annotations
 
-from math import gcd
-
 import logging
+from math import gcd
 
 import numpy as np
 

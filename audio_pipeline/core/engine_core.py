@@ -446,7 +446,7 @@ class EngineCore:
             # chunk's end): one comparison a row; ended ones ask their stream (the final chunk).
             active = [r for r in self._requests.values()
                       if r.context.stop_reason is not None
-                      or len(r.context.generated) * r.context.layout.codes_per_token >= r.stream.due_at]
+                      or r.context.speech_code_count >= r.stream.due_at]
         self._decode([(r, w) for r in active if (w := self._next_window(r)) is not None])
         # A request may need several windows at the end (a long remainder after the last chunk);
         # on the decoder thread they come one batch after another.

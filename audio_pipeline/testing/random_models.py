@@ -51,20 +51,6 @@ QWEN3_TTS_SHAPES = {
                         intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
                         head_dim=64, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=1536),
     },
-    # Qwen3-TTS-12Hz-1.7B: a Qwen3 1.7B's talker (hidden 2048) and the same code predictor (hidden
-    # 1024, fed through the 2048 -> 1024 projection the checkpoint has where the widths differ) and
-    # speech tokenizer, as published configs give them (also not checked against the hub here).
-    "qwen3-tts-1.7b": {
-        "talker": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, text_hidden_size=2048, text_vocab_size=151936,
-                       max_position_embeddings=32768),
-        "code_predictor": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
-                               num_key_value_heads=8, head_dim=128),
-        "codebook_size": 2048,
-        "decoder": dict(num_quantizers=16, codebook_size=2048, codebook_dim=512, latent_dim=1024, hidden_size=512,
-                        intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
-                        head_dim=64, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=1536),
-    },
     "qwen3-tts-tiny": {
         "talker": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, text_hidden_size=32, text_vocab_size=512,
@@ -89,6 +75,16 @@ QWEN3_TTS_SHAPES = {
                         head_dim=8, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=32),
     },
 }
+# Qwen3-TTS-12Hz-1.7B: a Qwen3 1.7B's talker (hidden 2048) with the 0.6B's code predictor (hidden
+# 1024, fed through the 2048 -> 1024 projection the checkpoint has where the widths differ) and
+# speech tokenizer, as published configs give them (also not checked against the hub here).
+QWEN3_TTS_SHAPES["qwen3-tts-1.7b"] = {
+    **QWEN3_TTS_SHAPES["qwen3-tts-0.6b"],
+    "talker": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                   num_key_value_heads=8, head_dim=128, text_hidden_size=2048, text_vocab_size=151936,
+                   max_position_embeddings=32768),
+}
+
 #: Qwen3-TTS-12Hz CustomVoice's codec control ids and a few preset speakers (talker vocabulary
 #: = the codebook, then 1024 control ids), relative to the codebook size.
 QWEN3_TTS_CODEC = {"codec_pad_id": 100, "codec_bos_id": 101, "codec_eos_token_id": 102, "codec_think_id": 106,
