@@ -43,6 +43,8 @@ class Request:
     def cache_keys(self):
         return self.prompt + self.generated
 
+    samples_alone = True
+
     def tokens_per_sample(self, position):
         return 1
 

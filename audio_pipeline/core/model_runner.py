@@ -39,6 +39,7 @@ from audio_pipeline.core.kv_cache.paged import PagedBatch, PagedKVCacheManager
 from audio_pipeline.models.llama_model import candidate_groups
 from audio_pipeline.models.prompt_precision import prompt_ranges
 from audio_pipeline.core.row_table import RowTable
+from audio_pipeline.core.steady_batch import SteadyItems
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
@@ -239,7 +240,9 @@ class ModelRunner:
         before this one. Reads no device value. ``from_tables``: a steady decode step is staged
         from the tables (the module docstring); False stages it row by row, as any other step (the
         tests compare the two)."""
-        items = [item for item in items if item.request.stop_reason is None and item.num_tokens > 0]
+        if type(items) is not SteadyItems or not items.batch.live or not from_tables:
+            # (a pass of the persistent batch has no row that ended: an end dissolves it)
+            items = [item for item in items if item.request.stop_reason is None and item.num_tokens > 0]
         if not items:
             return PendingStep([], [])
         timer = self.timer
@@ -361,19 +364,27 @@ class ModelRunner:
         track travels beside the tokens."""
         if type(self.tracks) is not NoTracks:
             return None
-        requests, starts, counts, samples = zip(*items)
-        if max(counts) != 1 or not all(samples):
-            return None
         table = self.rows
-        slots = table.slots(requests)
+        if type(items) is SteadyItems:  # the persistent batch: its rows' slots and pages are kept
+            steady = items.batch
+            requests, start, page_rows = steady.requests, items.starts, steady.page_rows
+            if steady.slots is None:
+                steady.slots = table.slots(requests)
+            slots = steady.slots
+        else:
+            requests, starts, counts, samples = zip(*items)
+            if max(counts) != 1 or not all(samples):
+                return None
+            slots = table.slots(requests)
+            start = np.array(starts, dtype=np.int64)
+            page_rows = None
         self.device_rows.fit()
-        start = np.array(starts, dtype=np.int64)
         if table.aligned[slots].any() or not np.array_equal(table.latest[slots], start):
             return None
         batch = len(items)
         padded = self._padded(items, True)
-        metadata = self.kv.decode_metadata([request.request_id for request in requests], start,
-                                           padding=max(0, padded - batch))
+        metadata = self.kv.decode_metadata(None if page_rows is not None else [r.request_id for r in requests],
+                                           start, padding=max(0, padded - batch), page_rows=page_rows)
         total = metadata.num_tokens
         fresh = table.take_written()
         staged = self.arena.stage(self._arrays(total, batch, table.stop_width(slots), batch, len(fresh)))

@@ -232,6 +232,11 @@ class TTSContext:
             run.append(forced)
         return run, False
 
+    @property
+    def samples_alone(self) -> bool:
+        """Whether every sample comes alone (no forced run follows any: :meth:`tokens_per_sample` is 1)."""
+        return self.alignment is None or self._end_at >= 0
+
     def tokens_per_sample(self, total_position: int) -> int:
         """Tokens known once the token at ``total_position`` (prompt included) is sampled: that
         one, plus the forced run right after it (:meth:`forced_run`), which :meth:`append_sample`

@@ -70,8 +70,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+import numpy as np
+
 from audio_pipeline.core.deadlines import StepCosts
 from audio_pipeline.core.kv_cache.block_manager import BlockManager
+from audio_pipeline.core.steady_batch import SteadyBatch, SteadyItems
 from audio_pipeline.core.stop import StopReason
 
 
@@ -107,6 +110,11 @@ class ScheduledRequest(Protocol):
 
     @property
     def is_done(self) -> bool: ...
+
+    @property
+    def samples_alone(self) -> bool:
+        """Whether every sample of the request comes alone (tokens_per_sample is always 1): no
+        forced runs, so its decode passes can go in the persistent batch (core/steady_batch.py)."""
 
     def tokens_per_sample(self, position: int) -> int:
         """Tokens known after sampling the token at ``position``: 1, or more where the request's
@@ -328,8 +336,12 @@ class AudioGenerationScheduler:
     """Continuous batching over a paged KV cache; see the module docstring for the knobs."""
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, *,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, steady_batches: bool = True):
         self.config = config
+        #: Whether a batch of requests that all decode is kept from pass to pass (core/steady_batch.py);
+        #: False schedules every pass row by row (the tests compare the two).
+        self.steady_batches = steady_batches
+        self._steady: SteadyBatch | None = None
         self.block_manager = block_manager
         self.clock = clock
         self._waiting: deque[_Entry] = deque()
@@ -403,9 +415,11 @@ class AudioGenerationScheduler:
     def remove(self, request_id: str) -> Any | None:
         """Drops a request without ending it and releases its KV blocks: for an owner that gives
         up on the scheduler (nothing of the request may be in flight)."""
-        entry = self._by_id.pop(request_id, None)
+        entry = self._by_id.get(request_id)
         if entry is None:
             return None
+        self._dissolve()
+        del self._by_id[request_id]
         if entry in self._running:
             self._running.remove(entry)
         else:
@@ -425,6 +439,7 @@ class AudioGenerationScheduler:
         caller still delivers it) comes back with its new reason."""
         if request.is_done and reason is not StopReason.FAILED:
             return []
+        self._dissolve()  # its entry is read below, and a row that ends leaves the batch
         request.stop_reason = reason
         entry = self._by_id.get(request.request_id)
         if entry is None:
@@ -442,6 +457,8 @@ class AudioGenerationScheduler:
 
         Returns the requests that ended and left flight here, let go (KV blocks released): ended by
         this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
+        if type(output.items) is SteadyItems and output.items.batch.live:
+            return self._steady_update(output.items, result)
         if result is not None:
             frames, plain = result.frames, result.plain
             for index, (item, tokens) in enumerate(zip(result.items, result.tokens)):
@@ -458,6 +475,8 @@ class AudioGenerationScheduler:
                         request.stop_reason = request.append_sample(tokens[0], frames[index][0])
                 elif tokens:
                     self._apply(item, tokens, frames[index] if frames is not None else None)
+            if self._steady is not None and any(item.request.stop_reason is not None for item in result.items):
+                self._dissolve()  # a row of the batch ended: its entries are read below
         if not last:
             return []
         finished = []
@@ -473,10 +492,86 @@ class AudioGenerationScheduler:
                 finished.append(self._let_go(entry))
         return finished
 
+    def _steady_update(self, items: SteadyItems, result: StepResult | None) -> list[Finished]:
+        """:meth:`update` of a pass of the persistent batch while it holds: no row of it has
+        ended (an end dissolves it), so each row takes its sample, and only rows whose page filled
+        commit their KV (the prefix cache keys full pages). A row that ends here dissolves it."""
+        batch = items.batch
+        requests = batch.requests
+        ended = False
+        if result is not None:
+            ends = (items.starts + 1).tolist()
+            plain, frames = result.plain, result.frames
+            if plain is not None and all(plain):  # checked with the step's rows: each appended as it is
+                for request, tokens, end in zip(requests, result.tokens, ends):
+                    request.processed = end
+                    request.generated.append(tokens[0])
+            else:
+                for index, (request, tokens, end) in enumerate(zip(requests, result.tokens, ends)):
+                    request.processed = end
+                    if plain is not None and plain[index]:
+                        request.generated.append(tokens[0])
+                        continue
+                    reason = (request.append_sample(tokens[0]) if frames is None
+                              else request.append_sample(tokens[0], frames[index][0]))
+                    if reason is not None:
+                        request.stop_reason = reason
+                        ended = True
+            filled = np.flatnonzero((items.starts + 1) % self.block_manager.block_size == 0)
+            if filled.size:
+                self.block_manager.commit_all([requests[row] for row in filled.tolist()], _computed_tokens)
+        batch.launched -= 1
+        if not ended:
+            return []
+        self._dissolve()
+        return [self._let_go(entry) for entry in batch.entries
+                if entry.request.stop_reason is not None and not entry.in_flight]
+
+    def _dissolve(self) -> None:
+        """Ends the persistent batch, if any: its rows' entries are true again (core/steady_batch.py)."""
+        batch, self._steady = self._steady, None
+        if batch is not None and batch.live:
+            batch.dissolve()
+            # Rows whose page did not fill skipped their commits: the block manager's counts catch up.
+            self.block_manager.commit_all(batch.requests, _computed_tokens)
+
+    def _adopt(self, output: SchedulerOutput) -> None:
+        """Keeps ``output``'s rows as the persistent batch where it is one: a single decode pass of
+        every running request, each sampling alone, and nothing waiting."""
+        items = output.items
+        if (not self.steady_batches or output.kind != "tg" or output.substeps or output.preempted
+                or output.finished or self._waiting or len(items) != len(self._running)):
+            return
+        by_id = self._by_id
+        entries = [by_id[item.request.request_id] for item in items]
+        if not all(entry.request.samples_alone for entry in entries):
+            return
+        starts = np.array([item.start for item in items], dtype=np.int64)
+        page_rows = self.block_manager.page_rows([entry.request_id for entry in entries])
+        batch = SteadyBatch(entries, starts, self.membership, page_rows, ScheduledItem)
+        for entry in entries:  # this pass is the batch's from here on
+            entry.in_flight -= 1
+        batch.launched = 1
+        output.items = batch.first
+        self._steady = batch
+
     # --- scheduling ------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         """The next step's work (possibly idle)."""
+        steady = self._steady
+        if steady is not None:
+            if steady.membership == self.membership and not self._waiting:
+                items = steady.advance(self.block_manager)
+                if items is not None:
+                    self._last_kind = "tg"
+                    return SchedulerOutput(kind="tg", items=items)
+            self._dissolve()
+        output = self._schedule()
+        self._adopt(output)
+        return output
+
+    def _schedule(self) -> SchedulerOutput:
         config = self.config
         # One pass: rows with one token to compute that may grow decode; those with more are prompts
         # in progress. Requests that ended stay in _running only while a step of them is in flight.

@@ -140,16 +140,20 @@ class PagedKVCacheManager:
         except RuntimeError as exc:
             raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
 
-    def decode_metadata(self, request_ids: Sequence[str], starts: Sequence[int], *, padding: int = 0) -> StepMetadata:
+    def decode_metadata(self, request_ids: Sequence[str] | None, starts: Sequence[int], *, padding: int = 0,
+                        page_rows: np.ndarray | None = None) -> StepMetadata:
         """:meth:`metadata` of a decode step (request i computes the one token at ``starts[i]``),
-        from the block manager's page table."""
+        from the block manager's page table; ``page_rows``: the requests' page-table rows, where the
+        caller keeps them (instead of ``request_ids``)."""
         blocks = self.block_manager
+        rows = blocks.page_rows(request_ids) if page_rows is None else page_rows
         try:
-            return StepMetadata.for_decode(blocks.page_table, blocks.page_counts, blocks.page_rows(request_ids),
+            return StepMetadata.for_decode(blocks.page_table, blocks.page_counts, rows,
                                            np.asarray(starts, dtype=np.int64), self.page_size, padding=padding,
                                            padding_page=self.cache.scratch_block)
         except RuntimeError as exc:
-            raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
+            named = request_ids if request_ids is not None else rows.tolist()
+            raise RuntimeError(f"requests {list(named)!r}: {exc}") from None
 
     def batch(self, request_ids: Sequence[str], starts: Sequence[int], lengths: Sequence[int]) -> PagedBatch:
         """The attention view of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i])."""

@@ -1,0 +1,122 @@
+"""The persistent decode batch (core/steady_batch.py) schedules exactly what the scheduler schedules
+row by row: two schedulers alike, one keeping the batch from pass to pass and one not, run the same
+random traffic (arrivals, prompts sharing prefixes, stops, cancellations, a cache small enough to
+preempt, each pass launched before the one before it is applied) and make the same passes, item
+for item, with the same results, ends and KV blocks; and the batch does hold most passes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from audio_pipeline.core.scheduler import StepResult
+from audio_pipeline.core.steady_batch import SteadyItems
+from audio_pipeline.core.stop import StopReason
+from scheduler_harness import Request, make_scheduler, prompt
+
+
+def sample_of(item) -> int:
+    """What the runner samples for an item: a function of the request and the position alone, so
+    both schedulers see the same ids whenever they launch the same item."""
+    return 1000 + item.start + item.num_tokens
+
+
+def traffic(seed: int, count: int):
+    """``count`` requests: when each arrives (a pass index), its prompt, budget, and where it stops."""
+    rng = random.Random(seed)
+    out = []
+    for index in range(count):
+        length = rng.randint(3, 14)
+        base = 0 if rng.random() < 0.3 else 100 * (index + 1)  # some share a prefix
+        budget = rng.randint(4, 40)
+        stop_at = rng.randint(2, budget + 4)  # past the budget: it ends by max tokens
+        out.append((rng.randint(0, 60), f"r{index}", prompt(length, base), budget, stop_at))
+    return out
+
+
+def run(seed: int, steady: bool, *, blocks: int, knobs: dict, passes: int = 400):
+    scheduler, manager = make_scheduler(blocks=blocks, block_size=4, max_batch_size=8,
+                                        max_batch_input_tokens=48, **knobs)
+    scheduler.steady_batches = steady
+    arrivals = traffic(seed, 14)
+    requests: dict[str, Request] = {}
+    rng = random.Random(seed + 1)
+    log, ends, pending, held = [], [], [], 0
+    for index in range(passes):
+        for arrival, request_id, tokens, budget, stop_at in arrivals:
+            if arrival == index:
+                request = Request(request_id, tokens, budget=budget)
+                # the id sampled at the position after the stop position: it ends there
+                request.stop_id = 1000 + len(tokens) + stop_at
+                requests[request_id] = request
+                scheduler.add(request)
+        running = sorted(r.request_id for r in scheduler.running if not r.is_done)
+        if running and rng.random() < 0.04:  # the same choice in both runs: the same running set
+            victim = requests[rng.choice(running)]
+            ends += [(index, f.request.request_id, f.reason) for f in scheduler.finish(victim, StopReason.CANCELLED)]
+        output = scheduler.schedule()
+        held += type(output.items) is SteadyItems
+        ends += [(index, f.request.request_id, f.reason) for f in output.finished]
+        for steps_index, items in enumerate(output.steps):
+            launched = [item for item in items if not item.request.is_done]
+            log.append((index, output.kind, [(i.request.request_id, i.start, i.num_tokens, i.sample)
+                                             for i in launched]))
+            result = StepResult(launched, [[sample_of(i)] if i.sample else [] for i in launched])
+            pending.append((output, result, steps_index == output.num_steps - 1))
+        while len(pending) > 1:  # the overlap: the previous pass is applied after this one launched
+            done, result, last = pending.pop(0)
+            ends += [(index, f.request.request_id, f.reason) for f in scheduler.update(done, result, last=last)]
+        if index > 80 and not scheduler.num_running and not scheduler.num_waiting and not pending:
+            break
+    while pending:
+        done, result, last = pending.pop(0)
+        ends += [(passes, f.request.request_id, f.reason) for f in scheduler.update(done, result, last=last)]
+    assert not scheduler.num_running and not scheduler.num_waiting, "every request ended"
+    generated = {request_id: list(request.generated) for request_id, request in requests.items()}
+    return log, ends, generated, manager.num_free_blocks, scheduler.num_preemptions, held
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("knobs,blocks", [
+    (dict(enable_in_flight_batching=True, max_num_steps=1, deadline_scheduling=False), 200),
+    (dict(enable_in_flight_batching=True, max_num_steps=1, deadline_scheduling=False), 20),  # preempts
+    (dict(enable_in_flight_batching=False, max_num_steps=1, deadline_scheduling=False), 200),
+    (dict(enable_in_flight_batching=False, max_num_steps=-1, deadline_scheduling=False), 20),
+])
+def test_the_persistent_batch_schedules_what_the_scheduler_schedules_row_by_row(seed, knobs, blocks):
+    plain = run(seed, False, blocks=blocks, knobs=knobs)
+    steady = run(seed, True, blocks=blocks, knobs=knobs)
+    for one, other in zip(plain[0], steady[0]):
+        assert one == other
+    assert len(plain[0]) == len(steady[0])
+    assert plain[1:5] == steady[1:5]
+    assert plain[5] == 0
+    if knobs["max_num_steps"] == 1:
+        assert steady[5] > len(steady[0]) // 4, "the batch held many of the passes"
+    if blocks == 40 and seed == 0:
+        assert plain[4] > 0, "the small cache preempted"
+
+
+def test_a_request_cancelled_while_the_batch_holds_it_leaves_with_its_last_pass():
+    scheduler, manager = make_scheduler(blocks=64, block_size=4, enable_in_flight_batching=True, max_num_steps=1,
+                                        deadline_scheduling=False)
+    requests = [Request(f"r{i}", prompt(5, 10 * i), budget=30) for i in range(3)]
+    for request in requests:
+        scheduler.add(request)
+    pending = []
+    for _ in range(6):  # prefill, then passes the batch holds
+        output = scheduler.schedule()
+        pending.append((output, StepResult(list(output.items), [[sample_of(i)] for i in output.items])))
+        if len(pending) > 1:
+            scheduler.update(*pending.pop(0))
+    assert type(output.items) is SteadyItems
+    assert scheduler.finish(requests[1], StopReason.CANCELLED) == []  # a pass of it is in flight
+    output = scheduler.schedule()
+    assert [item.request.request_id for item in output.items] == ["r0", "r2"]
+    finished = scheduler.update(*pending.pop(0))
+    assert [(f.request.request_id, f.reason) for f in finished] == [("r1", StopReason.CANCELLED)]
+    assert "r1" not in scheduler and len(requests[1].generated) == 5  # its pass in flight is dropped
+    free = manager.num_free_blocks
+    scheduler.update(output, StepResult(list(output.items), [[sample_of(i)] for i in output.items]))
+    assert manager.num_free_blocks == free
