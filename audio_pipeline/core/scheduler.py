@@ -458,7 +458,7 @@ class AudioGenerationScheduler:
         Returns the requests that ended and left flight here, let go (KV blocks released): ended by
         this result, or earlier (cancelled, failed, stopped in an earlier pass) while in flight."""
         if type(output.items) is SteadyItems and output.items.batch.live:
-            return self._steady_update(output.items, result)
+            return self._steady_update(output.items.batch, result, last)
         if result is not None:
             frames, plain = result.frames, result.plain
             for index, (item, tokens) in enumerate(zip(result.items, result.tokens)):
@@ -492,15 +492,17 @@ class AudioGenerationScheduler:
                 finished.append(self._let_go(entry))
         return finished
 
-    def _steady_update(self, items: SteadyItems, result: StepResult | None) -> list[Finished]:
+    def _steady_update(self, batch: SteadyBatch, result: StepResult | None, last: bool) -> list[Finished]:
         """:meth:`update` of a pass of the persistent batch while it holds: no row of it has
         ended (an end dissolves it), so each row takes its sample, and only rows whose page filled
         commit their KV (the prefix cache keys full pages). A row that ends here dissolves it."""
-        batch = items.batch
         requests = batch.requests
         ended = False
         if result is not None:
-            ends = (items.starts + 1).tolist()
+            items = result.items
+            starts = items.starts if type(items) is SteadyItems else np.array([item.start for item in items],
+                                                                              dtype=np.int64)
+            ends = (starts + 1).tolist()
             plain, frames = result.plain, result.frames
             if plain is not None and all(plain):  # checked with the step's rows: each appended as it is
                 for request, tokens, end in zip(requests, result.tokens, ends):
@@ -517,13 +519,16 @@ class AudioGenerationScheduler:
                     if reason is not None:
                         request.stop_reason = reason
                         ended = True
-            filled = np.flatnonzero((items.starts + 1) % self.block_manager.block_size == 0)
+            filled = np.flatnonzero((starts + 1) % self.block_manager.block_size == 0)
             if filled.size:
                 self.block_manager.commit_all([requests[row] for row in filled.tolist()], _computed_tokens)
-        batch.launched -= 1
+        if last:
+            batch.launched -= 1
         if not ended:
             return []
         self._dissolve()
+        if not last:
+            return []
         return [self._let_go(entry) for entry in batch.entries
                 if entry.request.stop_reason is not None and not entry.in_flight]
 
@@ -536,11 +541,11 @@ class AudioGenerationScheduler:
             self.block_manager.commit_all(batch.requests, _computed_tokens)
 
     def _adopt(self, output: SchedulerOutput) -> None:
-        """Keeps ``output``'s rows as the persistent batch where it is one: a single decode pass of
-        every running request, each sampling alone, and nothing waiting."""
+        """Keeps ``output``'s rows as the persistent batch where it is one: decode passes of every
+        running request, each sampling alone, and nothing waiting."""
         items = output.items
-        if (not self.steady_batches or output.kind != "tg" or output.substeps or output.preempted
-                or output.finished or self._waiting or len(items) != len(self._running)):
+        if (not self.steady_batches or output.kind != "tg" or output.preempted or output.finished
+                or self._waiting or len(items) != len(self._running)):
             return
         by_id = self._by_id
         entries = [by_id[item.request.request_id] for item in items]
@@ -548,24 +553,55 @@ class AudioGenerationScheduler:
             return
         starts = np.array([item.start for item in items], dtype=np.int64)
         page_rows = self.block_manager.page_rows([entry.request_id for entry in entries])
-        batch = SteadyBatch(entries, starts, self.membership, page_rows, ScheduledItem)
-        for entry in entries:  # this pass is the batch's from here on
+        batch = SteadyBatch(entries, self.membership, page_rows, ScheduledItem)
+        for entry in entries:  # this round is the batch's from here on
             entry.in_flight -= 1
         batch.launched = 1
-        output.items = batch.first
+        # A multi-step round's later passes compute what the one before sampled: one position further.
+        output.items = SteadyItems(batch, starts)
+        output.substeps = [SteadyItems(batch, starts + index) for index in range(1, len(output.substeps) + 1)]
         self._steady = batch
+
+    def _steady_round(self, batch: SteadyBatch) -> SchedulerOutput | None:
+        """The next round from the persistent batch, as :meth:`_schedule` would make it (its
+        passes, pages, and a multi-step round's length), or None where it is not a steady round:
+        the batch changed, a request waits, a row reaches its max_length or finds no page."""
+        if batch.membership != self.membership or self._waiting:
+            return None
+        config = self.config
+        planned = 1 if config.enable_in_flight_batching else self._num_steps()
+        most = batch.reserve(self.block_manager, planned)
+        if most <= 0:
+            return None
+        steps = min(planned, most)
+        if steps > 1 and config.deadline_scheduling:
+            steps = min(steps, self._steady_round_end(batch, steps))
+        passes = batch.launch(max(steps, 1))
+        return SchedulerOutput(kind="tg", items=passes[0], substeps=passes[1:])
+
+    def _steady_round_end(self, batch: SteadyBatch, steps: int) -> int:
+        """:meth:`_round_end` of the batch's rows, their slack (:meth:`_slack`) computed for all at once."""
+        requests = batch.requests
+        count = len(requests)
+        now = self.clock()
+        pass_seconds = self.costs.decode_pass(count)
+        passes = np.fromiter((request.passes_to_chunk for request in requests), dtype=np.int64, count=count)
+        deadlines = np.fromiter((math.inf if request.deadline is None else request.deadline for request in requests),
+                                dtype=np.float64, count=count)
+        heard = np.fromiter((request.heard for request in requests), dtype=bool, count=count)
+        slack = deadlines - now - passes * pass_seconds - self.config.deadline_margin_ms / 1000.0
+        ends = (passes > 0) & (~heard | (slack < steps * pass_seconds))
+        return int(passes[ends].min()) if ends.any() else steps
 
     # --- scheduling ------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         """The next step's work (possibly idle)."""
-        steady = self._steady
-        if steady is not None:
-            if steady.membership == self.membership and not self._waiting:
-                items = steady.advance(self.block_manager)
-                if items is not None:
-                    self._last_kind = "tg"
-                    return SchedulerOutput(kind="tg", items=items)
+        if self._steady is not None:
+            output = self._steady_round(self._steady)
+            if output is not None:
+                self._last_kind = "tg"
+                return output
             self._dissolve()
         output = self._schedule()
         self._adopt(output)

@@ -11,7 +11,8 @@ such a pass the usual way, it adopts the batch: the rows, in that pass's order, 
 page-table rows (and, once the runner asks, row-table slots), and as arrays each row's next
 position, the length it may not reach, and how many of the batch's passes are in flight. A pass
 then is a few array operations: every row still below its length, pages where a row crosses into a
-new one (Python only for those rows), positions advanced by one.
+new one (Python only for those rows), positions advanced by one; a multi-step round of several
+passes, the same with each pass's positions one further.
 
 The rows' scheduler entries are not written while the batch holds them: the arrays are what is
 true. :meth:`dissolve` writes them back (positions, and the batch's passes in flight added to each
@@ -33,7 +34,7 @@ class SteadyBatch:
     """The persistent batch (see the module docstring): ``entries`` are the scheduler's entries of
     the rows, in order."""
 
-    def __init__(self, entries: Sequence[Any], starts: np.ndarray, membership: int, page_rows: np.ndarray,
+    def __init__(self, entries: Sequence[Any], membership: int, page_rows: np.ndarray,
                  make_item: Callable[..., Any]):
         self.entries = list(entries)
         self.requests = [entry.request for entry in self.entries]
@@ -46,36 +47,42 @@ class SteadyBatch:
         self.page_rows = page_rows
         #: The scheduler's membership count when adopted: a change means the rows are not all there.
         self.membership = membership
-        #: This batch's passes launched and not yet applied (the entries' own counts exclude them).
+        #: This batch's rounds launched and not yet applied (the entries' own counts exclude them).
         self.launched = 0
         #: False once dissolved: the entries are true again, and its passes in flight apply row by row.
         self.live = True
         #: The model runner's row-table slots of the rows (filled at its first staging).
         self.slots: np.ndarray | None = None
         self._make_item = make_item
-        self.first = SteadyItems(self, starts)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def advance(self, blocks: Any) -> "SteadyItems | None":
-        """The next pass's items, or None where it is not a steady pass: a row would reach its
-        max_length (the scheduler's usual pass ends it), or a row crossing into a new page finds
-        no free block (the usual pass preempts). ``blocks`` is the scheduler's block manager."""
-        following = self.next + 1  # what each row knows once it has sampled this pass
+    def reserve(self, blocks: Any, planned: int) -> int:
+        """Readies the rows for a round of up to ``planned`` passes, as the scheduler's usual round
+        does: every row must still be below its max_length once it samples (else 0: the usual
+        round ends it), and gets the pages ``planned`` passes need (within its max_length; else 0:
+        a row crossing into a new page finds no free block, and the usual round preempts).
+        Returns the most passes the rows' max_lengths allow. ``blocks``: the block manager."""
+        following = self.next + 1  # what each row knows once it has sampled a pass
         if not (following < self.max_length).all():
-            return None
-        short = blocks.page_counts[self.page_rows] * blocks.block_size < following
-        if short.any():  # a page a row in sixteen (or the page size's worth), now and then
+            return 0
+        need = np.minimum(self.next + planned, self.max_length)
+        short = blocks.page_counts[self.page_rows] * blocks.block_size < need
+        if short.any():  # a row in a page's worth, now and then
             for row in np.flatnonzero(short).tolist():
-                request_id, need = self.request_ids[row], int(following[row])
-                if not blocks.can_alloc(request_id, need):
-                    return None
-                blocks.alloc(request_id, need)
+                request_id, tokens = self.request_ids[row], int(need[row])
+                if not blocks.can_alloc(request_id, tokens):
+                    return 0
+                blocks.alloc(request_id, tokens)
+        return int((self.max_length - self.next).min())
+
+    def launch(self, passes: int) -> list["SteadyItems"]:
+        """The items of a round of ``passes`` passes (each computes what the one before sampled)."""
         starts = self.next
-        self.next = following
+        self.next = starts + passes
         self.launched += 1
-        return SteadyItems(self, starts)
+        return [SteadyItems(self, starts + index if index else starts) for index in range(passes)]
 
     def dissolve(self) -> None:
         """Writes the rows' state back into their entries: from here on those are true."""
