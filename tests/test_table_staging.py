@@ -4,8 +4,9 @@ staged row by row gives: token ids and frames, positions, cache slots, attention
 sampling row and draw, the frame codes alignments fix; so the speech is the same bit for bit. Steps
 the tables do not serve (prompts, batches mixing prompts and decode rows, forced runs of phoneme-lpc,
 Qwen3-TTS's text track) are staged row by row in both runs. Two engines built alike run the same
-requests, one staging every step row by row, the other from the tables wherever it can: mixed
-batches, a request joining late, seeded sampling rules, and preemption in a cache too small for all."""
+requests, one scheduling and staging every step row by row, the other with the scheduler's
+persistent batch (core/steady_batch.py) and from the tables wherever it can: mixed batches, a request
+joining late, seeded sampling rules, and preemption in a cache too small for all."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from audio_pipeline.core.kv_cache.paged import PagedKVCache
 from audio_pipeline.core.model_runner import ModelRunner
 from audio_pipeline.core.scheduler import AudioGenerationScheduler
+from audio_pipeline.core.steady_batch import SteadyItems
 from audio_pipeline.service.engine import TTSEngine
 from csm_model import write_tiny_csm
 from helpers import make_config
@@ -54,10 +56,11 @@ def run(engine, from_tables: bool, steps: int):
     """The requests' steps (one joins late), each launched before the one before it is read; returns
     every step's device inputs, the requests' tokens, steps staged from the tables, preemptions."""
     runner = ModelRunner(engine.model, engine.kv_cache, engine.layout, sync_free=True)
+    # Row by row means the whole old way: no persistent batch in the scheduler either.
     scheduler = AudioGenerationScheduler(
         dataclasses.replace(engine.scheduler.config, max_batch_size=8, enable_in_flight_batching=True,
                             max_num_steps=1, deadline_scheduling=False),
-        engine.scheduler.block_manager)
+        engine.scheduler.block_manager, steady_batches=from_tables)
     contexts = [engine.create_context(TEXTS[i % 3], request_id=f"r{i}", max_tokens=48, **rule)
                 for i, rule in enumerate(RULES)]
     late = engine.create_context(TEXTS[3], request_id="late", max_tokens=40, temperature=0.8, top_k=50, seed=9)
@@ -74,7 +77,7 @@ def run(engine, from_tables: bool, steps: int):
 
     def count(items):
         staged = stage_decode(items)
-        tabled.append(staged is not None)
+        tabled.append((staged is not None, type(items) is SteadyItems))
         return staged
 
     runner._forward = record
@@ -96,7 +99,7 @@ def run(engine, from_tables: bool, steps: int):
         done, launched = pending.pop(0)
         scheduler.update(done, launched.result())
     tokens = [(c.generated, c.frames) for c in [*contexts, late]]
-    return seen, tokens, sum(tabled), scheduler.num_preemptions
+    return seen, tokens, [sum(column) for column in zip(*tabled)] or [0, 0], scheduler.num_preemptions
 
 
 def assert_same_step(index, one, other):
@@ -126,9 +129,11 @@ def test_steps_from_the_tables_are_the_steps_staged_row_by_row(model, small, ser
         assert_same_step(index, one, other)
     assert tokens == tokens_tables and preempted == preempted_tables
     assert sum(len(generated) > 8 for generated, _ in tokens) >= 4, [len(generated) for generated, _ in tokens]
+    staged_from_tables, from_the_batch = tabled
     if served:
-        assert tabled > 10, "steady decode steps were staged from the tables"
+        assert staged_from_tables > 10, "steady decode steps were staged from the tables"
+        assert from_the_batch > 5, "the scheduler's persistent batch made steady steps"
     else:
-        assert tabled == 0
+        assert staged_from_tables == 0
     if small:
         assert preempted > 0, f"the small cache preempted a request: {[len(g) for g, _ in tokens]}"

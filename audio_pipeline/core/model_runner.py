@@ -45,7 +45,7 @@ from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
 from audio_pipeline.core.tracks import NoTracks, track_inputs
 from audio_pipeline.core.sampler import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
-from audio_pipeline.core.scheduler import StepResult
+from audio_pipeline.core.scheduler import OneEach, StepResult
 from audio_pipeline_kernels import StepMetadata
 
 if TYPE_CHECKING:
@@ -123,8 +123,8 @@ class PendingStep:
             table, slots, positions = self.checked_by
             values = self.ids.numpy()
             ids = values.tolist()
-            return StepResult(self.items, [[token] for token in ids],
-                              plain=table.plain_samples(slots, positions, values).tolist())
+            return StepResult(self.items, OneEach(ids), plain=table.plain_samples(slots, positions, values).tolist(),
+                              ids=ids)
         ids = self.ids.tolist() if self.ids is not None else []
         if self.ids is not None and self.ids.dim() == 2:  # [B, 1 + codes]: each row's id, then its frame
             return StepResult(self.items, [[ids[row][0]] if row >= 0 else [] for row in self.sample_rows],

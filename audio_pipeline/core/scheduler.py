@@ -84,7 +84,8 @@ class ScheduledRequest(Protocol):
 
     request_id: str
     arrival_time: float
-    #: Tokens whose keys and values are in the KV cache.
+    #: Tokens whose keys and values are in the KV cache (while the persistent batch holds the
+    #: request, written where a page fills and when the batch ends: core/steady_batch.py).
     processed: int
     stop_reason: StopReason | None
     #: A later piece of a client request (a long text's next segment): waiting, it is not queued.
@@ -221,6 +222,29 @@ class StepResult:
     #: so the update only appends it to the request's tokens; None: every sample is checked as
     #: it is appended.
     plain: list[bool] | None = None
+    #: Each item's one sampled id, where every item sampled one id (a token layout's decode pass).
+    ids: list[int] | None = None
+
+
+class OneEach(Sequence[list[int]]):
+    """StepResult.tokens of a pass where every item sampled one id: ``[ids[i]]`` for item i, made
+    only where read (the persistent batch's update reads the ids themselves)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [[token] for token in self.ids[index]]
+        return [self.ids[index]]
+
+    def __iter__(self):
+        return ([token] for token in self.ids)
 
     def by_request(self) -> dict[str, list[int]]:
         """Sampled ids by request id."""
@@ -504,10 +528,11 @@ class AudioGenerationScheduler:
                                                                               dtype=np.int64)
             ends = (starts + 1).tolist()
             plain, frames = result.plain, result.frames
-            if plain is not None and all(plain):  # checked with the step's rows: each appended as it is
-                for request, tokens, end in zip(requests, result.tokens, ends):
-                    request.processed = end
-                    request.generated.append(tokens[0])
+            batch.applied = starts + 1
+            if plain is not None and result.ids is not None and all(plain):
+                # Checked with the step's rows: each appended as it is, the loop in C (map). Their
+                # ``processed`` waits in batch.applied (written where a page fills, and at the end).
+                deque(map(list.append, batch.generated, result.ids), maxlen=0)
             else:
                 for index, (request, tokens, end) in enumerate(zip(requests, result.tokens, ends)):
                     request.processed = end
@@ -521,7 +546,10 @@ class AudioGenerationScheduler:
                         ended = True
             filled = np.flatnonzero((starts + 1) % self.block_manager.block_size == 0)
             if filled.size:
-                self.block_manager.commit_all([requests[row] for row in filled.tolist()], _computed_tokens)
+                owners = [requests[row] for row in filled.tolist()]
+                for owner, end in zip(owners, (starts[filled] + 1).tolist()):
+                    owner.processed = end
+                self.block_manager.commit_all(owners, _computed_tokens)
         if last:
             batch.launched -= 1
         if not ended:
@@ -542,10 +570,10 @@ class AudioGenerationScheduler:
 
     def _adopt(self, output: SchedulerOutput) -> None:
         """Keeps ``output``'s rows as the persistent batch where it is one: decode passes of every
-        running request, each sampling alone, and nothing waiting."""
+        running request, each sampling alone, and no waiting request that could join them."""
         items = output.items
         if (not self.steady_batches or output.kind != "tg" or output.preempted or output.finished
-                or self._waiting or len(items) != len(self._running)):
+                or not self._admission_closed() or len(items) != len(self._running)):
             return
         by_id = self._by_id
         entries = [by_id[item.request.request_id] for item in items]
@@ -562,11 +590,16 @@ class AudioGenerationScheduler:
         output.substeps = [SteadyItems(batch, starts + index) for index in range(1, len(output.substeps) + 1)]
         self._steady = batch
 
+    def _admission_closed(self) -> bool:
+        """Whether no waiting request can join the running ones now: none waits, or as many run as
+        may (those that wait then change nothing of a round but its length, :meth:`_num_steps`)."""
+        return not self._waiting or len(self._running) >= self.config.admission_limit
+
     def _steady_round(self, batch: SteadyBatch) -> SchedulerOutput | None:
         """The next round from the persistent batch, as :meth:`_schedule` would make it (its
         passes, pages, and a multi-step round's length), or None where it is not a steady round:
-        the batch changed, a request waits, a row reaches its max_length or finds no page."""
-        if batch.membership != self.membership or self._waiting:
+        the batch changed, a waiting request may join, a row reaches its max_length or finds no page."""
+        if batch.membership != self.membership or not self._admission_closed():
             return None
         config = self.config
         planned = 1 if config.enable_in_flight_batching else self._num_steps()

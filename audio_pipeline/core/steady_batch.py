@@ -14,8 +14,8 @@ then is a few array operations: every row still below its length, pages where a 
 new one (Python only for those rows), positions advanced by one; a multi-step round of several
 passes, the same with each pass's positions one further.
 
-The rows' scheduler entries are not written while the batch holds them: the arrays are what is
-true. :meth:`dissolve` writes them back (positions, and the batch's passes in flight added to each
+The rows' scheduler entries are not written while the batch holds them, nor the requests'
+``processed`` but where a page fills (the prefix cache commits it): the arrays are what is true. :meth:`dissolve` writes them back (positions, and the batch's passes in flight added to each
 entry's own count) whenever anything but a steady pass or its update touches the rows: a request
 arrives in the queue, ends, is cancelled or removed, or a result ends a row. Passes of a dissolved
 batch still in flight are then applied the usual way, row by row.
@@ -39,6 +39,11 @@ class SteadyBatch:
         self.entries = list(entries)
         self.requests = [entry.request for entry in self.entries]
         self.request_ids = [request.request_id for request in self.requests]
+        #: Each request's list of generated tokens (the update appends to them).
+        self.generated = [request.generated for request in self.requests]
+        #: Tokens each row has in the cache after the batch's latest pass applied (-1: none yet):
+        #: the requests' ``processed``, written to them where a page fills and when dissolved.
+        self.applied = np.full(len(self.entries), -1, dtype=np.int64)
         #: The position each row computes next.
         self.next = np.array([entry.next_pos for entry in self.entries], dtype=np.int64)
         #: Each row's max_length: a row decodes while the length it will know stays below it.
@@ -89,10 +94,12 @@ class SteadyBatch:
         if not self.live:
             return
         self.live = False
-        for entry, position in zip(self.entries, self.next.tolist()):
+        for entry, position, applied in zip(self.entries, self.next.tolist(), self.applied.tolist()):
             entry.next_pos = position
             entry.expected_len = position + 1
             entry.in_flight += self.launched
+            if applied >= 0:  # (else no pass of the batch applied: the passes before it wrote it)
+                entry.request.processed = applied
         self.launched = 0
 
 
