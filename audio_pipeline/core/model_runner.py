@@ -112,7 +112,7 @@ class PendingStep:
     done: Any = None
     #: A step staged from the tables, one token a position: the row table and its rows' slots and
     #: generated positions, to check every sample at once (RowTable.plain_samples).
-    checked_by: tuple[Any, np.ndarray, np.ndarray] | None = None
+    checked_by: tuple[Any, np.ndarray, np.ndarray, Any] | None = None
 
     def result(self) -> StepResult:
         if isinstance(self.done, Future):
@@ -120,10 +120,10 @@ class PendingStep:
         elif self.done is not None:
             self.done.synchronize()
         if self.checked_by is not None and self.ids is not None:
-            table, slots, positions = self.checked_by
+            table, slots, positions, columns = self.checked_by
             values = self.ids.numpy()
             ids = values.tolist()
-            return StepResult(self.items, OneEach(ids), plain=table.plain_samples(slots, positions, values).tolist(),
+            return StepResult(self.items, OneEach(ids), plain=table.plain_samples(slots, positions, values, columns).tolist(),
                               ids=ids)
         ids = self.ids.tolist() if self.ids is not None else []
         if self.ids is not None and self.ids.dim() == 2:  # [B, 1 + codes]: each row's id, then its frame
@@ -257,8 +257,8 @@ class ModelRunner:
                 self.rows.latest[staged.sample_slots] = staged.sample_ends
         run = (self._device_step, device, metadata, padded, staged, ids)
         # A token step from the tables: its samples are checked for all rows at once when read.
-        checked = (self.rows, staged.sample_slots, staged.positions) if staged.tabled and self.frame_sampling.codes == 1 \
-            else None
+        checked = (self.rows, staged.sample_slots, staged.positions, staged.columns) \
+            if staged.tabled and self.frame_sampling.codes == 1 else None
         if self._worker is not None:
             done = self._last_launch = self._worker.submit(*run)
             return PendingStep(items, staged.sample_rows, ids, done, checked)
@@ -370,16 +370,18 @@ class ModelRunner:
             requests, start, page_rows = steady.requests, items.starts, steady.page_rows
             if steady.slots is None:
                 steady.slots = table.slots(requests)
-            slots = steady.slots
+                steady.columns = table.columns(steady.slots)
+            slots, columns = steady.slots, steady.columns
         else:
             requests, starts, counts, samples = zip(*items)
             if max(counts) != 1 or not all(samples):
                 return None
             slots = table.slots(requests)
+            columns = table.columns(slots)
             start = np.array(starts, dtype=np.int64)
             page_rows = None
         self.device_rows.fit()
-        if table.aligned[slots].any() or not np.array_equal(table.latest[slots], start):
+        if columns.aligned_rows.size or not np.array_equal(table.latest[slots], start):
             return None
         batch = len(items)
         padded = self._padded(items, True)
@@ -387,7 +389,7 @@ class ModelRunner:
                                            start, padding=max(0, padded - batch), page_rows=page_rows)
         total = metadata.num_tokens
         fresh = table.take_written()
-        staged = self.arena.stage(self._arrays(total, batch, table.stop_width(slots), batch, len(fresh)))
+        staged = self.arena.stage(self._arrays(total, batch, columns.width, batch, len(fresh)))
         host = staged.host
         host["tokens"][:] = 0  # every row's from its slot's latest sample, on the device; 0: padding
         self.frame_sampling.fill_inputs(host, (), ())
@@ -399,14 +401,14 @@ class ModelRunner:
         if fresh:
             host["fresh_slots"][:] = fresh
         host["logit_rows"][:] = rows_
-        positions = start + 1 - table.prompt_len[slots]
-        self._stage_sampling(staged, requests, positions, slots)
+        positions = start + 1 - columns.prompt_len
+        self._stage_sampling(staged, requests, positions, slots, columns)
         staged.prompt_rows = ()  # a decode row's position is past its prompt
         staged.in_order = True
         staged.metadata, staged.padded = metadata, padded
         staged.sample_rows = list(range(batch))
         staged.sample_ends = start + 1
-        staged.tabled, staged.positions = True, positions
+        staged.tabled, staged.positions, staged.columns = True, positions, columns
         return staged
 
     def _stage(self, items: Sequence[Any]):
@@ -475,14 +477,18 @@ class ModelRunner:
         self._stage_sampling(staged, contexts, positions, slots)
         return staged
 
-    def _stage_sampling(self, staged, contexts: Sequence[Any], positions: np.ndarray, slots: np.ndarray) -> None:
+    def _stage_sampling(self, staged, contexts: Sequence[Any], positions: np.ndarray, slots: np.ndarray,
+                        columns=None) -> None:
         """The sampling rows of the step's sampling requests (``contexts``, at generated
-        ``positions``, in ``slots`` of the row table), written straight into the step's arrays (the
-        sampler reads them there), with each sampling row's draws from its request's generator."""
+        ``positions``, in ``slots`` of the row table, whose unchanging ``columns`` the caller may
+        keep), written straight into the step's arrays (the sampler reads them there), with each
+        sampling row's draws from its request's generator."""
         host, table = staged.host, self.rows
-        sampled = table.sampled[slots]
-        draws = table.draw(slots[sampled], table.draws_per_row) if sampled.any() else None
-        rows = table.sampling_rows(contexts, positions, slots=slots, out=host, draws=draws, draw=False)
+        if columns is None:
+            columns = table.columns(slots)
+        draws = table.draw(columns.sampled_slots, table.draws_per_row) if columns.sampling.size else None
+        rows = table.sampling_rows(contexts, positions, slots=slots, out=host, draws=draws, draw=False,
+                                   columns=columns)
         host["sample_slots"][:] = slots
         host["count_rows"][:] = slots * self.layout.tokens_per_frame + rows.frame_slots
         order, staged.groups = candidate_groups(rows.starts)

@@ -34,6 +34,37 @@ SETTINGS = FLOAT_FIELDS[:6]
 _UNIFORM = FLOAT_FIELDS.index("uniform")
 
 
+class SlotColumns:
+    """What the table holds for a list of slots that does not change while their requests run (their
+    settings, stop ids, budgets, forced positions), gathered once: a step of the same rows as the
+    one before it (the scheduler's persistent batch) reads these instead of gathering them again."""
+
+    def __init__(self, table: "RowTable", slots: np.ndarray):
+        self.slots = slots
+        self.counts = table.stop_count[slots]
+        self.width = int(self.counts.max()) if len(slots) else 0
+        self.extra_ids = table.stop_ids[slots, :self.width]
+        self.min_tokens = table.min_tokens[slots]
+        self.budget = table.budget[slots]
+        self.prompt_len = table.prompt_len[slots]
+        self.forced_at = table.forced_at[slots]
+        self.forced_id = table.forced_id[slots]
+        self.aligned_rows = np.flatnonzero(table.aligned[slots])
+        # Rows the update may append as they are: no alignment, no listed forced position.
+        self.unforced = ~table.aligned[slots] & (self.forced_at < 0)
+        self.settings = np.ascontiguousarray(table.settings[slots].T)
+        self.sampled = table.sampled[slots]
+        self.sampling = np.flatnonzero(self.sampled)
+        self.sampled_slots = slots[self.sampled]
+        full = table.codebook + self.width
+        limit = table.top_k[slots]
+        self.top_k = np.where((limit > 0) & (limit < full), limit, full)
+        sampled_top_k = self.top_k[self.sampled]
+        self.flags = dict(any_sampling=bool(self.sampling.size), penalized=bool(table.penalized[slots].any()),
+                          prefix_suffices=bool((sampled_top_k <= NUCLEUS_PREFIX).all()),
+                          prefix_may_suffice=bool(((sampled_top_k <= NUCLEUS_PREFIX) | (sampled_top_k == full)).all()))
+
+
 class RowTable:
     """Slots and columns for the running requests of one layout (see the module docstring)."""
 
@@ -176,6 +207,10 @@ class RowTable:
                 self.fixed = wider
             self.fixed[slot, :len(table)] = table
 
+    def columns(self, slots: np.ndarray) -> SlotColumns:
+        """The unchanging columns of ``slots`` (:class:`SlotColumns`), gathered now."""
+        return SlotColumns(self, slots)
+
     def stop_width(self, slots: np.ndarray) -> int:
         """Stop-id columns of a step of these slots' rows: the most stop ids any of them has."""
         return int(self.stop_count[slots].max())
@@ -196,19 +231,22 @@ class RowTable:
         self.draw_next[slots] = start + count
         return picked
 
-    def plain_samples(self, slots: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    def plain_samples(self, slots: np.ndarray, positions: np.ndarray, ids: np.ndarray,
+                      columns: SlotColumns | None = None) -> np.ndarray:
         """Per row, whether sampled id ``ids[i]`` at generated position ``positions[i]`` of a
         token layout (one code a position) is one the request appends as it is (TTSContext's
         append_sample, checked for all rows at once): a code of its position's codebook, no stop
         where the speech may end, not the last of the token budget, and no alignment of the
         request's. The rest are appended one by one, with those checks."""
+        if columns is None:
+            columns = self.columns(slots)
         frame_slots = positions % self.frame
         code = ids - self.slot_starts[frame_slots]
-        plain = (code >= 0) & (code < self.codebook) & (positions + 1 < self.budget[slots])
-        plain &= ~self.aligned[slots] & (self.forced_at[slots] < 0)
+        plain = (code >= 0) & (code < self.codebook) & (positions + 1 < columns.budget)
+        plain &= columns.unforced
         if self.stops_by_token:
-            may_stop = (frame_slots == 0) & (positions > 0) & (positions >= self.min_tokens[slots])
-            stop = (ids == self.end_of_speech) | (may_stop & (self.stop_ids[slots] == ids[:, None]).any(axis=1))
+            may_stop = (frame_slots == 0) & (positions > 0) & (positions >= columns.min_tokens)
+            stop = (ids == self.end_of_speech) | (may_stop & (columns.extra_ids == ids[:, None]).any(axis=1))
             plain &= ~stop
         return plain
 
@@ -223,21 +261,23 @@ class RowTable:
 
     def sampling_rows(self, contexts: Sequence["TTSContext"], positions: Sequence[int], *,
                       draw: bool = True, slots: np.ndarray | None = None,
-                      out: dict[str, np.ndarray] | None = None, draws: np.ndarray | None = None) -> SamplingRows:
+                      out: dict[str, np.ndarray] | None = None, draws: np.ndarray | None = None,
+                      columns: SlotColumns | None = None) -> SamplingRows:
         """Row i samples generated position ``positions[i]`` of ``contexts[i]``: the same rows
         SamplingRows.build makes from the requests one by one. With ``out`` (a step's staged host
         arrays, shaped for :meth:`stop_width`'s width) the rows' arrays are written there, and the
         rows are views of them: no array of the step is made twice. ``draws``: the sampling rows'
         draws taken already (:meth:`draw`; the first column is the backbone's), else one each is
-        taken here where ``draw``."""
+        taken here where ``draw``. ``columns``: the slots' :meth:`columns`, where the caller keeps them."""
         if slots is None:
             slots = self.slots(contexts)
+        if columns is None:
+            columns = self.columns(slots)
         codebook = self.codebook
         batch = len(slots)
         position = np.asarray(positions, dtype=np.int64)
         frame_slots = position % self.frame
-        counts = self.stop_count[slots]
-        width = int(counts.max())
+        width = columns.width
         if out is None:
             out = {"starts": np.empty(batch, dtype=np.int64), "extra_ids": np.empty((batch, width), dtype=np.int64),
                    "blocked": np.empty((batch, codebook + width), dtype=bool),
@@ -246,34 +286,27 @@ class RowTable:
         starts, extra_ids, blocked, floats, top_k = (out[name] for name in ("starts", "extra_ids", "blocked",
                                                                              "floats", "top_k"))
         np.take(self.slot_starts, frame_slots, out=starts)
-        extra_ids[...] = self.stop_ids[slots, :width]
+        extra_ids[...] = columns.extra_ids
         # Stop ids may be chosen only where the speech may end (request.py's may_stop); the padding never.
         if self.stops_by_token:
-            may_stop = (frame_slots == 0) & (position > 0) & (position >= self.min_tokens[slots])
-            allowed = np.where(may_stop, counts, 0)
+            may_stop = (frame_slots == 0) & (position > 0) & (position >= columns.min_tokens)
+            allowed = np.where(may_stop, columns.counts, 0)
         else:
             allowed = np.zeros(batch, dtype=np.int64)
         blocked[:, :codebook] = False
         blocked[:, codebook:] = np.arange(width)[None, :] >= allowed[:, None]
-        floats[:len(SETTINGS)] = self.settings[slots].T
+        floats[:len(SETTINGS)] = columns.settings
         floats[len(SETTINGS):] = 0.0
-        limit = self.top_k[slots]
-        top_k[...] = np.where((limit > 0) & (limit < codebook + width), limit, codebook + width)
-        sampled = self.sampled[slots]
-        sampling = np.flatnonzero(sampled)
+        top_k[...] = columns.top_k
+        sampling = columns.sampling
         if sampling.size and (draws is not None or draw):  # from each request's own generator: nothing read back
-            floats[_UNIFORM, sampling] = (draws if draws is not None else self.draw(slots[sampling], 1))[:, 0]
-        sampled_top_k = top_k[sampled]
-        flags = dict(any_sampling=bool(sampling.size), penalized=bool(self.penalized[slots].any()),
-                     prefix_suffices=bool((sampled_top_k <= NUCLEUS_PREFIX).all()),
-                     prefix_may_suffice=bool(((sampled_top_k <= NUCLEUS_PREFIX)
-                                              | (sampled_top_k == codebook + width)).all()))
-        built = SamplingRows(codebook, starts, extra_ids, blocked, floats, top_k, frame_slots, **flags)
+            floats[_UNIFORM, sampling] = (draws if draws is not None else self.draw(columns.sampled_slots, 1))[:, 0]
+        built = SamplingRows(codebook, starts, extra_ids, blocked, floats, top_k, frame_slots, **columns.flags)
         # A forced row allows its forced id alone: the one listed position of a frame alignment...
-        lone = np.flatnonzero(self.forced_at[slots] == position)
+        lone = np.flatnonzero(columns.forced_at == position)
         if lone.size:
-            blocked[lone] = built.candidate_ids(lone) != self.forced_id[slots[lone], None]
-        aligned = np.flatnonzero(self.aligned[slots])
+            blocked[lone] = built.candidate_ids(lone) != columns.forced_id[lone, None]
+        aligned = columns.aligned_rows
         if aligned.size:  # ...and the positions of other alignments, asked row by row
             forced = [(row, fixed) for row in aligned.tolist()
                       if (fixed := contexts[row].alignment.forced(int(position[row]))) is not None]

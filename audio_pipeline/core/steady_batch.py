@@ -56,8 +56,10 @@ class SteadyBatch:
         self.launched = 0
         #: False once dissolved: the entries are true again, and its passes in flight apply row by row.
         self.live = True
-        #: The model runner's row-table slots of the rows (filled at its first staging).
+        #: The model runner's row-table slots of the rows and their unchanging columns
+        #: (row_table.SlotColumns), filled at its first staging.
         self.slots: np.ndarray | None = None
+        self.columns: Any = None
         self._make_item = make_item
 
     def __len__(self) -> int:
