@@ -526,7 +526,6 @@ class AudioGenerationScheduler:
             items = result.items
             starts = items.starts if type(items) is SteadyItems else np.array([item.start for item in items],
                                                                               dtype=np.int64)
-            ends = (starts + 1).tolist()
             plain, frames = result.plain, result.frames
             batch.applied = starts + 1
             if plain is not None and result.ids is not None and all(plain):
@@ -534,6 +533,7 @@ class AudioGenerationScheduler:
                 # ``processed`` waits in batch.applied (written where a page fills, and at the end).
                 deque(map(list.append, batch.generated, result.ids), maxlen=0)
             else:
+                ends = batch.applied.tolist()
                 for index, (request, tokens, end) in enumerate(zip(requests, result.tokens, ends)):
                     request.processed = end
                     if plain is not None and plain[index]:
