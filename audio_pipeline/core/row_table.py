@@ -76,7 +76,10 @@ class RowTable:
         self.codes = layout.codes_per_token
         #: Draws a sampling row takes a step: the backbone's, then one per depth codebook.
         self.draws_per_row = self.codes
-        self.draw_block = max(64, 8 * self.draws_per_row)
+        # A slot's draws come a block at a time (a call into its request's generator): for a token
+        # layout 256 steps' worth, so that at hundreds of rows one row a step refills rather than a
+        # handful. The generator's numbers do not depend on how many are taken at once.
+        self.draw_block = max(256, 8 * self.draws_per_row)
         # A position's candidate range depends on its frame slot alone (its codebook).
         self.slot_starts = np.array([layout.token_range(slot)[0] for slot in range(self.frame)], dtype=np.int64)
         self._index: dict[str, int] = {}
