@@ -9,16 +9,18 @@ nothing about the batch changes (no request joins, leaves, stops or is preempted
 the same from pass to pass but for positions that each grow by one. So once the scheduler makes
 such a pass the usual way, it adopts the batch: the rows, in that pass's order, their request ids,
 page-table rows (and, once the runner asks, row-table slots), and as arrays each row's next
-position, the length it may not reach, and how many of the batch's passes are in flight. A pass
+position, the length it may not reach, and how many of the batch's rounds are in flight. A pass
 then is a few array operations: every row still below its length, pages where a row crosses into a
 new one (Python only for those rows), positions advanced by one; a multi-step round of several
 passes, the same with each pass's positions one further.
 
 The rows' scheduler entries are not written while the batch holds them, nor the requests'
-``processed`` but where a page fills (the prefix cache commits it): the arrays are what is true. :meth:`dissolve` writes them back (positions, and the batch's passes in flight added to each
-entry's own count) whenever anything but a steady pass or its update touches the rows: a request
-arrives in the queue, ends, is cancelled or removed, or a result ends a row. Passes of a dissolved
-batch still in flight are then applied the usual way, row by row.
+``processed`` but where a page fills (the prefix cache commits it): the arrays are what is true.
+:meth:`dissolve` writes them back (positions, processed counts, and the batch's rounds in flight
+added to each entry's own count) whenever anything but a steady round or its update touches the
+rows: a request that may join arrives, a row ends, is cancelled or removed, reaches its max length
+or finds no free page. Passes of a dissolved batch still in flight are then applied the usual way,
+row by row.
 
 Torch-free, like the scheduler.
 """
