@@ -367,7 +367,7 @@ class ModelRunner:
         table = self.rows
         if type(items) is SteadyItems:  # the persistent batch: its rows' slots and pages are kept
             steady = items.batch
-            requests, start, page_rows = steady.requests, items.starts, steady.page_rows
+            requests, request_ids, start, page_rows = steady.requests, steady.request_ids, items.starts, steady.page_rows
             if steady.slots is None:
                 steady.slots = table.slots(requests)
                 steady.columns = table.columns(steady.slots)
@@ -379,14 +379,13 @@ class ModelRunner:
             slots = table.slots(requests)
             columns = table.columns(slots)
             start = np.array(starts, dtype=np.int64)
-            page_rows = None
+            request_ids, page_rows = [request.request_id for request in requests], None
         self.device_rows.fit()
         if columns.aligned_rows.size or not np.array_equal(table.latest[slots], start):
             return None
         batch = len(items)
         padded = self._padded(items, True)
-        metadata = self.kv.decode_metadata(None if page_rows is not None else [r.request_id for r in requests],
-                                           start, padding=max(0, padded - batch), page_rows=page_rows)
+        metadata = self.kv.decode_metadata(request_ids, start, padding=max(0, padded - batch), page_rows=page_rows)
         total = metadata.num_tokens
         fresh = table.take_written()
         staged = self.arena.stage(self._arrays(total, batch, columns.width, batch, len(fresh)))

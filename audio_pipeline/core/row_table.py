@@ -40,7 +40,6 @@ class SlotColumns:
     one before it (the scheduler's persistent batch) reads these instead of gathering them again."""
 
     def __init__(self, table: "RowTable", slots: np.ndarray):
-        self.slots = slots
         self.counts = table.stop_count[slots]
         self.width = int(self.counts.max()) if len(slots) else 0
         self.extra_ids = table.stop_ids[slots, :self.width]
@@ -53,13 +52,13 @@ class SlotColumns:
         # Rows the update may append as they are: no alignment, no listed forced position.
         self.unforced = ~table.aligned[slots] & (self.forced_at < 0)
         self.settings = np.ascontiguousarray(table.settings[slots].T)
-        self.sampled = table.sampled[slots]
-        self.sampling = np.flatnonzero(self.sampled)
-        self.sampled_slots = slots[self.sampled]
+        sampled = table.sampled[slots]
+        self.sampling = np.flatnonzero(sampled)
+        self.sampled_slots = slots[sampled]
         full = table.codebook + self.width
         limit = table.top_k[slots]
         self.top_k = np.where((limit > 0) & (limit < full), limit, full)
-        sampled_top_k = self.top_k[self.sampled]
+        sampled_top_k = self.top_k[sampled]
         self.flags = dict(any_sampling=bool(self.sampling.size), penalized=bool(table.penalized[slots].any()),
                           prefix_suffices=bool((sampled_top_k <= NUCLEUS_PREFIX).all()),
                           prefix_may_suffice=bool(((sampled_top_k <= NUCLEUS_PREFIX) | (sampled_top_k == full)).all()))

@@ -120,9 +120,6 @@ class SteadyItems(Sequence[Any]):
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __bool__(self) -> bool:
-        return len(self.starts) > 0
-
     def rows(self) -> list[Any]:
         """The scheduled items, made once."""
         if self._items is None:

@@ -140,11 +140,11 @@ class PagedKVCacheManager:
         except RuntimeError as exc:
             raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
 
-    def decode_metadata(self, request_ids: Sequence[str] | None, starts: Sequence[int], *, padding: int = 0,
+    def decode_metadata(self, request_ids: Sequence[str], starts: Sequence[int], *, padding: int = 0,
                         page_rows: np.ndarray | None = None) -> StepMetadata:
         """:meth:`metadata` of a decode step (request i computes the one token at ``starts[i]``),
         from the block manager's page table; ``page_rows``: the requests' page-table rows, where the
-        caller keeps them (instead of ``request_ids``)."""
+        caller keeps them (else looked up by ``request_ids``)."""
         blocks = self.block_manager
         rows = blocks.page_rows(request_ids) if page_rows is None else page_rows
         try:
@@ -152,8 +152,7 @@ class PagedKVCacheManager:
                                            np.asarray(starts, dtype=np.int64), self.page_size, padding=padding,
                                            padding_page=self.cache.scratch_block)
         except RuntimeError as exc:
-            named = request_ids if request_ids is not None else rows.tolist()
-            raise RuntimeError(f"requests {list(named)!r}: {exc}") from None
+            raise RuntimeError(f"requests {list(request_ids)!r}: {exc}") from None
 
     def batch(self, request_ids: Sequence[str], starts: Sequence[int], lengths: Sequence[int]) -> PagedBatch:
         """The attention view of a step where sequence i computes tokens [starts[i], starts[i] + lengths[i])."""
