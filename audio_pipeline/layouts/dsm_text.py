@@ -1,0 +1,172 @@
+"""The text side of delayed streams modeling (Kyutai TTS): a script becomes a queue of words, and a
+small state machine decides, from each text id the model samples, what the model reads next.
+
+The model samples a text id at every frame. Only two of its values matter: "new word" (0), asking
+for the next word, and anything else, read as "pad" (3). The machine feeds a word's tokens one per
+frame after the model asked for it, forces padding while they are fed and for the word's padding
+after, forces a new word after ``max_padding`` frames of padding, and notes the frame where the model
+asked past the last word: the end of the speech. With a lookahead stream the word ``ahead`` words
+on is fed beside the current one, multiplexed in one id: ``(second + 1) * (text_card + 1) + first``.
+
+A word queue may be open (words still arriving: streamed text): asking past its last word then
+waits, padding, until a word arrives or the queue is closed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+NEW_WORD = 0
+MAIN_SPEAKER = 1
+OTHER_SPEAKER = 2
+PAD = 3
+#: The id the model embeds as zero (the lookahead stream when it has nothing to feed).
+ZERO = -1
+
+#: A pause (``<break time="0.5s"/>``) or the spaces between words.
+_EVENT = re.compile(r'<break\s+time="([0-9]+(?:.[0-9]*)?)s"\s*/?>|\s+')
+
+
+@dataclass(frozen=True)
+class Word:
+    """One entry of the queue: a word's text tokens (empty for a pause), its text, and the frames
+    of padding forced once it is taken (a pause's length; after a word, its tokens' time)."""
+
+    tokens: tuple[int, ...]
+    text: str
+    padding: int = 0
+
+
+def script_words(encode: Callable[[str], list[int]], script: Sequence[str], *, frame_rate: float,
+                 multi_speaker: bool = True, padding_between: int = 0) -> list[Word]:
+    """The words of a script: one string per speaker turn (the main speaker's first; an empty
+    first turn starts with the other speaker). A turn's first word carries its speaker's token
+    where the speaker changes (models that know several speakers); ``padding_between`` forces
+    that many frames after each word beyond its tokens' own. Colons become spaces, parentheses
+    go, typographic apostrophes become plain ones; ``<break time="Xs"/>`` is a pause of X seconds."""
+    speakers = (MAIN_SPEAKER, OTHER_SPEAKER)
+    words: list[Word] = []
+    last_speaker: int | None = None
+
+    def add(turn: int, text: str, first: bool) -> None:
+        nonlocal last_speaker
+        tokens = list(encode(text))
+        speaker = turn % len(speakers)
+        if first and multi_speaker and last_speaker != speaker:
+            last_speaker = speaker
+            tokens.insert(0, speakers[speaker])
+        padding = max(0, padding_between + len(tokens) - 1) if padding_between > 0 else 0
+        words.append(Word(tuple(tokens), text, padding))
+
+    for turn, line in enumerate(script):
+        first = True
+        line = line.replace("\u2019", "'").replace(":", " ").replace("(", "").replace(")", "")
+        while line:
+            match = _EVENT.search(line)
+            if match is None:
+                break
+            text, line = line[:match.start()], line[match.end():]
+            if text:
+                add(turn, text, first)
+                first = False
+            if match.group(1):
+                words.append(Word((), "", int(round(float(match.group(1)) * frame_rate))))
+        if line:
+            add(turn, line, first)
+    return words
+
+
+@dataclass
+class TextState:
+    """One request's reading state (see the module docstring)."""
+
+    words: deque[Word]
+    remaining_padding: int
+    forced_padding: int
+    #: Whether more words may still arrive (streamed text not closed yet).
+    open: bool = False
+    queued: deque[int] = field(default_factory=deque)
+    lookahead_queued: deque[int] = field(default_factory=deque)
+    #: The frame where the model asked past the last word of a closed queue (the speech's end).
+    end_step: int | None = None
+    #: Frames at which each entry (words and pauses) was taken.
+    consumed_at: list[int] = field(default_factory=list)
+    #: (word, frame) of every word taken: the word timestamps.
+    transcript: list[tuple[str, int]] = field(default_factory=list)
+
+    def add_words(self, words: Sequence[Word]) -> None:
+        self.words.extend(words)
+
+    def close(self) -> None:
+        self.open = False
+
+    def tokens_ahead(self, ahead: int) -> tuple[int, ...]:
+        for word in self.words:
+            if word.tokens:
+                ahead -= 1
+                if ahead == 0:
+                    return word.tokens
+        return ()
+
+
+@dataclass(frozen=True)
+class TextMachine:
+    """The rules: ``text_card`` (the text vocabulary, for multiplexing), the lookahead distance
+    (0: one stream), the most frames of padding in a row, and the padding the speech opens with."""
+
+    text_card: int
+    second_stream_ahead: int = 0
+    max_padding: int = 8
+    initial_padding: int = 2
+
+    def new_state(self, words: Sequence[Word], *, open: bool = False) -> TextState:
+        return TextState(deque(words), self.initial_padding, self.initial_padding, open=open)
+
+    def step(self, frame: int, state: TextState, sampled: int) -> int:
+        """The text id fed at the next frame, given the id the model sampled at ``frame``."""
+        token = NEW_WORD if sampled == NEW_WORD else PAD
+        if state.queued or state.forced_padding > 0:
+            token = PAD
+        elif state.remaining_padding <= 0:
+            token = NEW_WORD
+        if token == NEW_WORD:
+            if state.words:
+                word = state.words.popleft()
+                state.consumed_at.append(frame)
+                if word.tokens:
+                    state.transcript.append((word.text, frame))
+                    state.queued.extend(word.tokens)
+                    if self.second_stream_ahead:
+                        state.lookahead_queued.extend(state.tokens_ahead(self.second_stream_ahead))
+                    state.remaining_padding = self.max_padding
+                else:  # a pause: read as padding
+                    token = PAD
+                state.forced_padding = word.padding
+            elif state.open:  # the next word has not arrived: wait
+                token = PAD
+            else:
+                token = PAD
+                if self.second_stream_ahead and state.end_step is None:
+                    token = NEW_WORD
+                if state.end_step is None:
+                    state.end_step = frame
+        if token == PAD:
+            if state.remaining_padding > 0:
+                state.remaining_padding -= 1
+            if state.forced_padding > 0:
+                state.forced_padding -= 1
+            out = state.queued.popleft() if state.queued else PAD
+        else:
+            out = NEW_WORD
+        if not self.second_stream_ahead:
+            return out
+        second = ZERO
+        if out == NEW_WORD:  # the new-word mark goes on the lookahead stream
+            second = NEW_WORD
+            out = state.queued.popleft() if state.queued else PAD
+        elif state.lookahead_queued:
+            second = state.lookahead_queued.popleft()
+        return (second + 1) * (self.text_card + 1) + out
