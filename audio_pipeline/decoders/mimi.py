@@ -47,7 +47,7 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +64,9 @@ from transformers.models.mimi.modeling_mimi import (
     MimiSplitResidualVectorQuantizer,
 )
 
+from audio_pipeline.checkpoints.kyutai_tts_config import is_kyutai_tts_config
 from audio_pipeline.decoders.base import AudioDecoder
+from audio_pipeline.decoders.mimi_moshi import read_moshi_config, transformers_config, transformers_tensors
 from audio_pipeline.decoders.registry import register_audio_decoder
 from audio_pipeline.models.weights import load_strict, read_config_json
 
@@ -91,35 +93,71 @@ CSM_CODEC_PREFIX = "codec_model."
 # checkpoint files
 
 
-def _read_config(directory: Path) -> tuple[dict[str, Any], str, int | None]:
-    """(the codec's config, the key prefix of its tensors, the codebooks a CSM model speaks)."""
+@dataclass(frozen=True)
+class _Source:
+    """Where a codec's tensors are: its files, the key prefix of its tensors in them, and (for
+    Kyutai's own layout) the attention heads its names are translated with (decoders/mimi_moshi.py)."""
+
+    files: tuple[Path, ...]
+    prefix: str = ""
+    moshi_heads: int | None = None
+
+
+def _read_config(directory: Path) -> tuple[dict[str, Any], _Source, int | None]:
+    """(the codec's config, where its tensors are, the codebooks its model speaks by default)."""
     raw = read_config_json(directory, "Mimi")
+    if is_kyutai_tts_config(raw):
+        config = transformers_config(read_moshi_config(directory, raw.get("mimi_config_name")), directory)
+        path = directory / raw.get("mimi_name", "tokenizer-e351c8d8-checkpoint125.safetensors")
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} (config.json mimi_name) is missing")
+        return config, _Source((path,), "", config["num_attention_heads"]), int(raw["n_q"])
     if isinstance(raw, dict) and isinstance(raw.get("codec_config"), dict):
-        return raw["codec_config"], CSM_CODEC_PREFIX, raw.get("num_codebooks")
-    if isinstance(raw, dict) and raw.get("model_type") == "mimi":
-        return raw, "", None
-    raise ValueError(f"{directory / 'config.json'}: neither a Mimi config (model_type mimi) nor a CSM config with a codec_config")
+        config, prefix, codebooks = raw["codec_config"], CSM_CODEC_PREFIX, raw.get("num_codebooks")
+    elif isinstance(raw, dict) and raw.get("model_type") == "mimi":
+        config, prefix, codebooks = raw, "", None
+    else:
+        raise ValueError(f"{directory / 'config.json'}: neither a Mimi config (model_type mimi), a CSM config with a "
+                         f"codec_config nor a Kyutai TTS config")
+    return config, _Source(tuple(sorted(directory.glob("*.safetensors"))), prefix), codebooks
 
 
-def _read_tensors(files: Sequence[Path], prefix: str, parts: set[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """The tensors under ``prefix`` that belong to ``parts``, as {part: {module key: tensor}}."""
+def _stored_tensors(source: _Source) -> dict[str, torch.Tensor] | None:
+    """A Kyutai-layout codec's tensors under transformers' MimiModel names (None: read by name)."""
+    if source.moshi_heads is None:
+        return None
+    from safetensors.torch import load_file
+
+    return transformers_tensors(load_file(str(source.files[0])), source.moshi_heads)
+
+
+def _read_tensors(source: _Source, parts: set[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """The tensors under ``source.prefix`` that belong to ``parts``, as {part: {module key: tensor}}."""
     out: dict[str, dict[str, torch.Tensor]] = {part: {} for part in parts}
     unknown = []
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for stored in f.keys():
-                if not stored.startswith(prefix):
-                    continue
-                key = stored[len(prefix):]
-                for theirs, part, ours in _LAYOUT:
-                    if key.startswith(theirs):
-                        if part in parts:
-                            out[part][ours + key[len(theirs):]] = f.get_tensor(stored)
-                        break
-                else:
-                    unknown.append(stored)
+
+    def place(stored: str, get: Callable[[], torch.Tensor]) -> None:
+        if not stored.startswith(source.prefix):
+            return
+        key = stored[len(source.prefix):]
+        for theirs, part, ours in _LAYOUT:
+            if key.startswith(theirs):
+                if part in parts:
+                    out[part][ours + key[len(theirs):]] = get()
+                return
+        unknown.append(stored)
+
+    translated = _stored_tensors(source)
+    if translated is not None:
+        for stored, tensor in translated.items():
+            place(stored, lambda tensor=tensor: tensor)
+    else:
+        for path in source.files:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for stored in f.keys():
+                    place(stored, lambda stored=stored: f.get_tensor(stored))
     if unknown:
-        raise ValueError(f"{len(unknown)} tensors in {files[0].parent} are not part of a Mimi codec, "
+        raise ValueError(f"{len(unknown)} tensors in {source.files[0].parent} are not part of a Mimi codec, "
                          f"e.g. {unknown[:4]}")
     return out
 
@@ -208,7 +246,7 @@ class MimiDecoder(AudioDecoder):
     supports_encoding = True
 
     def __init__(self, config: Any, quantizer: nn.Module, decoder: nn.Module, *, num_codebooks: int,
-                 device: torch.device, dtype: torch.dtype, files: list[Path], prefix: str):
+                 device: torch.device, dtype: torch.dtype, source: _Source):
         self.config = config
         self.quantizer, self.decoder = quantizer, decoder
         self.tokens_per_frame = num_codebooks
@@ -219,7 +257,7 @@ class MimiDecoder(AudioDecoder):
         self.samples_per_frame = self.latent_stride * math.prod(config.upsampling_ratios)
         self.window = config.sliding_window
         self.receptive_field_frames = _lookback_frames(decoder, self.window, config.num_hidden_layers)
-        self._files, self._prefix = files, prefix
+        self._source = source
         self._encoder_model: nn.Module | None = None
         self._encoder_lock = threading.Lock()
         #: Slot in MimiState.convs of every convolution of the decoder.
@@ -243,7 +281,7 @@ class MimiDecoder(AudioDecoder):
         directory = Path(weights)
         if not directory.is_dir():
             raise FileNotFoundError(f"Mimi weights must be a directory (Mimi or CSM checkpoint): {directory}")
-        raw, prefix, csm_codebooks = _read_config(directory)
+        raw, source, csm_codebooks = _read_config(directory)
         # sdpa: the batched block path hands the transformer a boolean mask, the form sdpa reads.
         model_config = MimiConfig.from_dict(raw, attn_implementation="sdpa")
         _check_streamable(model_config, directory)
@@ -252,20 +290,19 @@ class MimiDecoder(AudioDecoder):
         if not isinstance(num_codebooks, int) or isinstance(num_codebooks, bool) or not 1 <= num_codebooks <= available:
             raise ValueError(f"num_codebooks must be an integer from 1 to the codec's {available} quantizers, "
                              f"got {num_codebooks!r}")
-        files = sorted(directory.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no safetensors files in {directory}")
 
         quantizer = MimiSplitResidualVectorQuantizer(model_config)
         decoder = MimiDecoderModel(model_config.decoder_config)
-        tensors = _read_tensors(files, prefix, {"quantizer", "decoder"})
+        if not source.files:
+            raise FileNotFoundError(f"no safetensors files in {directory}")
+        tensors = _read_tensors(source, {"quantizer", "decoder"})
         load_strict(quantizer, tensors["quantizer"], f"{directory}: the Mimi quantizer")
         load_strict(decoder, tensors["decoder"], f"{directory}: the Mimi decoder")
         device = torch.device(device)
         for module in (quantizer, decoder):
             module.to(device=device, dtype=dtype).eval().requires_grad_(False)
         return cls(model_config, quantizer, decoder, num_codebooks=num_codebooks, device=device, dtype=dtype,
-                   files=files, prefix=prefix)
+                   source=source)
 
     # ---- decoding ------------------------------------------------------------------------
 
@@ -393,8 +430,8 @@ class MimiDecoder(AudioDecoder):
         with self._encoder_lock:
             if self._encoder_model is None:
                 encoder = MimiEncoderModel(self.config.encoder_config)
-                tensors = _read_tensors(self._files, self._prefix, {"encoder"})["encoder"]
-                load_strict(encoder, tensors, f"{self._files[0].parent}: the Mimi encoder")
+                tensors = _read_tensors(self._source, {"encoder"})["encoder"]
+                load_strict(encoder, tensors, f"{self._source.files[0].parent}: the Mimi encoder")
                 self._encoder_model = encoder.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
             return self._encoder_model
 
