@@ -129,6 +129,40 @@ def test_every_backend_equals_contiguous_attention(backend, page_size, heads, kv
     torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("backend", [b for b in available_backends() if b != "flashinfer"])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("mix", sorted(MIXES))
+@pytest.mark.parametrize("dim", [8, 64])
+def test_a_sliding_window_equals_windowed_contiguous_attention(backend, page_size, window, mix, dim):
+    """With a sliding window (a query sees the ``window`` positions ending at its own) each backend
+    equals plain windowed attention over each sequence's contiguous keys and values, for decode
+    rows, multi-token rows, whole prompts and mixed steps, windows shorter than a page, across
+    pages and longer than some sequences; and the windowed reference differs from the unwindowed
+    one wherever a sequence is longer than the window."""
+    lengths, new = MIXES[mix]
+    generator = torch.Generator().manual_seed(page_size * 1000 + window)
+    key_cache, value_cache, metadata, query, contiguous = _ragged_case(
+        generator, heads=4, kv_heads=2, page_size=page_size, lengths=lengths, new=new, dim=dim)
+    rows = np.cumsum([0, *new])
+    want = torch.cat([causal_attention_reference(query[a:b], k, v, window=window)
+                      for a, b, (k, v) in zip(rows[:-1], rows[1:], contiguous)])
+    if max(lengths) > window:
+        assert not torch.allclose(want, _contiguous_attention(query, contiguous, new))
+    torch.testing.assert_close(paged_attention_reference(query, key_cache, value_cache, metadata, window=window),
+                               want, atol=1e-5, rtol=1e-5)
+    chosen = select_attention_backend(backend, torch.device("cpu"), torch.float32, num_heads=4, num_kv_heads=2,
+                                      head_dim=dim, page_size=page_size, window=window)
+    torch.testing.assert_close(chosen.plan(metadata).attend(query, key_cache, value_cache), want,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_is_not_passed_to_flashinfer_and_says_so():
+    with pytest.raises(ValueError, match="sliding attention window"):
+        select_attention_backend("flashinfer", torch.device("cpu"), torch.float32, num_heads=4, num_kv_heads=2,
+                                 head_dim=64, page_size=16, window=8)
+
+
 #: How far attention over a 16-bit cache may be from attention over the float32 keys and values
 #: it holds rounded (max abs difference of outputs; random normal queries, keys and values). Measured
 #: on the cases below: bfloat16 (8 significant bits) 8.3e-3, float16 (11) 1.0e-3; the bounds are

@@ -22,6 +22,9 @@ class KVCacheParams:
     dtype: torch.dtype
     page_size: int
     n_devices: int = 1
+    #: The model's sliding attention window (each query sees the ``window`` positions ending at its
+    #: own); None: causal over the whole sequence.
+    window: int | None = None
 
     @property
     def bytes_per_token(self) -> int:

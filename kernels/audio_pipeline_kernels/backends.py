@@ -54,21 +54,21 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, scale: float):
-        self.device, self.dtype, self.scale = device, dtype, scale
+    def __init__(self, device: torch.device, dtype: torch.dtype, scale: float, window: int | None = None):
+        self.device, self.dtype, self.scale, self.window = device, dtype, scale, window
 
     def plan(self, metadata: StepMetadata) -> TorchPlan:
-        return TorchPlan(RaggedStep.build(metadata, self.device, self.dtype), self.scale)
+        return TorchPlan(RaggedStep.build(metadata, self.device, self.dtype, self.window), self.scale)
 
 
 class NativePlan:
-    def __init__(self, kernel, metadata: StepMetadata, scale: float):
-        self.kernel, self.scale = kernel, scale
+    def __init__(self, kernel, metadata: StepMetadata, scale: float, window: int | None = None):
+        self.kernel, self.scale, self.window = kernel, scale, window or 0
         self.args = tuple(torch.from_numpy(a) for a in (metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices,
                                                          metadata.seq_lens))
 
     def attend(self, query, key_cache, value_cache):
-        return self.kernel(query, key_cache, value_cache, *self.args, self.scale)
+        return self.kernel(query, key_cache, value_cache, *self.args, self.scale, self.window)
 
 
 #: Cache dtypes the native kernel reads (a 16-bit one widened to float32 as it is loaded).
@@ -80,19 +80,22 @@ class NativeBackend:
 
     name = "native"
 
-    def __init__(self, kernel, scale: float):
-        self.kernel, self.scale = kernel, scale
+    def __init__(self, kernel, scale: float, window: int | None = None):
+        self.kernel, self.scale, self.window = kernel, scale, window
 
     def plan(self, metadata: StepMetadata) -> NativePlan:
-        return NativePlan(self.kernel, metadata, self.scale)
+        return NativePlan(self.kernel, metadata, self.scale, self.window)
 
 
 def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype, *, num_heads: int,
                              num_kv_heads: int, head_dim: int, page_size: int,
-                             cache_dtype: torch.dtype | None = None, prefill_backend: str = "auto") -> AttentionBackend:
+                             cache_dtype: torch.dtype | None = None, prefill_backend: str = "auto",
+                             window: int | None = None) -> AttentionBackend:
     """The backend ``name`` (one of BACKENDS) for a model's attention on ``device``; ``auto`` takes the
     fastest that runs there. ``prefill_backend`` (PREFILL_BACKENDS) picks FlashInfer's prefill kernel.
-    ValueError naming the setting when the one asked for cannot run."""
+    ``window``: the model's sliding attention window (each query sees the ``window`` positions
+    ending at its own; None: causal over the whole sequence). ValueError naming the setting when the
+    one asked for cannot run."""
     if name not in BACKENDS:
         raise ValueError(f"model.kv_cache.attention_kernel: {name!r} is not one of {', '.join(BACKENDS)}")
     if prefill_backend not in PREFILL_BACKENDS:
@@ -100,7 +103,12 @@ def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype
                          f"{', '.join(PREFILL_BACKENDS)}")
     scale = head_dim ** -0.5
     cache_dtype = cache_dtype or dtype
-    if device.type == "cuda" and name in ("auto", "flashinfer"):
+    if window is not None and name == "flashinfer":
+        raise ValueError("model.kv_cache.attention_kernel=flashinfer: this model's sliding attention window is not "
+                         "passed to FlashInfer yet; use auto or torch")
+    if device.type == "cuda" and name == "auto" and window is not None:
+        logger.warning("a sliding attention window: attention on CUDA uses the torch form (slower, no CUDA graphs)")
+    elif device.type == "cuda" and name in ("auto", "flashinfer"):
         from audio_pipeline_kernels.flashinfer_attention import FlashInferBackend, flashinfer_unavailable
 
         reason = flashinfer_unavailable(head_dim, dtype, cache_dtype)
@@ -119,12 +127,12 @@ def select_attention_backend(name: str, device: torch.device, dtype: torch.dtype
             and cache_dtype in NATIVE_CACHE_DTYPES):
         kernel = native_attention()
         if kernel is not None:
-            return NativeBackend(kernel, scale)
+            return NativeBackend(kernel, scale, window)
     if name == "native":
         raise ValueError("model.kv_cache.attention_kernel=native: the native kernel runs on CPU with a float32 "
                          "model and a float32, float16 or bfloat16 cache, and needs a C++ compiler (see the log); "
                          "use auto or torch")
-    return TorchBackend(device, dtype, scale)
+    return TorchBackend(device, dtype, scale, window)
 
 
 __all__ = ["BACKENDS", "NATIVE_CACHE_DTYPES", "PREFILL_BACKENDS", "AttentionBackend", "AttentionPlan", "NativeBackend",

@@ -138,17 +138,21 @@ static inline void prefetch(const void* p, int64_t bytes) {
 template <typename T, int DIM>
 static void attend_sequence(const float* q, const T* kc, const T* vc, const int32_t* pages,
                             int64_t page_size, int64_t heads, int64_t group, int64_t kv_heads, int64_t len,
-                            int64_t nq, int64_t dim_rt, float scale, float* out, std::vector<float>& scores,
-                            std::vector<float>& acc, std::vector<float>& wide) {
+                            int64_t nq, int64_t dim_rt, float scale, int64_t window, float* out,
+                            std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& wide) {
   const int64_t dim = DIM ? DIM : dim_rt;
   const int64_t row = kv_heads * dim, page_stride = page_size * row, first = len - nq;
+  // A sliding window: query i (at position first + i) sees positions lo(i) .. first + i; the pages
+  // wholly before the first query's window are not read at all.
+  auto lo = [&](int64_t i) -> int64_t { return window > 0 ? std::max<int64_t>(0, first + i + 1 - window) : 0; };
+  const int64_t begin = (lo(0) / page_size) * page_size;
   const int64_t row_bytes = row * static_cast<int64_t>(sizeof(T));
   scores.resize(nq * heads * len);
   acc.assign(nq * heads * dim, 0.f);
   wide.resize(std::max<int64_t>(row, 2 * dim));
   float* const buf = wide.data();
   // Pass 1: scores.
-  for (int64_t start = 0; start < len; start += page_size) {
+  for (int64_t start = begin; start < len; start += page_size) {
     const int64_t n = std::min(page_size, len - start), next = start + page_size;
     const int64_t page = static_cast<int64_t>(pages[start / page_size]) * page_stride;
     const T* kb = kc + page;
@@ -184,33 +188,34 @@ static void attend_sequence(const float* q, const T* kc, const T* vc, const int3
   }
   // Pass 2: softmax per (query, head) over the positions it sees.
   for (int64_t i = 0; i < nq; ++i) {
-    const int64_t visible = first + i + 1;
+    const int64_t visible = first + i + 1, low = lo(i);
     for (int64_t h = 0; h < heads; ++h) {
       float* si = scores.data() + (i * heads + h) * len;
-      float m = si[0];
-      for (int64_t j = 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
+      float m = si[low];
+      for (int64_t j = low + 1; j < visible; ++j) m = si[j] > m ? si[j] : m;
       float sum = 0.f;
-      for (int64_t j = 0; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
+      for (int64_t j = low; j < visible; ++j) { si[j] = std::exp(si[j] - m); sum += si[j]; }
       const float inv = 1.f / sum;
-      for (int64_t j = 0; j < visible; ++j) si[j] *= inv;
+      for (int64_t j = low; j < visible; ++j) si[j] *= inv;
     }
   }
   // Pass 3: weighted sums of the value rows, a page at a time (it stays in cache across the heads
   // that read it).
-  for (int64_t start = 0; start < len; start += page_size) {
+  for (int64_t start = begin; start < len; start += page_size) {
     const int64_t n = std::min(page_size, len - start);
     const T* vb = vc + static_cast<int64_t>(pages[start / page_size]) * page_stride;
     for (int64_t i = 0; i < nq; ++i) {
       const int64_t visible = std::min(n, first + i + 1 - start);
-      if (visible <= 0) continue;
+      const int64_t skip = std::max<int64_t>(0, lo(i) - start);  // this page's rows before the window
+      if (visible <= skip) continue;
       for (int64_t h = 0; h < heads; ++h) {
-        const float* si = scores.data() + (i * heads + h) * len + start;
-        const T* v0 = vb + (h / group) * dim;
+        const float* si = scores.data() + (i * heads + h) * len + start + skip;
+        const T* v0 = vb + skip * row + (h / group) * dim;
         float* a = acc.data() + (i * heads + h) * dim;
         if constexpr (DIM != 0) {
-          weighted_sum<DIM>(si, v0, row, visible, a, buf);
+          weighted_sum<DIM>(si, v0, row, visible - skip, a, buf);
         } else {
-          for (int64_t t = 0; t < visible; ++t) {
+          for (int64_t t = 0; t < visible - skip; ++t) {
             const float* x = as_float(v0 + t * row, buf, dim);
             for (int64_t d = 0; d < dim; ++d) a[d] += si[t] * x[d];
           }
@@ -225,7 +230,7 @@ static void attend_sequence(const float* q, const T* kc, const T* vc, const int3
 template <typename T>
 static void attend_step(const float* q, const T* kc, const T* vc, const int32_t* qo, const int32_t* kvp,
                         const int32_t* idx, const int32_t* lens, int64_t batch, int64_t heads, int64_t dim,
-                        int64_t page_size, int64_t kv_heads, float scale, float* o) {
+                        int64_t page_size, int64_t kv_heads, float scale, int64_t window, float* o) {
   const int64_t group = heads / kv_heads;
   // More threads for a prompt step (its queries times its keys, roughly), split by sequence.
   if (batch == 0) return;
@@ -238,10 +243,10 @@ static void attend_step(const float* q, const T* kc, const T* vc, const int32_t*
       float* ob = o + static_cast<int64_t>(qo[b]) * heads * dim;
       const int32_t* pages = idx + kvp[b];
       switch (dim) {
-#define CASE(D) case D: attend_sequence<T, D>(qb, kc, vc, pages, page_size, heads, group, kv_heads, lens[b], nq, dim, scale, ob, scores, acc, wide); break;
+#define CASE(D) case D: attend_sequence<T, D>(qb, kc, vc, pages, page_size, heads, group, kv_heads, lens[b], nq, dim, scale, window, ob, scores, acc, wide); break;
         CASE(32) CASE(48) CASE(64) CASE(80) CASE(96) CASE(128)
 #undef CASE
-        default: attend_sequence<T, 0>(qb, kc, vc, pages, page_size, heads, group, kv_heads, lens[b], nq, dim, scale, ob, scores, acc, wide);
+        default: attend_sequence<T, 0>(qb, kc, vc, pages, page_size, heads, group, kv_heads, lens[b], nq, dim, scale, window, ob, scores, acc, wide);
       }
     }
   });
@@ -249,10 +254,11 @@ static void attend_step(const float* q, const T* kc, const T* vc, const int32_t*
 
 // query [T, H, D] float32; caches [pages, page_size, Hkv, D], float32, float16 or bfloat16 (both
 // alike); qo_indptr, kv_indptr [B + 1], kv_indices, seq_lens [B] (int32: the step metadata's page
-// lists, see paged_layout.py). The output is float32.
+// lists, see paged_layout.py); window: a sliding window (each query sees the window positions ending
+// at its own), 0 for none. The output is float32.
 at::Tensor paged_attention(at::Tensor query, at::Tensor key_cache, at::Tensor value_cache,
                            at::Tensor qo_indptr, at::Tensor kv_indptr, at::Tensor kv_indices,
-                           at::Tensor seq_lens, double scale) {
+                           at::Tensor seq_lens, double scale, int64_t window) {
   const auto cache_type = key_cache.scalar_type();
   TORCH_CHECK(query.scalar_type() == at::kFloat, "float32 queries only");
   TORCH_CHECK(cache_type == at::kFloat || cache_type == at::kHalf || cache_type == at::kBFloat16,
@@ -276,7 +282,7 @@ at::Tensor paged_attention(at::Tensor query, at::Tensor key_cache, at::Tensor va
   pybind11::gil_scoped_release no_gil;
   switch (cache_type) {
 #define STEP(T) attend_step<T>(q, key_cache.data_ptr<T>(), value_cache.data_ptr<T>(), qo, kvp, idx, lens, batch, \
-                              heads, dim, page_size, kv_heads, fscale, o); break;
+                              heads, dim, page_size, kv_heads, fscale, window, o); break;
     case at::kHalf: STEP(c10::Half)
     case at::kBFloat16: STEP(c10::BFloat16)
     default: STEP(float)

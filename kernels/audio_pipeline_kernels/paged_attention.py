@@ -39,8 +39,10 @@ class RaggedStep:
     max_len: int
 
     @classmethod
-    def build(cls, metadata: StepMetadata, device: torch.device, dtype: torch.dtype = torch.float32) -> "RaggedStep":
-        """From the step's host metadata (numpy throughout; only the results are copied to ``device``)."""
+    def build(cls, metadata: StepMetadata, device: torch.device, dtype: torch.dtype = torch.float32,
+              window: int | None = None) -> "RaggedStep":
+        """From the step's host metadata (numpy throughout; only the results are copied to ``device``);
+        ``window``: a sliding window (each query sees the ``window`` positions ending at its own)."""
         page = metadata.page_size
         batch, max_len, max_query = metadata.batch_size, metadata.max_seq_len, metadata.max_query_len
         seq_lens = metadata.seq_lens.astype(np.int64)
@@ -59,10 +61,14 @@ class RaggedStep:
             query_index = np.where(valid, starts[:, None] + steps[None, :], 0)
             output_rows = (np.arange(batch)[:, None] * max_query + steps[None, :])[valid]
         mask = None
-        if max_query > 1 or seq_lens.min() != max_len:
-            # Query i of sequence b sits at position seq_len - query_len + i and sees keys up to it.
+        windowed = window is not None and max_len > window
+        if max_query > 1 or seq_lens.min() != max_len or windowed:
+            # Query i of sequence b sits at position seq_len - query_len + i and sees keys up to it
+            # (and, with a window, none ``window`` or more before it).
             last_visible = (seq_lens - query_lens)[:, None] + steps[None, :]  # [B, Q]
             visible = positions[None, None, :] <= last_visible[:, :, None]
+            if windowed:
+                visible &= positions[None, None, :] > last_visible[:, :, None] - window
             mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(torch.from_numpy(~visible), float("-inf"))
             mask = mask[:, None].to(device)
 

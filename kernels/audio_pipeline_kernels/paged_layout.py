@@ -179,13 +179,15 @@ def read_sequence_kv(cache: torch.Tensor, metadata: StepMetadata, sequence: int)
 
 
 def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                              metadata: StepMetadata, scale: float | None = None) -> torch.Tensor:
+                              metadata: StepMetadata, scale: float | None = None,
+                              window: int | None = None) -> torch.Tensor:
     """Causal attention of a ragged step read from the metadata's page lists one sequence at a time
-    (slow; the check for the metadata builder and for every backend). query: [T, heads, head_dim]."""
+    (slow; the check for the metadata builder and for every backend). query: [T, heads, head_dim];
+    ``window``: a sliding window (each query sees the ``window`` positions ending at its own)."""
     outputs = []
     for b in range(metadata.batch_size):
         rows = slice(int(metadata.qo_indptr[b]), int(metadata.qo_indptr[b + 1]))
         keys = read_sequence_kv(key_cache, metadata, b).to(query.dtype)
         values = read_sequence_kv(value_cache, metadata, b).to(query.dtype)  # fp8 caches: read widened
-        outputs.append(causal_attention_reference(query[rows], keys, values, scale=scale))
+        outputs.append(causal_attention_reference(query[rows], keys, values, scale=scale, window=window))
     return torch.cat(outputs)

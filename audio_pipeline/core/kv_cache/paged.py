@@ -103,7 +103,7 @@ class PagedKVCacheManager:
         self.backend: AttentionBackend = select_attention_backend(
             attention_kernel, device, model_dtype or params.dtype, num_heads=num_heads or params.n_kv_heads,
             num_kv_heads=params.n_kv_heads, head_dim=params.head_dim, page_size=params.page_size,
-            cache_dtype=params.dtype, prefill_backend=prefill_backend)
+            cache_dtype=params.dtype, prefill_backend=prefill_backend, window=params.window)
 
     def _grow(self, num_blocks: int) -> int:
         self.before_grow()
