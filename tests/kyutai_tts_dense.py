@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from audio_pipeline.layouts.dsm_text import PAD, TextMachine, Word
-from audio_pipeline.models.kyutai_tts import ZERO, DsmModel
+from audio_pipeline.models.kyutai_tts import ZERO, DsmModel, cross_attend
 
 
 @dataclass
@@ -79,8 +79,10 @@ def generate_dense(model: DsmModel, words: list[list[Word]], speakers: list[torc
         sources += [model.cross_source([], speaker.shape[-1]) for speaker in speakers]
     condition = torch.stack(sums)
     per_row = [model.cross_keys_values(source) for source in sources]
-    cross = [(torch.stack([row[layer][0] for row in per_row]), torch.stack([row[layer][1] for row in per_row]))
-             for layer in range(config.num_layers)]
+
+    def cross(layer: int, q: torch.Tensor) -> torch.Tensor:  # row r attends to its own source
+        return torch.cat([cross_attend(q[r:r + 1], *per_row[r][layer]) for r in range(q.shape[0])])
+
     cache = DenseCache(config.num_layers, config.context)
     delays = config.delays
     delay_steps = config.audio_delay_steps

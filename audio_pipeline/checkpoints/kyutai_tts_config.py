@@ -10,11 +10,10 @@ is refused here, naming the key, rather than computed wrongly.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from audio_pipeline.models.weights import read_config_json
 
 #: Mimi's frame rate (frames a second): the family's step rate.
 FRAME_RATE = 12.5
@@ -101,7 +100,13 @@ def _get(raw: dict, key: str, default: Any = None) -> Any:
 
 def read_dsm_config(model_dir: Path | str) -> DsmConfig:
     """The DsmConfig of a checkpoint directory; ValueError naming the key of anything unsupported."""
-    raw = read_config_json(Path(model_dir), "Kyutai TTS")
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"Kyutai TTS config.json not found in {model_dir}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if not is_kyutai_tts_config(raw):
         raise ValueError(f"{model_dir}/config.json is not a Kyutai TTS checkpoint's (no tts_config and dep_q)")
     return dsm_config(raw)
@@ -184,3 +189,39 @@ def dsm_config(raw: dict) -> DsmConfig:
         mimi_name=_get(raw, "mimi_name", "tokenizer-e351c8d8-checkpoint125.safetensors"),
         tokenizer_name=_get(raw, "tokenizer_name", "tokenizer_spm_32k_3.model"),
         mimi_config_name=_get(raw, "mimi_config_name"), raw=raw)
+
+
+#: Where a checkpoint directory keeps its voices (laid out as Kyutai's voice repository).
+VOICES_DIR = "voices"
+
+
+def voice_files(model_dir: Path | str, config: DsmConfig) -> list[tuple[str, Path]]:
+    """The checkpoint's voices as (name, file), sorted by name: each speaker embedding file under
+    ``voices/`` whose name ends with the checkpoint's suffix (``<name>.wav.<sig>@<epoch>.safetensors``),
+    named by its path below ``voices/`` without that ending (``expresso/ex03-ex01_happy_001_channel1_334s``).
+    The layout and the model both number voices by this order."""
+    root = Path(model_dir) / VOICES_DIR
+    if not root.is_dir():
+        return []
+    ending = ".wav" + config.voice_suffix
+    found = []
+    for path in root.rglob("*" + ending):
+        if path.is_file():
+            found.append((path.relative_to(root).as_posix()[:-len(ending)], path))
+    return sorted(found)
+
+
+def read_config(model_dir: Path | str):
+    """The checkpoint's config as the engine reads a model's (a namespace with the backbone's
+    transformer fields: hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+    num_hidden_layers, vocab_size), the DsmConfig as ``dsm``."""
+    from types import SimpleNamespace
+
+    dsm = read_dsm_config(model_dir)
+    return SimpleNamespace(model_type=MODEL_TYPE, dsm=dsm, hidden_size=dsm.dim, num_attention_heads=dsm.num_heads,
+                           num_key_value_heads=dsm.num_heads // dsm.kv_repeat, head_dim=dsm.dim // dsm.num_heads,
+                           num_hidden_layers=dsm.num_layers, vocab_size=dsm.text_card, max_position_embeddings=None)
+
+
+#: The architecture's name in the engine's model registry (its config.json has no model_type).
+MODEL_TYPE = "kyutai_tts"

@@ -45,9 +45,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_tokenizer(model_dir: Path, *, plain: bool = False) -> Any:
-    """The model's tokenizer: transformers' AutoTokenizer, or for a plain checkpoint (a family's
-    ``plain_checkpoint``) its vocabulary through ``tokenizers`` alone (checkpoints/plain_config.py)."""
+def load_tokenizer(model_dir: Path, *, plain: bool = False, family: Any = None) -> Any:
+    """The model's tokenizer: its family's own (``family.tokenizer``, layouts/registry.py), else
+    transformers' AutoTokenizer, or for a plain checkpoint (a family's ``plain_checkpoint``) its
+    vocabulary through ``tokenizers`` alone (checkpoints/plain_config.py)."""
+    if family is not None and family.tokenizer is not None:
+        return family.tokenizer(Path(model_dir))
     if plain:
         from audio_pipeline.checkpoints.plain_config import VocabularyTokenizer
 

@@ -76,7 +76,7 @@ class CoreAssembly:
         self.num_threads = config.model.num_threads or default_num_threads(device)
         plain = self.manifest.family_record.plain_checkpoint
         hf_config = read_model_config(self.model_dir, plain=plain)
-        self.tokenizer = load_tokenizer(self.model_dir, plain=plain)
+        self.tokenizer = load_tokenizer(self.model_dir, plain=plain, family=self.manifest.family_record)
         self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
         if hf_config.vocab_size < self.layout.min_vocab_size:
             raise ValueError(f"model.model_path: vocabulary of {hf_config.vocab_size} ids cannot hold the "

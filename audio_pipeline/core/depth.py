@@ -200,7 +200,8 @@ class DepthSampling(TokenSampling):
 
 
 def position_sampling(model: Any, layout: Any, *, sync_free: bool) -> TokenSampling:
-    """What the runner samples per position for ``layout`` on ``model``."""
+    """What the runner samples per position for ``layout`` on ``model`` (a text stream's:
+    core/text_stream.py)."""
     if layout.codes_per_token > 1:
         return DepthSampling(model, layout.codes_per_token, sync_free=sync_free)
     return TokenSampling()

@@ -649,6 +649,10 @@ class EngineCore:
                                                            f"audio decoding failed ({LOGGED})"))
                 continue
             samples = wave.numpy()
+            lead = context.layout.lead_in_frames * self.decoder.tokens_per_frame
+            if lead and window.start + window.context_tokens < lead:  # the lead-in is decoded, never heard
+                skip = min(window.end, lead) - window.start - window.context_tokens
+                samples = samples[skip // self.decoder.tokens_per_frame * self.decoder.samples_per_frame:]
             context.decoded_index = window.end
             if context.first_audio_time is None:
                 context.first_audio_time = time.monotonic()

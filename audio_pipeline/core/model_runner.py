@@ -43,6 +43,7 @@ from audio_pipeline.core.steady_batch import SteadyItems
 from audio_pipeline.core.step_arena import StepArena
 from audio_pipeline.core.step_timing import StepTimer
 from audio_pipeline.core.depth import position_sampling
+from audio_pipeline.core.text_stream import text_stream_sampling
 from audio_pipeline.core.tracks import NoTracks, track_inputs
 from audio_pipeline.core.sampler import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
 from audio_pipeline.core.scheduler import OneEach, StepResult
@@ -182,7 +183,8 @@ class ModelRunner:
                         else "torch operations")
         self.decode_buckets = sorted(set(decode_buckets))
         #: A token or a whole frame per position (core/depth.py), chosen once for the model.
-        self.frame_sampling = position_sampling(model, layout, sync_free=self.sync_free)
+        self.frame_sampling = (text_stream_sampling(model, layout, sync_free=self.sync_free) if layout.text_stream
+                               else position_sampling(model, layout, sync_free=self.sync_free))
         #: A text track beside the tokens (core/tracks.py), chosen once for the layout.
         self.tracks = track_inputs(model, layout)
         #: Per request, what its sampling rows need every step (core/row_table.py).

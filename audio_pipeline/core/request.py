@@ -42,6 +42,9 @@ class TTSContext:
     #: A second input track beside the tokens (a text id per position, raw vectors: core/tracks.py),
     #: for layouts that have one.
     text_track: Any = None
+    #: A text stream's rule (the layout's ``text_rule``): the model runner hands it each text id the
+    #: backbone samples and feeds back the token it returns; its end says when the speech ends.
+    text_rule: Any = None
     #: Word timings of the request's text (offsets into the text it was made from, samples of its
     #: own audio), where the layout knows its alignment; None otherwise.
     words: list | None = None
@@ -87,7 +90,9 @@ class TTSContext:
         if self.prompt_frames is not None:
             self.cache_prompt = [tuple(row) if max(row) >= 0 else token
                                  for token, row in zip(self.prompt_ids, self.prompt_frames.tolist())]
-        if self.layout.codes_per_token > 1:
+        if self.text_rule is not None:  # a position reads the text fed back and the frame's codes
+            self.cache_generated = [(token, tuple(frame)) for token, frame in zip(self.generated, self.frames)]
+        elif self.layout.codes_per_token > 1:
             self.cache_generated = [tuple(frame) for frame in self.frames]
         if self.text_track is not None:  # the text id (and any vector) is part of each position's input
             self.cache_prompt = [self.text_track.cache_key(i, key) for i, key in enumerate(self.cache_prompt)]
@@ -197,6 +202,8 @@ class TTSContext:
         scheduler's (its update)."""
         position = len(self.generated)
         layout = self.layout
+        if self.text_rule is not None:
+            return self._append_text_stream(token_id, frame, position)
         # may_stop's test inline, and the stop ids read only where the speech may end: every row of
         # every step passes here.
         may_stop = position % layout.tokens_per_frame == 0 and position > 0 and position >= self.sampling.min_tokens
@@ -261,14 +268,35 @@ class TTSContext:
                 return stop
         return StopReason.END_OF_SPEECH if ends else None
 
+    def _append_text_stream(self, token_id: int, frame: list[int] | None, position: int) -> StopReason | None:
+        """append_token of a text stream's position: the text fed back and the frame's codes; the
+        speech ends once the frames its audio needs after the rule's end are sampled."""
+        layout = self.layout
+        if frame is None or len(frame) != layout.codes_per_token:
+            raise ValueError(f"position {position}: a frame of {layout.codes_per_token} codes was expected, got {frame!r}")
+        self.frames.append(list(frame))
+        key = (token_id, tuple(frame))
+        if self.text_track is not None:
+            key = self.text_track.cache_key(len(self.prompt_ids) + position, key)
+        self.cache_generated.append(key)
+        self.generated.append(token_id)
+        end = self.text_rule.end_step
+        if end is not None and len(self.generated) >= end + layout.frames_after_end:
+            return StopReason.END_OF_SPEECH
+        return StopReason.MAX_TOKENS if len(self.generated) >= self.token_budget else None
+
     @property
     def speech_code_count(self) -> int:
         """Audio codes generated so far (the decoder's unit: codes_per_token per position)."""
+        if self.text_rule is not None:
+            return self.layout.audio_frame_count(len(self.frames), self.text_rule.end_step) * self.layout.codes_per_token
         return len(self.generated) * self.layout.codes_per_token
 
     def speech_codes(self, start: int, end: int) -> torch.Tensor:
         """Audio codes [start, end) of the generated speech, frame-major (start on a frame boundary)."""
         per_token = self.layout.codes_per_token
+        if self.text_rule is not None:
+            return self.layout.audio_codes(self.frames, start // per_token, end // per_token)
         if per_token > 1:
             frames = self.frames[start // per_token:end // per_token]
             return torch.tensor(frames, dtype=torch.long).reshape(-1)

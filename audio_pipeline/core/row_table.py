@@ -74,7 +74,7 @@ class RowTable:
         self.stops_by_token = bool(layout.stops_by_token)
         self.codes = layout.codes_per_token
         #: Draws a sampling row takes a step: the backbone's, then one per depth codebook.
-        self.draws_per_row = self.codes
+        self.draws_per_row = layout.draws_per_position
         # A slot's draws come a block at a time (a call into its request's generator): for a token
         # layout 256 steps' worth, so that at hundreds of rows one row a step refills rather than a
         # handful. The generator's numbers do not depend on how many are taken at once.

@@ -33,7 +33,11 @@ Optional capabilities (the defaults here say "not this family")
     ``takes_pronunciations`` (``build_prompt`` and ``word_frames``
     take ``overrides``: words' phonemes, audio_pipeline/text/lexicon.py's Overrides),
     ``has_text_track`` with ``text_track(prompt)`` (a text token beside every position, and raw
-    input vectors: core/tracks.py), ``alignment(prompt)`` (tokens fixed by the prompt alone),
+    input vectors: core/tracks.py), ``text_stream`` with ``text_rule(text, prompt)`` (the backbone
+    samples a text stream: a request's rule turns each sampled id into the position's token before
+    the depth decoder samples every audio code of the frame, over ``audio_codebook_size``; the
+    audio is ``audio_codes`` of the frames, the first ``lead_in_frames`` of it decoded but not
+    heard; Kyutai TTS), ``alignment(prompt)`` (tokens fixed by the prompt alone),
     ``word_frames(text, speed)`` (the
     frames each spoken word sounds in), ``check_decoder(decoder)`` (ValueError for a decoder that
     does not speak its codes), ``check_model(model)`` (ValueError for a model that does not take
@@ -102,6 +106,38 @@ class Layout:
     takes_pronunciations: ClassVar[bool] = False
     #: A reference recording can give a voice (the prompt takes a cloned voice's frames).
     clonable: ClassVar[bool] = True
+    #: The backbone samples a text stream (see the module docstring): ``text_rule``.
+    text_stream: ClassVar[bool] = False
+    #: Audio frames decoded at the start of the speech but not heard.
+    lead_in_frames: ClassVar[int] = 0
+
+    @property
+    def audio_codebook_size(self) -> int:
+        """Codes per codebook the depth decoder samples (a text stream's backbone samples text ids)."""
+        return self.codebook_size
+
+    @property
+    def draws_per_position(self) -> int:
+        """Uniform draws a sampled position takes: the backbone's, then one per code the depth
+        decoder samples (all of a text stream's frame; all but the backbone's code otherwise)."""
+        return self.codes_per_token + 1 if self.text_stream else self.codes_per_token
+
+    def preset_name(self, voice: str | None) -> str | None:
+        """The preset voice another spelling of a voice's name means (a family whose presets have
+        several names), else the name as given."""
+        return voice
+
+    def text_rule(self, text: str, prompt: Sequence[int]):
+        """The rule turning a request's sampled text ids into its tokens, where ``text_stream``."""
+        return None
+
+    def audio_frame_count(self, sampled: int, end_step: int | None) -> int:
+        """A text stream's audio frames whose codes are sampled after ``sampled`` positions."""
+        raise NotImplementedError
+
+    def audio_codes(self, frames: Sequence[Sequence[int]], start: int, end: int) -> torch.Tensor:
+        """A text stream's frame-major codes of audio frames [start, end) from its positions' frames."""
+        raise NotImplementedError
 
     @property
     def acts_on_instructions(self) -> bool:

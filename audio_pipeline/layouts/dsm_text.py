@@ -170,3 +170,26 @@ class TextMachine:
         elif state.lookahead_queued:
             second = state.lookahead_queued.popleft()
         return (second + 1) * (self.text_card + 1) + out
+
+
+@dataclass
+class TextRule:
+    """A request's reading of its words as the engine runs it: the model runner hands it each text
+    id the backbone samples, in order, and feeds back what it returns (the request carries it
+    across the engine core's process boundary, so it is plain data)."""
+
+    machine: TextMachine
+    state: TextState
+    #: Frames sampled so far (the next frame's index).
+    steps: int = 0
+
+    def step(self, sampled: int) -> int:
+        """The id fed back for the frame just sampled (``sampled``: the backbone's text id)."""
+        fed = self.machine.step(self.steps, self.state, sampled)
+        self.steps += 1
+        return fed
+
+    @property
+    def end_step(self) -> int | None:
+        """The frame where the model asked past the last word (None: not yet)."""
+        return self.state.end_step

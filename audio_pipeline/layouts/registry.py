@@ -58,6 +58,9 @@ class Family:
     #: Settings of the family's layout a manifest may give (``layout_options``; the factory reads
     #: them from the manifest), with what each does.
     layout_options: Mapping[str, str] = field(default_factory=dict)
+    #: ``(model_dir) -> tokenizer``: the family's own text tokenizer, for checkpoints that do not
+    #: ship one transformers reads (None: transformers' AutoTokenizer, or the plain vocabulary).
+    tokenizer: Callable[[Path], Any] | None = None
     #: The family's checkpoints are plain Llamas whose layout reads only the tokenizer's vocabulary
     #: (the project's own voices): the engine reads config.json and tokenizer.json without
     #: transformers (checkpoints/plain_config.py), about 77 MiB less resident memory.
@@ -69,6 +72,7 @@ DEFAULT_FAMILY = "orpheus"
 _FAMILIES: dict[str, Family] = {}
 #: Built-in families and their modules, in detection order (the more specific first).
 _BUILTIN_MODULES = {"csm": "audio_pipeline.layouts.csm", "qwen3-tts": "audio_pipeline.layouts.qwen3_tts",
+                    "kyutai-tts": "audio_pipeline.layouts.kyutai_tts",
                     "maya1": "audio_pipeline.layouts.maya1",
                     "neutts": "audio_pipeline.layouts.neutts", "phoneme-lpc": "audio_pipeline.layouts.phoneme_lpc",
                     "phoneme-lpc-frame": "audio_pipeline.layouts.phoneme_lpc_frame",

@@ -164,12 +164,18 @@ class CrossAttention(nn.Module):
         kv = kv.view(source.shape[0], 2, self.heads, self.head_dim).permute(1, 2, 0, 3)
         return kv[0], kv[1]
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """x [T, dim]; keys, values [T, heads, S, head_dim] (each position's request's)."""
+    def forward(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """x [T, dim]; ``attend(q)``: each position's attention over its request's keys and values
+        ([T, heads, head_dim] in and out)."""
         dim = self.heads * self.head_dim
-        q = F.linear(x, self.in_proj_weight[:dim]).view(x.shape[0], self.heads, 1, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values)
-        return self.out_proj(out.reshape(x.shape[0], dim))
+        q = F.linear(x, self.in_proj_weight[:dim]).view(x.shape[0], self.heads, self.head_dim)
+        return self.out_proj(attend(q).reshape(x.shape[0], dim))
+
+
+def cross_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Attention of queries [T, heads, head_dim] over one source's keys and values [heads, S, head_dim]."""
+    # [T, heads, 1, D] queries, each over the same [heads, S, D] keys and values
+    return F.scaled_dot_product_attention(q[:, :, None], keys[None], values[None])[:, :, 0]
 
 
 class BackboneLayer(nn.Module):
@@ -187,15 +193,14 @@ class BackboneLayer(nn.Module):
         self.norm2 = make_norm(config.norm, config.dim)
         self.gating = Gating(config.dim, int(config.hidden_scale * config.dim), config.gating)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Callable, cross) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Callable, cross: Callable) -> torch.Tensor:
         h = self.norm1(x[None])[0]
         q, k, v = self.self_attn.qkv(h)
         q = interleaved_rotary(q, positions, self.max_period)
         k = interleaved_rotary(k, positions, self.max_period)
         x = x + self.self_attn.out(attend(self.index, q, k, v))
         if self.cross_attention is not None:
-            keys, values = cross[self.index]
-            x = x + self.cross_attention(self.norm_cross(x), keys, values)
+            x = x + self.cross_attention(self.norm_cross(x), lambda q: cross(self.index, q))
         return x + self.gating(self.norm2(x[None])[0])
 
 
@@ -351,9 +356,10 @@ class DsmModel(nn.Module):
         return x + condition.to(x.dtype)
 
     def forward(self, text: torch.Tensor, codes: torch.Tensor, condition: torch.Tensor, positions: torch.Tensor,
-                attend: Callable, cross) -> torch.Tensor:
-        """Hidden states after the final norm ([T, dim]). ``cross[layer]``: that layer's keys and
-        values for each position ([T, heads, S, head_dim] each)."""
+                attend: Callable, cross: Callable) -> torch.Tensor:
+        """Hidden states after the final norm ([T, dim]). ``attend(layer, q, k, v)``: the
+        self-attention; ``cross(layer, q)``: each position's cross-attention over its request's
+        voice (queries and outputs [T, heads, head_dim])."""
         x = self.embed(text, codes, condition)
         for layer in self.transformer.layers:
             x = layer(x, positions, attend, cross)

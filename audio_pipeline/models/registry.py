@@ -10,9 +10,11 @@ from typing import Any
 #: model_type -> "module:class" of the PipelineModel that runs it; anything else runs as Llama
 #: (Llama, Qwen2 and Qwen3 checkpoints; models/llama.py names what it refuses).
 PIPELINE_MODELS = {"csm": "audio_pipeline.models.csm_model:CsmPipelineModel",
-                   "qwen3_tts": "audio_pipeline.models.qwen3_tts_model:Qwen3TTSPipelineModel"}
+                   "qwen3_tts": "audio_pipeline.models.qwen3_tts_model:Qwen3TTSPipelineModel",
+                   "kyutai_tts": "audio_pipeline.models.kyutai_tts_model:KyutaiPipelineModel"}
 #: model_type -> "module:function" reading a config.json that transformers does not know.
-CONFIG_READERS = {"qwen3_tts": "audio_pipeline.checkpoints.qwen3_tts_config:read_config"}
+CONFIG_READERS = {"qwen3_tts": "audio_pipeline.checkpoints.qwen3_tts_config:read_config",
+                  "kyutai_tts": "audio_pipeline.checkpoints.kyutai_tts_config:read_config"}
 DEFAULT_PIPELINE_MODEL = "audio_pipeline.models.llama_model:LlamaPipelineModel"
 #: A Llama checkpoint whose config has a ``frame_head`` (models/frame_head.py) runs one position per
 #: frame with its depth head.
@@ -43,9 +45,15 @@ def read_model_config(model_dir: Path, *, plain: bool = False) -> Any:
         return PlainLlamaConfig.read(model_dir)
 
     try:
-        model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+        model_type = raw.get("model_type")
     except (OSError, ValueError, AttributeError):
-        model_type = None
+        raw, model_type = None, None
+    if model_type is None:  # a Kyutai TTS config.json names no model type: its layout says it
+        from audio_pipeline.checkpoints.kyutai_tts_config import MODEL_TYPE, is_kyutai_tts_config
+
+        if is_kyutai_tts_config(raw):
+            model_type = MODEL_TYPE
     if model_type in CONFIG_READERS:
         module, name = CONFIG_READERS[model_type].split(":")
         return getattr(importlib.import_module(module), name)(model_dir)

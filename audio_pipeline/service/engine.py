@@ -80,7 +80,8 @@ class TTSEngine:
             try:
                 self.model_dir = resolve_model_dir(config.model.model_path)
                 self.manifest = ModelManifest.read(self.model_dir)
-                self.tokenizer = load_tokenizer(self.model_dir, plain=self.manifest.family_record.plain_checkpoint)
+                self.tokenizer = load_tokenizer(self.model_dir, plain=self.manifest.family_record.plain_checkpoint,
+                                                family=self.manifest.family_record)
                 self.layout = self.manifest.make_layout(self.model_dir, self.tokenizer)
                 self.facts: CoreFacts = backend.wait_ready()
             except BaseException:

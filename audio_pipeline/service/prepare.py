@@ -180,7 +180,7 @@ class RequestPreparer:
         if reference is None and registered:
             reference = registered.prompt
         elif reference is None and not self.engine.layout.described_voices:
-            voice = voice or self.engine.manifest.default_voice
+            voice = self.engine.layout.preset_name(voice or self.engine.manifest.default_voice)
             names = [v.name for v in catalogue.listed]
             if voice is not None and voice not in names:
                 raise NotFound(f"unknown voice {echo(voice)}; available: {', '.join(names)}", field="voice")
@@ -278,7 +278,7 @@ class RequestPreparer:
                           layout=self.engine.layout, voice=settings.voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None,
                           prompt_frames=self.engine.layout.prompt_frames(prompt, reference),
-                          text_track=layout.text_track(prompt))
+                          text_track=layout.text_track(prompt), text_rule=layout.text_rule(normalized.spoken, prompt))
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's

@@ -107,7 +107,7 @@ encoder = msgspec.msgpack.Encoder()
 
 #: The context fields a submission carries (the core rebuilds the context with its own layout).
 CONTEXT_FIELDS = ("request_id", "prompt_ids", "sampling", "voice", "stream_id", "continuation",
-                  "prompt_speech_codes", "alignment", "text_track", "prompt_frames", "arrival_time")
+                  "prompt_speech_codes", "alignment", "text_track", "text_rule", "prompt_frames", "arrival_time")
 
 
 def pack_context(context: Any) -> bytes:

@@ -1,0 +1,160 @@
+"""The Kyutai TTS PipelineModel: the delayed-streams model (models/kyutai_tts.py) over the paged
+KV cache, with its sliding attention window.
+
+A step's inputs: each position's token (the text fed back), its frame (the codes sampled at the
+position before) and its text-track id, which names the request's condition: its voice (the
+checkpoint's voices in their order, checkpoints/kyutai_tts_config.py) and guidance (layouts/
+kyutai_tts.py's ``condition_id``). A condition's summed vector and its voice's cross-attention keys
+and values are computed once, at its first use, and kept.
+
+The streams' start: at position t a stream whose delay d is at least t reads its start id, and a
+codebook whose delay plus the audio delay is beyond t - 1 reads zero (the reference zeroes them as
+it samples them; they are never heard): the model applies both by position, so the frames it
+samples before the audio starts matter nowhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from audio_pipeline.checkpoints.kyutai_tts_config import DsmConfig, voice_files
+from audio_pipeline.models.interface import KVCacheParams, PipelineModel
+from audio_pipeline.models.kyutai_tts import ZERO, DsmModel, cross_attend, load_dsm_model
+from audio_pipeline.models.llama_model import DepthPipelineModel, resolve_cache_dtype
+
+logger = logging.getLogger(__name__)
+
+#: The longest generation where max_length is not set: 4096 frames (about five and a half minutes).
+DEFAULT_MAX_FRAMES = 4096
+
+
+class KyutaiSpeechLM(nn.Module):
+    """The delayed-streams model as the engine's runner calls it."""
+
+    def __init__(self, dsm: DsmModel, model_dir: Path):
+        super().__init__()
+        self.dsm = dsm
+        config = dsm.config
+        self.config_dsm = config
+        self.codes_per_token = config.n_q
+        self.lm_head = dsm.text_linear
+        self.voices = [path for _, path in voice_files(model_dir, config)]
+        # cfg conditions by index, then none (layouts/kyutai_tts.py's condition_id)
+        self.cfg_values = [format(v, ".1f") for v in config.cfg_values] + [None]
+        self._conditions: dict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+
+    def reset_rotary(self, device: torch.device | None = None) -> None:
+        """Nothing to do: the rotation is computed from the positions."""
+
+    def condition(self, condition_id: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """(the summed conditions [dim], each layer's cross-attention keys and values) of a condition id."""
+        known = self._conditions.get(condition_id)
+        if known is not None:
+            return known
+        from safetensors.torch import load_file
+
+        choices = len(self.cfg_values)
+        voice, cfg = divmod(condition_id, choices)
+        if not 0 <= voice < len(self.voices):
+            raise ValueError(f"condition {condition_id}: no voice {voice} (the model has {len(self.voices)})")
+        values = {"control": "ok"}
+        if self.cfg_values[cfg] is not None:
+            values["cfg"] = self.cfg_values[cfg]
+        dtype = self.dsm.text_linear.weight.dtype
+        with torch.inference_mode():
+            total = self.dsm.condition_sum(values).to(dtype)
+            speaker = load_file(str(self.voices[voice]))["speaker_wavs"][0]
+            cross = self.dsm.cross_keys_values(self.dsm.cross_source([speaker]))
+        self._conditions[condition_id] = known = (total, cross)
+        return known
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any, frames: torch.Tensor | None = None,
+                text_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states after the final norm ([T] tokens, [T] positions, [T, n_q] frames, [T]
+        condition ids -> [T, dim])."""
+        config = self.config_dsm
+        tokens = input_ids.shape[0]
+        device = input_ids.device
+        ids = text_ids.clamp(min=0) if text_ids is not None else torch.zeros_like(input_ids)
+        present = ids.tolist()
+        conditions = {i: self.condition(i) for i in set(present)}
+        total = torch.stack([conditions[i][0] for i in present]) if tokens else None
+        text = torch.where(positions > config.delays[0], input_ids, torch.full_like(input_ids, config.text_card))
+        codes = (frames.clone() if frames is not None
+                 else torch.full((tokens, config.n_q), ZERO, device=device, dtype=torch.long))
+        for k in range(config.n_q):
+            delay = config.delays[k + 1]
+            column = torch.where(positions - 1 < delay + config.audio_delay_steps, torch.full_like(codes[:, k], ZERO),
+                                 codes[:, k])
+            codes[:, k] = torch.where(positions <= delay, torch.full_like(column, config.card), column)
+        groups = {i: torch.tensor([r for r, c in enumerate(present) if c == i], device=device) for i in conditions}
+
+        def cross(layer: int, q: torch.Tensor) -> torch.Tensor:
+            if len(groups) == 1:
+                ((i, _),) = groups.items()
+                return cross_attend(q, *conditions[i][1][layer])
+            out = torch.empty_like(q)
+            for i, rows in groups.items():
+                out[rows] = cross_attend(q[rows], *conditions[i][1][layer])
+            return out
+
+        return self.dsm(text, codes, total, positions, batch.attend, cross)
+
+    @torch.inference_mode()
+    def depth_frame(self, backbone_hidden: torch.Tensor, tokens: torch.Tensor,
+                    choose: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return self.dsm.depth_frame(backbone_hidden, tokens, choose)
+
+
+class KyutaiPipelineModel(DepthPipelineModel):
+    """Kyutai TTS over the paged KV cache; ``forward(tokens, positions, batch, frames=..., text_ids=...)``."""
+
+    supports_int8 = False
+
+    def __init__(self, pipeline_config: Any, huggingface_config: Any, model_dir: Path, *,
+                 devices: Sequence[torch.device], dtype: torch.dtype, kv_cache_config: Any,
+                 random_weights: bool = False):
+        # The Llama model's set-up (packed products, fused layers, native decode layers) does not
+        # apply to these layers: only what the engine reads is set.
+        PipelineModel.__init__(self, pipeline_config, huggingface_config, devices=devices, dtype=dtype,
+                               kv_cache_config=kv_cache_config)
+        if pipeline_config.model.quantization != "none":
+            raise ValueError("model.quantization is not supported for Kyutai TTS models; set model.quantization=none")
+        if random_weights:
+            raise NotImplementedError("random_weights is not supported for Kyutai TTS models")
+        self.model_dir = Path(model_dir)
+        self.cache_dtype = resolve_cache_dtype(kv_cache_config, dtype, self.devices[0])
+        self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
+        dsm = load_dsm_model(model_dir, huggingface_config.dsm, dtype=dtype, device=self.devices[0])
+        self.model = KyutaiSpeechLM(dsm, self.model_dir)
+        self.packed_linears = False
+        self._packed_ranges = {}
+        self.prompt_dtype = None
+        if pipeline_config.model.compile:
+            logger.info("model.compile: the Kyutai TTS model runs eagerly (compile is not supported for it yet)")
+        self.forward = self.model
+
+    def backbone_layers(self) -> torch.nn.Module:
+        return self.model.dsm.transformer.layers
+
+    @property
+    def codes_per_token(self) -> int:
+        return self.model.codes_per_token
+
+    @classmethod
+    def calculate_max_seq_len(cls, pipeline_config: Any, huggingface_config: Any) -> int:
+        return pipeline_config.max_length or DEFAULT_MAX_FRAMES
+
+    @classmethod
+    def get_kv_params(cls, huggingface_config: Any, n_devices: int, kv_cache_config: Any, cache_dtype: torch.dtype, *,
+                      device_type: str = "cpu") -> KVCacheParams:
+        dsm: DsmConfig = huggingface_config.dsm
+        return KVCacheParams(num_layers=dsm.num_layers, n_kv_heads=dsm.num_heads // dsm.kv_repeat,
+                             head_dim=dsm.dim // dsm.num_heads, dtype=cache_dtype,
+                             page_size=kv_cache_config.page_size_for(device_type), n_devices=n_devices,
+                             window=dsm.context)
