@@ -130,3 +130,119 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
             assert name in error.value.details(), error.value.details()
     finally:
         server.stop()
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def test_words_sent_in_time_give_the_one_shot_frames(engine):
+    """A request whose words come in two pieces, the second well before the model needs it (the
+    word two ahead of the one being read), then the close: the frames, fed ids and timestamps of
+    the one-shot request."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    case = _case("distilled_long")
+    text, voice = case["script"][0][0], case["voices"][0]
+    first, rest = text.split(" ", 4)[:4], text.split(" ", 4)[4]
+    context = engine.create_context(" ".join(first), voice=voice, temperature=0.0)
+    context.text_rule.state.open = True
+    import queue as queues
+
+    events: queues.Queue = queues.Queue()
+    engine.submit(context, events.put)
+    engine.extend(context.request_id, engine.layout.words(rest, continues=True))
+    engine.extend(context.request_id, [], close=True)
+    chunks = []
+    while (event := events.get(timeout=120)).kind == "audio":
+        chunks.append(event.samples)
+    assert event.kind == "complete", event.error
+    _check(context, chunks, "distilled_long", 0)
+
+
+def test_late_words_are_waited_for_and_all_spoken_in_order(engine):
+    """Words that arrive after the model asked for them: it pads until they come (no word skipped
+    or repeated), the wait shows in when each word was read, and the speech ends only once the
+    input is closed."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    import queue as queues
+
+    case = _case("distilled_one")
+    text, voice = case["script"][0][0], case["voices"][0]
+    words = text.split(" ")
+    context = engine.create_context(" ".join(words[:2]), voice=voice, temperature=0.0)
+    context.text_rule.state.open = True
+    events: queues.Queue = queues.Queue()
+    engine.submit(context, events.put)
+    # Well past where the one-shot request read its third word, nothing more has come: it waits.
+    third = case["consumption_times"][0][2]
+    _wait_for(lambda: len(context.frames) > third + 12)
+    assert [word for word, _ in context.text_rule.state.transcript] == words[:2]
+    assert context.stop_reason is None
+    engine.extend(context.request_id, engine.layout.words(" ".join(words[2:]), continues=True))
+    _wait_for(lambda: len(context.text_rule.state.transcript) == len(words))
+    assert context.stop_reason is None  # not closed: it goes on waiting
+    engine.extend(context.request_id, [], close=True)
+    while (event := events.get(timeout=120)).kind == "audio":
+        pass
+    assert event.kind == "complete" and event.stop_reason.name == "END_OF_SPEECH", event.error
+    read = context.text_rule.state.transcript
+    assert [word for word, _ in read] == words
+    assert read[2][1] > third + 12  # read once it came
+    assert context.text_rule.end_step > read[-1][1]
+
+
+@pytest.mark.slow
+def test_live_text_is_spoken_word_by_word_before_the_sentence_ends(tmp_path):
+    """Over gRPC's live text (the client library's stream_text) the model speaks while the text
+    is still coming: audio arrives while the client holds back the end of an unfinished sentence;
+    all the text sent at once, then closed, speaks the one-shot audio; the WebSocket takes words
+    in pieces too."""
+    import threading
+
+    from audio_pipeline_client import TTSClient
+
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.testing.background import BackgroundServer
+    from helpers import socket_session
+
+    config = AudioGenerationConfig.load(
+        env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=400"],
+        model={"model_path": str(FIXTURES / "models" / "distilled"), "device": "cpu",
+               "kv_cache": {"cache_dtype": "float32"}}, voices_dir=str(tmp_path / "voices"))
+    server = BackgroundServer(config, http_port=0).start()
+    try:
+        case = _case("distilled_one")
+        text, voice = case["script"][0][0], case["voices"][0]
+        heard = threading.Event()
+        held_back = []
+
+        def pieces():  # read by gRPC's own thread while this one reads the audio
+            yield "Hello world, this "
+            held_back.append(heard.wait(timeout=120))  # False: no audio came while the text was held back
+            yield "is a tiny test."
+
+        with TTSClient(server.target, timeout=300) as client:
+            chunks = []
+            for chunk in client.stream_text(pieces(), voice=voice, temperature=0.0):
+                if not chunk.final:
+                    heard.set()
+                    chunks.append(chunk.samples)
+            assert held_back == [True] and sum(c.size for c in chunks) > 0
+            whole = [c.samples for c in client.stream_text([text], voice=voice, temperature=0.0) if not c.final]
+        reference = np.load(FIXTURES / "cases" / "distilled_one" / "audio_0.npy")
+        np.testing.assert_allclose(np.concatenate(whole), reference, atol=1e-4, rtol=0)
+        received, audio = socket_session(server, [
+            {"type": "start", "context_id": "a", "voice": voice, "seed": 1},
+            *({"type": "text", "context_id": "a", "text": piece} for piece in ("Hello wor", "ld, this is ", "a test.")),
+            {"type": "end", "context_id": "a"}])
+        assert [e["type"] for e in received if e["type"] in ("done", "error")] == ["done"], received
+        assert audio["a"]
+    finally:
+        server.stop()

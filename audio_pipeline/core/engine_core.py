@@ -306,6 +306,19 @@ class EngineCore:
             waited = self.scheduler.queue_wait()
         return waited if limit is not None and waited * 1000 > limit else None
 
+    def extend(self, request_id: str, words: list, close: bool = False) -> None:
+        """More words for a running text-stream request (its rule takes them at its next step),
+        and with ``close`` the end of its words. Nothing for a request that has ended."""
+        with self._lock:
+            request = self._requests.get(request_id)
+            rule = request.context.text_rule if request is not None else None
+            if rule is None:
+                return
+            if words:
+                rule.state.add_words(words)
+            if close:
+                rule.state.close()
+
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request; its sink gets a `complete` event with CANCELLED."""
         with self._lock:

@@ -50,6 +50,9 @@ class LocalCore:
     def cancel(self, request_id: str) -> None:
         self.core.cancel(request_id)
 
+    def extend(self, request_id: str, words: list, close: bool = False) -> None:
+        self.core.extend(request_id, words, close)
+
     def check_room(self, pending: int = 0) -> None:
         check_room(self.core, pending)
 

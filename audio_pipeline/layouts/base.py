@@ -127,8 +127,9 @@ class Layout:
         several names), else the name as given."""
         return voice
 
-    def text_rule(self, text: str, prompt: Sequence[int]):
-        """The rule turning a request's sampled text ids into its tokens, where ``text_stream``."""
+    def text_rule(self, text: str, prompt: Sequence[int], *, continues: bool = False):
+        """The rule turning a request's sampled text ids into its tokens, where ``text_stream``
+        (``continues``: the text goes on a request's earlier text: streamed text's later pieces)."""
         return None
 
     def audio_frame_count(self, sampled: int, end_step: int | None) -> int:

@@ -41,15 +41,17 @@ class Word:
 
 
 def script_words(encode: Callable[[str], list[int]], script: Sequence[str], *, frame_rate: float,
-                 multi_speaker: bool = True, padding_between: int = 0) -> list[Word]:
+                 multi_speaker: bool = True, padding_between: int = 0, continues: bool = False) -> list[Word]:
     """The words of a script: one string per speaker turn (the main speaker's first; an empty
     first turn starts with the other speaker). A turn's first word carries its speaker's token
     where the speaker changes (models that know several speakers); ``padding_between`` forces
     that many frames after each word beyond its tokens' own. Colons become spaces, parentheses
-    go, typographic apostrophes become plain ones; ``<break time="Xs"/>`` is a pause of X seconds."""
+    go, typographic apostrophes become plain ones; ``<break time="Xs"/>`` is a pause of X seconds.
+    ``continues``: the script goes on a main speaker's turn already begun (streamed text's later
+    pieces: no speaker token)."""
     speakers = (MAIN_SPEAKER, OTHER_SPEAKER)
     words: list[Word] = []
-    last_speaker: int | None = None
+    last_speaker: int | None = 0 if continues else None
 
     def add(turn: int, text: str, first: bool) -> None:
         nonlocal last_speaker
@@ -96,12 +98,25 @@ class TextState:
     consumed_at: list[int] = field(default_factory=list)
     #: (word, frame) of every word taken: the word timestamps.
     transcript: list[tuple[str, int]] = field(default_factory=list)
+    #: Words (a list) and the close (None) sent while the request runs, taken in order by the
+    #: thread that steps the machine (appends and pops of a deque are atomic: no lock).
+    inbox: deque = field(default_factory=deque)
 
     def add_words(self, words: Sequence[Word]) -> None:
-        self.words.extend(words)
+        """More words, from any thread (taken at the machine's next step)."""
+        self.inbox.append(list(words))
 
     def close(self) -> None:
-        self.open = False
+        """No more words will come, from any thread (taken at the machine's next step)."""
+        self.inbox.append(None)
+
+    def take_inbox(self) -> None:
+        while self.inbox:
+            item = self.inbox.popleft()
+            if item is None:
+                self.open = False
+            else:
+                self.words.extend(item)
 
     def tokens_ahead(self, ahead: int) -> tuple[int, ...]:
         for word in self.words:
@@ -127,6 +142,7 @@ class TextMachine:
 
     def step(self, frame: int, state: TextState, sampled: int) -> int:
         """The text id fed at the next frame, given the id the model sampled at ``frame``."""
+        state.take_inbox()
         token = NEW_WORD if sampled == NEW_WORD else PAD
         if state.queued or state.forced_padding > 0:
             token = PAD

@@ -133,13 +133,13 @@ class KyutaiLayout(Layout):
         """The request's condition id at every position."""
         return TextTrack(prompt=[prompt[0]], generated=[], pad=prompt[0])
 
-    def words(self, text: str):
+    def words(self, text: str, *, continues: bool = False):
         return script_words(self.sentencepiece.encode, [text], frame_rate=FRAME_RATE,
-                            multi_speaker=self.multi_speaker, padding_between=PADDING_BETWEEN)
+                            multi_speaker=self.multi_speaker, padding_between=PADDING_BETWEEN, continues=continues)
 
-    def text_rule(self, text: str, prompt: Sequence[int]) -> TextRule:
+    def text_rule(self, text: str, prompt: Sequence[int], *, continues: bool = False) -> TextRule:
         machine = TextMachine(self.text_card, self.second_stream_ahead, MAX_PADDING, INITIAL_PADDING)
-        return TextRule(machine, machine.new_state(self.words(text)))
+        return TextRule(machine, machine.new_state(self.words(text, continues=continues)))
 
     @property
     def min_vocab_size(self) -> int:

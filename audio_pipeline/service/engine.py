@@ -172,6 +172,10 @@ class TTSEngine:
     def cancel(self, request_id: str) -> None:
         self.backend.cancel(request_id)
 
+    def extend(self, request_id: str, words: list, close: bool = False) -> None:
+        """More words (and with ``close`` their end) for a running text-stream request."""
+        self.backend.extend(request_id, words, close)
+
     def start(self) -> None:
         self.backend.start()
 

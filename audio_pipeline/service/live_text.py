@@ -5,6 +5,10 @@ a flush speaks what has come so far, even an unfinished sentence; the end of inp
 rest and closes the synthesis. Segments keep their place in all the text received, so word
 timings point into the pieces joined. Every front door with live text (gRPC's SynthesizeStream,
 the HTTP WebSocket) feeds text through this.
+
+A model that reads a text stream (Kyutai TTS: SegmentedSynthesis's ``text_stream``) is given every
+whole word as soon as the space after it arrives, not whole sentences: it speaks while the text is
+still coming.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import dataclasses
 from concurrent.futures import Executor
 
 from audio_pipeline.errors import InvalidArgument
-from audio_pipeline.text.segment import segments
+from audio_pipeline.text.segment import Segment, segments
 
 
 class LiveText:
@@ -32,6 +36,9 @@ class LiveText:
         self.consumed = 0
 
     async def _speak(self, everything: bool) -> None:
+        if getattr(self.synthesis, "text_stream", False):
+            self._words(everything)
+            return
         text = self.buffer
         found = await asyncio.get_running_loop().run_in_executor(self.executor, segments, text,
                                                                  self.max_segment_chars)
@@ -41,6 +48,15 @@ class LiveText:
         rest = "" if everything or not found else text[found[-1].start:]
         self.consumed += len(text) - len(rest)
         self.buffer = rest
+
+    def _words(self, everything: bool) -> None:
+        """The buffer's whole words (all of it with ``everything``) as one segment."""
+        text = self.buffer
+        cut = len(text) if everything else max(text.rfind(" "), text.rfind("\n"), text.rfind("\t")) + 1
+        if text[:cut].strip():
+            self.synthesis.add_segment(Segment(text[:cut], self.consumed, self.consumed + cut, 0.0))
+        self.consumed += cut
+        self.buffer = text[cut:]
 
     async def add(self, text: str) -> None:
         """A piece of text; InvalidArgument (naming ``text``) past the limit of all text."""

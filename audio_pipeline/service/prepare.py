@@ -278,7 +278,8 @@ class RequestPreparer:
                           layout=self.engine.layout, voice=settings.voice, alignment=alignment, words=words,
                           prompt_speech_codes=reference.codes if reference is not None else None,
                           prompt_frames=self.engine.layout.prompt_frames(prompt, reference),
-                          text_track=layout.text_track(prompt), text_rule=layout.text_rule(normalized.spoken, prompt))
+                          text_track=layout.text_track(prompt), text_rule=layout.text_rule(normalized.spoken, prompt,
+                                                                                continues=continuation))
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's

@@ -9,6 +9,11 @@ loop) and submitted as soon as it is known and the one before it has started, so
 first frames run while that one is still decoding; its audio waits until the earlier audio is out.
 A short silence by the punctuation separates segments. :meth:`cancel` cancels every segment
 submitted.
+
+A text stream's model (a layout's ``text_stream``: Kyutai TTS) reads its text as it comes: all the
+segments are one engine request. The first starts it with its words and the queue left open; each
+later one's words join it as they are known (``engine.extend``); the close ends its words, and the
+model ends the speech after the last. A whole text is one segment.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class SegmentedSynthesis:
         self._producer: asyncio.Task | None = None
         self._first: Any = None
         self._cancelled = False
+        #: The model reads a text stream: every segment joins one request (see the module docstring).
+        self.text_stream = bool(getattr(getattr(engine, "layout", None), "text_stream", False))
 
     # --- input -----------------------------------------------------------------------------------
 
@@ -77,6 +84,9 @@ class SegmentedSynthesis:
         """Cuts ``text`` into segments (off the event loop) and adds them, piece by piece (a
         sentence that crosses a piece's end is segmented again with the next piece; the result
         equals segmenting the whole text at once)."""
+        if self.text_stream:  # one request reads it all: nothing to cut
+            self.add_segment(Segment(text, 0, len(text), 0.0))
+            return
         loop = asyncio.get_running_loop()
         offset = 0
         head = HEAD_CHARS
@@ -153,19 +163,31 @@ class SegmentedSynthesis:
                 await asyncio.sleep(REQUEUE_DELAY_S)  # a continuation of an admitted request waits
 
     async def _produce(self) -> None:
-        """Prepares and submits segments in order, at most LOOKAHEAD ahead of the one playing out."""
+        """Prepares and submits segments in order, at most LOOKAHEAD ahead of the one playing out
+        (a text stream's later segments join its one request)."""
         index = 0
+        running: TTSContext | None = None  # a text stream's request
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 segment = await self._incoming.get()
                 if segment is _END or isinstance(segment, BaseException):
+                    if running is not None:
+                        self.engine.extend(running.request_id, [], close=True)
                     await self._started.put(segment)
                     return
+                if running is not None:  # its words join the request (prepared as a continuation)
+                    context = await loop.run_in_executor(self.executor, self.prepare, segment, 1)
+                    self.engine.extend(running.request_id, list(context.text_rule.state.words))
+                    continue
                 while index - self._played > LOOKAHEAD:
                     self._progress.clear()
                     await self._progress.wait()
                 parts = []
                 for part, (context, offset, text) in enumerate(await self._prepare(segment, index)):
+                    if self.text_stream:  # more words may come: the model waits for them
+                        context.text_rule.state.open = True
+                        running = context
                     queue: asyncio.Queue = asyncio.Queue()
                     await self._submit(context, queue, first=index == 0 and part == 0)
                     parts.append((context, queue, segment.start + offset, text))

@@ -231,6 +231,12 @@ class CoreProcess:
             if request_id in self._sinks and self._healthy:
                 self._connection.to_core.send(m.encoder.encode(m.Cancel(request_id)))
 
+    def extend(self, request_id: str, words: list, close: bool = False) -> None:
+        message = m.encoder.encode(m.Extend(request_id, m.pack(words), close))
+        with self._lock:
+            if request_id in self._sinks and self._healthy:
+                self._connection.to_core.send(message)
+
     def unavailable(self) -> Unavailable:
         if not self._healthy:
             return Unavailable("the engine stopped unexpectedly and is being restarted; retry shortly")

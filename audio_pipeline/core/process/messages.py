@@ -35,6 +35,14 @@ class Cancel(msgspec.Struct, tag=True):
     request_id: str
 
 
+class Extend(msgspec.Struct, tag=True):
+    """More words for a running text-stream request (pickled), and whether they are its last."""
+
+    request_id: str
+    words: bytes
+    close: bool
+
+
 class Call(msgspec.Struct, tag=True):
     """A call into the core that needs the model or the decoder (encode a recording, its speaker
     embedding, check a voice's codes, the metrics' text): run on the core's call thread, never on
@@ -97,7 +105,7 @@ class Unhealthy(msgspec.Struct, tag=True):
     """The core's loop failed repeatedly and stopped."""
 
 
-ToCore = Submit | Cancel | Call | Stop
+ToCore = Submit | Cancel | Extend | Call | Stop
 ToFrontEnd = Ready | StartFailed | Events | Reply | Unhealthy
 
 to_core_decoder = msgspec.msgpack.Decoder(ToCore)

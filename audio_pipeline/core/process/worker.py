@@ -128,6 +128,8 @@ class CoreServer:
                 self._submit(message)
             elif isinstance(message, m.Cancel):
                 self.core.cancel(message.request_id)
+            elif isinstance(message, m.Extend):
+                self.core.extend(message.request_id, m.unpack(message.words), message.close)
             elif isinstance(message, m.Call):
                 self.calls.submit(self._call, message)
             elif isinstance(message, m.Stop):
