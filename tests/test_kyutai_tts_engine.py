@@ -109,6 +109,12 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
         reference = np.load(FIXTURES / "cases" / "distilled_one" / "audio_0.npy")
         chunks = synthesize(server.target, text, voice=voice, temperature=0.0)
         np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768, reference, atol=1e-4, rtol=0)
+        # Word timings are the model's own: each word of the text once, in order, starting where the
+        # reference read it (frame s, less the two frames of lead-in), ending where the next starts.
+        timings = [w for c in chunks if c.HasField("audio") for w in c.audio.words]
+        assert [(text[w.text_start:w.text_end], w.text) for w in timings] == [(w, w) for w in text.split(" ")]
+        assert [w.start_sample for w in timings] == [(step - 2) * 1920 for _, step in case["transcripts"][0]]
+        assert [w.end_sample for w in timings] == [w.start_sample for w in timings[1:]] + [reference.size]
         voices = httpx.get(f"{server.http_url}/v1/audio/voices", timeout=30).json()
         assert {v["name"] for v in voices["voices"] if not v["registered"]} == set(_case("distilled_batch")["voices"])
         # The other doors take a seed, not a temperature: the family's sampling, the same audio as gRPC's.
@@ -244,5 +250,8 @@ def test_live_text_is_spoken_word_by_word_before_the_sentence_ends(tmp_path):
             {"type": "end", "context_id": "a"}])
         assert [e["type"] for e in received if e["type"] in ("done", "error")] == ["done"], received
         assert audio["a"]
+        # The model's word timings, in order, pointing into all the pieces joined.
+        said = [w for e in received if e["type"] == "words" for w in e["words"]]
+        assert [w["text"] for w in said] == ["Hello", "world,", "this", "is", "a", "test."], said
     finally:
         server.stop()

@@ -69,6 +69,9 @@ class AudioEvent:
     error_kind: str | None = None
     #: Word timings that go with this event (see SegmentedSynthesis.events).
     words: list | None = None
+    #: A text stream's words read, as its model read them: (index among the request's words read,
+    #: the sample of its audio where the word starts), each once, with the audio it starts in.
+    read: list | None = None
 
 
 Sink = Callable[[AudioEvent], None]
@@ -101,6 +104,8 @@ class _Request:
     finished: Finished | None = None
     #: A window of it is being decoded on the decoder thread (its next one waits for that one).
     decoding: bool = False
+    #: A text stream's words read that its events have carried.
+    read_sent: int = 0
 
 
 #: Consecutive failed rounds of the engine loop after which it stops and reports unhealthy.
@@ -670,13 +675,32 @@ class EngineCore:
             if context.first_audio_time is None:
                 context.first_audio_time = time.monotonic()
                 self.metrics.time_to_first_audio.observe(context.first_audio_time - context.arrival_time)
+            read = self._words_read(request, samples.shape[0], window.final) if context.text_rule else None
             request.audio_samples += samples.shape[0]
             with self._lock:
                 self.listeners.delivered(context.request_id, time.monotonic(), samples.shape[0] / self.decoder.sample_rate)
             self.metrics.audio_seconds.inc(samples.shape[0] / self.decoder.sample_rate)
             self._deliver(request, AudioEvent("audio", context.request_id, samples=samples,
-                                              chunk_index=window.chunk_index, final=window.final))
+                                              chunk_index=window.chunk_index, final=window.final, read=read))
         self.timer.add("deliver", time.perf_counter() - started)
+
+    def _words_read(self, request: _Request, samples: int, final: bool) -> list[tuple[int, int]]:
+        """The words a text stream's model read that start in the audio delivered up to now plus
+        ``samples`` (all of them with the final audio): a word read at frame s sounds from frame
+        s less the lead-in (the audio trails the text by the audio delay, which the heard audio's
+        start already skips)."""
+        context = request.context
+        read = context.text_rule.state.transcript
+        per_frame = self.decoder.samples_per_frame
+        heard = request.audio_samples + samples
+        out = []
+        while request.read_sent < len(read):
+            start = max(0, (read[request.read_sent][1] - context.layout.lead_in_frames) * per_frame)
+            if start >= heard and not final:
+                break
+            out.append((request.read_sent, start))
+            request.read_sent += 1
+        return out
 
     def _on_model_device(self) -> None:
         """A thread's CUDA calls (events, streams) go to the model's GPU: once per thread, at its start."""

@@ -77,6 +77,9 @@ class SegmentedSynthesis:
         self._cancelled = False
         #: The model reads a text stream: every segment joins one request (see the module docstring).
         self.text_stream = bool(getattr(getattr(engine, "layout", None), "text_stream", False))
+        #: A text stream's words sent, in order: (text, start, end in the whole text); its model's
+        #: words read (AudioEvent.read) index them.
+        self._sent_words: list[tuple[str, int, int]] = []
 
     # --- input -----------------------------------------------------------------------------------
 
@@ -178,6 +181,7 @@ class SegmentedSynthesis:
                     return
                 if running is not None:  # its words join the request (prepared as a continuation)
                     context = await loop.run_in_executor(self.executor, self.prepare, segment, 1)
+                    self._note_words(segment, context)
                     self.engine.extend(running.request_id, list(context.text_rule.state.words))
                     continue
                 while index - self._played > LOOKAHEAD:
@@ -188,6 +192,7 @@ class SegmentedSynthesis:
                     if self.text_stream:  # more words may come: the model waits for them
                         context.text_rule.state.open = True
                         running = context
+                        self._note_words(segment, context)
                     queue: asyncio.Queue = asyncio.Queue()
                     await self._submit(context, queue, first=index == 0 and part == 0)
                     parts.append((context, queue, segment.start + offset, text))
@@ -197,6 +202,20 @@ class SegmentedSynthesis:
             raise
         except BaseException as error:  # noqa: BLE001 - handed to the reader, in order
             await self._started.put(error)
+
+    def _note_words(self, segment: Segment, context: TTSContext) -> None:
+        """Where each word of a text stream's piece is in the whole text (the segment where its
+        spoken form is not written as it is, after text normalization)."""
+        cursor = 0
+        for word in context.text_rule.state.words:
+            if not word.tokens:  # a pause: the model reads no word
+                continue
+            found = segment.text.find(word.text, cursor)
+            if found < 0:
+                self._sent_words.append((segment.text, segment.start, segment.end))
+                continue
+            cursor = found + len(word.text)
+            self._sent_words.append((word.text, segment.start + found, segment.start + cursor))
 
     async def start(self) -> None:
         """Starts the segments and waits until the first one is submitted: what can be refused
@@ -288,6 +307,7 @@ class SegmentedSynthesis:
             for context, queue, text_offset, text in parts:
                 base = source
                 words = [on_stream(w.shifted(text_offset, base)) for w in context.words or ()]
+                read: WordTiming | None = None  # a text stream's latest word read (its end comes next)
                 while True:
                     event: AudioEvent = await queue.get()
                     if event.kind == "audio":
@@ -299,6 +319,12 @@ class SegmentedSynthesis:
                         while heard < len(words) and words[heard].start_sample < audio_samples:
                             heard += 1
                         out, words = carried + words[:heard], words[heard:]
+                        for index, start in event.read or ():  # the model's own timestamps
+                            said, text_start, text_end = self._sent_words[index]
+                            timing = on_stream(WordTiming(said, text_start, text_end, base + start, base + start, said))
+                            if read is not None:
+                                out.append(dataclasses.replace(read, end_sample=timing.start_sample))
+                            read = timing
                         carried = []
                         yield dataclasses.replace(event, samples=samples, request_id=self.request_id,
                                                   chunk_index=chunk_index, words=out)
@@ -311,7 +337,10 @@ class SegmentedSynthesis:
                     generated_tokens += event.usage.generated_tokens
                     if event.stop_reason == StopReason.MAX_TOKENS:
                         stop_reason = StopReason.MAX_TOKENS
-                    if context.words is None:
+                    if read is not None:  # the last word read ends with the audio
+                        end = source if stretcher is None else int(round(source / self.stretch))
+                        carried.append(dataclasses.replace(read, end_sample=max(read.start_sample, end)))
+                    elif context.words is None and not self.text_stream:
                         carried.append(on_stream(segment_timing(text, source - base).shifted(text_offset, base)))
                     elif event.stop_reason == StopReason.END_OF_SPEECH:
                         # Words that start where the audio ends (no frame of their own).

@@ -84,6 +84,8 @@ class EventHead(msgspec.Struct, array_like=True):
     stop_reason: str | None = None
     error: str | None = None
     error_kind: str | None = None
+    #: A text stream's words read (AudioEvent.read).
+    read: list[tuple[int, int]] | None = None
 
 
 class Events(msgspec.Struct, tag=True):
@@ -144,7 +146,7 @@ def event_frames(events: list[AudioEvent]) -> tuple[list[EventHead], list[np.nda
             None if usage is None else (usage.prompt_tokens, usage.generated_tokens, usage.audio_samples,
                                         usage.time_to_first_audio_seconds, usage.generation_seconds),
             None if event.stop_reason is None else event.stop_reason.value, event.error,
-            event.error_kind))
+            event.error_kind, event.read))
     return heads, frames
 
 
@@ -154,4 +156,5 @@ def audio_event(head: EventHead, buffers: list) -> AudioEvent:
     usage = None if head.usage is None else Usage(*head.usage)
     return AudioEvent(head.kind, head.request_id, samples=samples, chunk_index=head.chunk_index, final=head.final,
                       usage=usage, stop_reason=None if head.stop_reason is None else StopReason(head.stop_reason),
-                      error=head.error, error_kind=head.error_kind)
+                      error=head.error, error_kind=head.error_kind,
+                      read=None if head.read is None else [tuple(pair) for pair in head.read])
