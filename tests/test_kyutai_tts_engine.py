@@ -15,19 +15,41 @@ from audio_pipeline.errors import RequestError
 from helpers import run_to_completion, start_engine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kyutai_tts"
-#: Cases the engine serves as the reference generated them: one text each, guidance distilled or off.
-SERVED = {"distilled": ["distilled_one", "distilled_batch", "distilled_long"], "plain": ["plain_no_cfg"]}
+#: The engine's settings for the reference's cases (the checkpoint, its manifest's layout_options)
+#: and the cases it serves as the reference generated them.
+SERVED = {
+    "distilled": ("distilled", {}, ["distilled_one", "distilled_batch", "distilled_long"]),
+    "distilled-nq4": ("distilled", {"n_q": 4}, ["distilled_nq4"]),
+    "distilled-bonus": ("distilled", {"padding_bonus": 10.0}, ["distilled_padding_bonus"]),
+    "plain-unguided": ("plain", {"cfg_coef": 1.0}, ["plain_no_cfg"]),
+    "plain-doubled": ("plain", {}, ["plain_cfg"]),
+    "plain-doubled-bonus": ("plain", {"padding_bonus": -8.0}, ["plain_other_ids"]),
+}
 
 
 def _case(name: str) -> dict:
     return json.loads((FIXTURES / "cases" / name / "case.json").read_text())
 
 
+def model_with_options(target: Path, checkpoint: str, options: dict) -> Path:
+    """The fixture checkpoint with a manifest giving ``options`` (its files linked, not copied)."""
+    source = FIXTURES / "models" / checkpoint
+    target.mkdir(parents=True)
+    for path in source.iterdir():
+        (target / path.name).symlink_to(path.resolve())
+    (target / "audio_pipeline.json").write_text(json.dumps({"family": "kyutai-tts", "layout_options": options}))
+    return target
+
+
 @pytest.fixture(scope="module", params=sorted(SERVED))
-def engine(request):
-    engine = start_engine(FIXTURES / "models" / request.param, "chunk_size=96,128", "sampling.max_tokens=400",
+def engine(request, tmp_path_factory):
+    checkpoint, options, cases = SERVED[request.param]
+    directory = FIXTURES / "models" / checkpoint
+    if options:
+        directory = model_with_options(tmp_path_factory.mktemp("kyutai") / checkpoint, checkpoint, options)
+    engine = start_engine(directory, "chunk_size=96,128", "sampling.max_tokens=400",
                           model={"kv_cache": {"cache_dtype": "float32"}})
-    engine.variant = request.param
+    engine.variant, engine.cases = request.param, cases
     yield engine
     engine.stop()
 
@@ -61,13 +83,13 @@ def _check(context, chunks, name: str, item: int) -> None:
 
 
 def test_each_case_alone_equals_the_reference(engine):
-    for context, name, item in _requests(engine, SERVED[engine.variant]):
+    for context, name, item in _requests(engine, engine.cases):
         [chunks] = run_to_completion(engine, [context])
         _check(context, chunks, name, item)
 
 
 def test_the_cases_batched_together_equal_the_reference(engine):
-    requests = _requests(engine, SERVED[engine.variant])
+    requests = _requests(engine, engine.cases)
     results = run_to_completion(engine, [context for context, _, _ in requests])
     for (context, name, item), chunks in zip(requests, results):
         _check(context, chunks, name, item)

@@ -218,10 +218,55 @@ def read_config(model_dir: Path | str):
     from types import SimpleNamespace
 
     dsm = read_dsm_config(model_dir)
-    return SimpleNamespace(model_type=MODEL_TYPE, dsm=dsm, hidden_size=dsm.dim, num_attention_heads=dsm.num_heads,
+    return SimpleNamespace(model_type=MODEL_TYPE, dsm=dsm, options=generation_options(model_dir, dsm),
+                           hidden_size=dsm.dim, num_attention_heads=dsm.num_heads,
                            num_key_value_heads=dsm.num_heads // dsm.kv_repeat, head_dim=dsm.dim // dsm.num_heads,
                            num_hidden_layers=dsm.num_layers, vocab_size=dsm.text_card, max_position_embeddings=None)
 
 
 #: The architecture's name in the engine's model registry (its config.json has no model_type).
 MODEL_TYPE = "kyutai_tts"
+
+
+#: The manifest beside a checkpoint (layouts/manifest.py reads it for the layout; the model and the
+#: codec read the same generation settings from it here, so that all three agree).
+MANIFEST = "audio_pipeline.json"
+#: Guidance where the manifest sets none: the reference's.
+DEFAULT_CFG_COEF = 2.0
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The checkpoint's generation settings (its manifest's ``layout_options``): the guidance
+    coefficient, the bonus added to the text's padding logit, the codebooks generated."""
+
+    cfg_coef: float
+    padding_bonus: float
+    n_q: int
+
+    def doubled(self, config: DsmConfig) -> bool:
+        """Whether guidance doubles the batch: a model not distilled for it, guided."""
+        return not config.distilled_guidance and self.cfg_coef != 1.0
+
+
+def generation_options(model_dir: Path | str, config: DsmConfig, options: dict | None = None) -> GenerationOptions:
+    """The settings ``options`` gives (default: the manifest's layout_options in ``model_dir``);
+    ValueError naming the option for a value the model cannot take."""
+    if options is None:
+        path = Path(model_dir) / MANIFEST
+        options = {}
+        if path.is_file():
+            try:
+                options = dict(json.loads(path.read_text()).get("layout_options") or {})
+            except (ValueError, AttributeError):
+                options = {}  # the manifest's own reader reports it
+    cfg = float(options.get("cfg_coef", DEFAULT_CFG_COEF))
+    if config.distilled_guidance and cfg not in config.cfg_values:
+        raise ValueError(f"layout_options.cfg_coef: {cfg} is not one of the values the model was distilled for "
+                         f"{list(config.cfg_values)}")
+    if cfg <= 0:
+        raise ValueError(f"layout_options.cfg_coef: {cfg} must be above 0")
+    n_q = options.get("n_q", config.n_q)
+    if not isinstance(n_q, int) or isinstance(n_q, bool) or not 1 <= n_q <= config.n_q:
+        raise ValueError(f"layout_options.n_q: {n_q!r} must be a whole number from 1 to the model's {config.n_q}")
+    return GenerationOptions(cfg, float(options.get("padding_bonus", 0.0)), n_q)

@@ -64,7 +64,7 @@ from transformers.models.mimi.modeling_mimi import (
     MimiSplitResidualVectorQuantizer,
 )
 
-from audio_pipeline.checkpoints.kyutai_tts_config import is_kyutai_tts_config
+from audio_pipeline.checkpoints.kyutai_tts_config import dsm_config, generation_options, is_kyutai_tts_config
 from audio_pipeline.decoders.base import AudioDecoder
 from audio_pipeline.decoders.mimi_moshi import read_moshi_config, transformers_config, transformers_tensors
 from audio_pipeline.decoders.registry import register_audio_decoder
@@ -111,7 +111,9 @@ def _read_config(directory: Path) -> tuple[dict[str, Any], _Source, int | None]:
         path = directory / raw.get("mimi_name", "tokenizer-e351c8d8-checkpoint125.safetensors")
         if not path.is_file():
             raise FileNotFoundError(f"{path} (config.json mimi_name) is missing")
-        return config, _Source((path,), "", config["num_attention_heads"]), int(raw["n_q"])
+        # The codebooks the model generates (its manifest's layout_options.n_q, else all of them).
+        codebooks = generation_options(directory, dsm_config(raw)).n_q
+        return config, _Source((path,), "", config["num_attention_heads"]), codebooks
     if isinstance(raw, dict) and isinstance(raw.get("codec_config"), dict):
         config, prefix, codebooks = raw["codec_config"], CSM_CODEC_PREFIX, raw.get("num_codebooks")
     elif isinstance(raw, dict) and raw.get("model_type") == "mimi":

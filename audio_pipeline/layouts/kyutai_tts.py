@@ -30,8 +30,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from audio_pipeline.checkpoints.kyutai_tts_config import (FRAME_RATE, DsmConfig, is_kyutai_tts_config,
-                                                          read_dsm_config, voice_files)
+from audio_pipeline.checkpoints.kyutai_tts_config import (FRAME_RATE, DsmConfig, generation_options,
+                                                          is_kyutai_tts_config, read_dsm_config, voice_files)
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.base import Layout
 from audio_pipeline.layouts.dsm_text import TextMachine, TextRule, script_words
@@ -40,8 +40,8 @@ from audio_pipeline.layouts.text_track import TextTrack
 from audio_pipeline.layouts.voice_info import VoiceInfo
 
 #: The reference's generation settings: padding the speech opens with, the most frames of padding
-#: in a row, frames forced after each word beyond its tokens, and the guidance coefficient.
-INITIAL_PADDING, MAX_PADDING, PADDING_BETWEEN, CFG_COEF = 2, 8, 1, 2.0
+#: in a row, frames forced after each word beyond its tokens.
+INITIAL_PADDING, MAX_PADDING, PADDING_BETWEEN = 2, 8, 1
 #: Audio frames decoded before the heard audio starts (the reference drops them: a click).
 LEAD_IN_FRAMES = 2
 
@@ -63,7 +63,7 @@ class KyutaiLayout(Layout):
     voice_names: tuple[str, ...]
     #: Guidance values a distilled model takes as a condition (empty: none).
     cfg_values: tuple[float, ...]
-    cfg_coef: float = CFG_COEF
+    cfg_coef: float
     sentencepiece: object = None
     stops_by_token: ClassVar[bool] = False
     has_text_track: ClassVar[bool] = True
@@ -74,15 +74,13 @@ class KyutaiLayout(Layout):
     @classmethod
     def from_checkpoint(cls, model_dir: Path, tokenizer, options) -> "KyutaiLayout":
         config = read_dsm_config(model_dir)
-        cfg = float(options.get("cfg_coef", CFG_COEF))
-        if config.distilled_guidance and cfg not in config.cfg_values:
-            raise ValueError(f"layout_options.cfg_coef: {cfg} is not one of the model's guidance values "
-                             f"{list(config.cfg_values)}")
-        return cls(codebook_size=config.text_card, audio_card=config.card, codes_per_token=config.n_q,
+        chosen = generation_options(model_dir, config, dict(options))
+        cfg = chosen.cfg_coef
+        return cls(codebook_size=config.text_card, audio_card=config.card, codes_per_token=chosen.n_q,
                    text_card=config.text_card, delays=config.delays, audio_delay_steps=config.audio_delay_steps,
                    second_stream_ahead=config.second_stream_ahead, multi_speaker=config.multi_speaker,
                    voice_names=tuple(name for name, _ in voice_files(model_dir, config)),
-                   cfg_values=config.cfg_values, cfg_coef=cfg if config.distilled_guidance else 1.0,
+                   cfg_values=config.cfg_values, cfg_coef=cfg,
                    sentencepiece=tokenizer)
 
     @property
@@ -213,4 +211,7 @@ register_family(Family(
     # The reference's sampling: temperature 0.6; the text's 25 likeliest ids (its audio codes' 250:
     # models/kyutai_tts_model.py), no repetition penalty.
     sampling={"temperature": 0.6, "top_k": 25, "top_p": 1.0, "repetition_penalty": 1.0},
-    layout_options={"cfg_coef": "the guidance coefficient (a value the model was distilled for; default 2.0)"}))
+    layout_options={"cfg_coef": "the guidance coefficient (default 2.0: a value a distilled model was distilled for; "
+                                "a model that was not is guided with a doubled batch, 1.0 turning it off)",
+                    "padding_bonus": "added to the text's padding logit (above 0: slower speech; default 0)",
+                    "n_q": "the codebooks generated (fewer than the model's: faster, coarser audio; default all)"}))
