@@ -277,3 +277,21 @@ def test_live_text_is_spoken_word_by_word_before_the_sentence_ends(tmp_path):
         assert [w["text"] for w in said] == ["Hello", "world,", "this", "is", "a", "test."], said
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_random_model_of_the_published_shape_serves_and_the_live_text_benchmark_measures_it(tmp_path, capsys):
+    """The benchmarks' random models: the tiny shape through bench.live_text (first audio after the
+    first word); the 1.6B shape's directory is laid out as published and its config reads."""
+    from audio_pipeline.bench.live_text import main
+    from audio_pipeline.checkpoints.kyutai_tts_config import read_dsm_config
+    from audio_pipeline.layouts.registry import detect_family
+    from audio_pipeline.testing.random_models import write_random_model
+
+    assert main(["--sentences", "1", "--rounds", "1", "--rate", "50", "--random-model", "kyutai-tts-tiny",
+                 "--task-arg", "chunk_size=96,128", "--task-arg", "sampling.max_tokens=120"]) == 0
+    assert "ms after the first word" in capsys.readouterr().out
+    directory = write_random_model(tmp_path / "big", "kyutai-tts-1.6b")
+    config = read_dsm_config(directory)
+    assert (config.dim, config.num_layers, config.n_q, config.card, config.audio_delay_steps) == (2048, 16, 32, 2048, 16)
+    assert detect_family(directory).name == "kyutai-tts"

@@ -541,6 +541,8 @@ def floor_report(summaries: dict[int, "RoundSummary"], served: ServedSettings, b
     """The memory-floor table: what a pass reads (one line), a row per N, the explanation. The KV
     cache's dtype is the server's logged one where given, else the one ``served`` derives."""
     c = served.model_config
+    if "hidden_size" not in c:  # a config laid out otherwise (Kyutai TTS's): no floor from it
+        return ["memory floor: not computed (the model's config.json does not name a Llama's sizes)"]
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     cache_dtype = logged_cache_dtype or served.cache_dtype
     cache_source = "the server's log" if logged_cache_dtype else "derived"
@@ -579,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-model", metavar="SHAPE",
                         help="serve a randomly initialised model of this shape instead of --model: orpheus-3b "
                              "(Llama 3.2 3B + SNAC 24 kHz), orpheus-tiny, qwen3-tts-0.6b or qwen3-tts-1.7b (talker, code "
-                             "predictor, 12 Hz speech tokenizer) or qwen3-tts-tiny")
+                             "predictor, 12 Hz speech tokenizer) or qwen3-tts-tiny, kyutai-tts-1.6b (the published "
+                             "shape as far as it is known: testing/random_models.py) or kyutai-tts-tiny")
     parser.add_argument("--utterance-tokens", type=int, default=490,
                         help="with --random-model, speech tokens per stream (default 490: 70 Orpheus frames, 6 s; "
                              "a Qwen3-TTS token is an 80 ms frame: 75 is 6 s)")

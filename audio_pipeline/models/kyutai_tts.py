@@ -436,6 +436,26 @@ def split_fused_projections(state: dict[str, torch.Tensor], model: DsmModel) -> 
     return out
 
 
+def random_dsm_model(config: DsmConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0) -> DsmModel:
+    """A model of ``config`` with drawn weights (a benchmark's: real shapes, noise): norms at one,
+    the rest normal with std 0.02 (embeddings 1, so that each stream counts), on ``device``."""
+    with torch.device("meta"):
+        model = DsmModel(config)
+    model.to_empty(device=device).to(dtype)
+    model.condition_provider.float()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("alpha") or (name.endswith(".weight") and parameter.dim() == 1):
+                parameter.fill_(1.0)
+            elif name.endswith(".bias"):
+                parameter.zero_()
+            else:
+                std = 1.0 if isinstance(model.get_submodule(name.rpartition(".")[0]), DsmEmbedding) else 0.02
+                parameter.normal_(0.0, std, generator=generator)
+    return model.eval().requires_grad_(False)
+
+
 def load_dsm_model(model_dir, config: DsmConfig, dtype: torch.dtype = torch.float32,
                    device: torch.device | str = "cpu") -> DsmModel:
     """The language model of a checkpoint directory (``config.moshi_name``), every tensor checked;

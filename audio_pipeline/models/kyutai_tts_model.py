@@ -25,7 +25,7 @@ from torch import nn
 from audio_pipeline.checkpoints.kyutai_tts_config import DsmConfig, GenerationOptions, voice_files
 from audio_pipeline.layouts.dsm_text import PAD
 from audio_pipeline.models.interface import KVCacheParams, PipelineModel
-from audio_pipeline.models.kyutai_tts import ZERO, DsmModel, cross_attend, load_dsm_model
+from audio_pipeline.models.kyutai_tts import ZERO, DsmModel, cross_attend, load_dsm_model, random_dsm_model
 from audio_pipeline.models.llama_model import DepthPipelineModel, resolve_cache_dtype
 
 logger = logging.getLogger(__name__)
@@ -178,12 +178,13 @@ class KyutaiPipelineModel(DepthPipelineModel):
                                kv_cache_config=kv_cache_config)
         if pipeline_config.model.quantization != "none":
             raise ValueError("model.quantization is not supported for Kyutai TTS models; set model.quantization=none")
-        if random_weights:
-            raise NotImplementedError("random_weights is not supported for Kyutai TTS models")
         self.model_dir = Path(model_dir)
         self.cache_dtype = resolve_cache_dtype(kv_cache_config, dtype, self.devices[0])
         self.max_seq_len = self.calculate_max_seq_len(pipeline_config, huggingface_config)
-        dsm = load_dsm_model(model_dir, huggingface_config.dsm, dtype=dtype, device=self.devices[0])
+        if random_weights:  # a benchmark's model: real shapes, drawn at load
+            dsm = random_dsm_model(huggingface_config.dsm, dtype, self.devices[0])
+        else:
+            dsm = load_dsm_model(model_dir, huggingface_config.dsm, dtype=dtype, device=self.devices[0])
         self.model = KyutaiSpeechLM(dsm, self.model_dir, huggingface_config.options)
         self.packed_linears = False
         self._packed_ranges = {}

@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
+
 from audio_pipeline.layouts import orpheus
 from audio_pipeline.layouts.manifest import MANIFEST_NAME
 from audio_pipeline.testing.tiny_models import TINY_LLAMA_CONFIG, write_tokenizer
@@ -134,17 +137,93 @@ def write_random_qwen3_tts(path: Path, shape: str, *, seed: int = 0) -> Path:
     return path
 
 
+def _kyutai_lm(dim: int, heads: int, layers: int, context: int, text_card: int, card: int, n_q: int,
+               depth_dim: int, depth_heads: int, depth_layers: int, schedule: list[int], voice_dim: int) -> dict:
+    """A Kyutai TTS config.json's language model (the published layout's keys)."""
+    return {
+        "dim": dim, "text_card": text_card, "existing_text_padding_id": 3, "n_q": n_q, "dep_q": n_q, "card": card,
+        "num_heads": heads, "num_layers": layers, "hidden_scale": 4.125, "causal": True, "layer_scale": None,
+        "context": context, "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32",
+        "positional_embedding": "rope", "depformer_dim": depth_dim, "depformer_dim_feedforward": int(4.125 * depth_dim),
+        "depformer_num_heads": depth_heads, "depformer_num_layers": depth_layers, "depformer_layer_scale": None,
+        "depformer_multi_linear": True, "depformer_context": n_q, "depformer_max_period": 10000,
+        "depformer_gating": "silu", "depformer_pos_emb": "none", "depformer_weights_per_step": True,
+        "depformer_weights_per_step_schedule": schedule, "depformer_low_rank_embeddings": 128,
+        "delays": [0, 0] + [2] * (n_q - 1), "demux_second_stream": True, "cross_attention": True,
+        "conditioners": {
+            "speaker_wavs": {"type": "tensor", "tensor": {"dim": voice_dim}},
+            "control": {"type": "lut", "lut": {"n_bins": 4, "dim": 16, "tokenizer": "noop", "possible_values": ["ok"]}},
+            "cfg": {"type": "lut", "lut": {"n_bins": 8, "dim": 16, "tokenizer": "noop",
+                                           "possible_values": ["1.0", "1.5", "2.0", "2.5", "3.0", "3.5", "4.0"]}}},
+        "fuser": {"sum": ["control", "cfg"], "cross": ["speaker_wavs"], "prepend": [], "cross_attention_pos_emb": True,
+                  "cross_attention_pos_emb_scale": 1.0},
+    }
+
+
+#: Kyutai TTS shapes. 1.6b: what Kyutai's model card and the reference package say (a backbone of
+#: about 1B and a depth transformer of about 600M with per-step weights shared in part, 32
+#: codebooks of 2048, 12.5 Hz, the audio 16 frames behind the text, acoustic delay 2) filled in
+#: where they do not: width 2048 x 16 layers x 16 heads, depth 1024 x 4 layers with 12 weight sets,
+#: a 500-frame window, an 8000-piece text vocabulary, 512-wide voice embeddings (not verified:
+#: the published config.json is not read here).
+KYUTAI_TTS_SHAPES = {
+    "kyutai-tts-1.6b": dict(dim=2048, heads=16, layers=16, context=500, text_card=8000, card=2048, n_q=32,
+                            depth_dim=1024, depth_heads=16, depth_layers=4,
+                            schedule=[*range(8), *[8] * 8, *[9] * 8, *[10] * 4, *[11] * 4], voice_dim=512),
+    "kyutai-tts-tiny": dict(dim=64, heads=4, layers=2, context=32, text_card=384, card=64, n_q=8, depth_dim=32,
+                            depth_heads=2, depth_layers=2, schedule=[0, 1, 2, 3, 4, 4, 5, 5], voice_dim=24),
+}
+
+
+def write_random_kyutai_tts(path: Path, shape: str, *, seed: int = 0) -> Path:
+    """A Kyutai TTS directory of ``shape`` (KYUTAI_TTS_SHAPES) laid out as published, whose language
+    model is drawn at load: config.json, a SentencePiece tokenizer trained here, one voice file,
+    and a random Mimi of the published codec's shape (or the tiny one) in transformers' layout."""
+    import sentencepiece
+
+    from audio_pipeline.decoders.mimi_moshi import PUBLISHED_CONFIG, transformers_config
+    from audio_pipeline.testing.random_decoders import save_random_mimi_checkpoint
+
+    spec = KYUTAI_TTS_SHAPES[shape]
+    corpus = path / "corpus.txt"
+    corpus.write_text("\n".join(["Hello world, this is a random model of a real shape speaking.",
+                                  "The quick brown fox jumps over the lazy dog by the river.",
+                                  "Bonjour tout le monde, ceci est un essai."] * 8) + "\n")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(path / "tokenizer"), vocab_size=320, model_type="bpe", unk_id=0,
+        bos_id=1, eos_id=2, pad_id=3, byte_fallback=True, character_coverage=1.0, num_threads=1, minloglevel=2)
+    corpus.unlink()
+    (path / "tokenizer.vocab").unlink()
+    config = {"moshi_name": "model.safetensors", "tokenizer_name": "tokenizer.model",
+              "model_id": {"sig": "00000000", "epoch": 0}, "tts_config": {"audio_delay": 1.28, "second_stream_ahead": 2},
+              **_kyutai_lm(**spec)}
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    voice = path / "voices" / "random" / "speaker.wav.00000000@0.safetensors"
+    voice.parent.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(seed)
+    save_file({"speaker_wavs": torch.randn(1, spec["voice_dim"], 10, generator=generator)}, str(voice))
+    mimi = (transformers_config(PUBLISHED_CONFIG, path) if shape == "kyutai-tts-1.6b"
+            else {"codebook_size": spec["card"], "num_quantizers": spec["n_q"]})
+    mimi.pop("model_type", None)
+    save_random_mimi_checkpoint(path / "mimi", seed=seed, **mimi)
+    (path / MANIFEST_NAME).write_text(json.dumps({
+        "family": "kyutai-tts", "description": f"random {shape} (noise, real shapes)", "random_weights": True,
+        "audio_decoder": "mimi", "audio_decoder_weights": "mimi"}, indent=2))
+    return path
+
+
 def write_random_model(path: str | Path, shape: str, *, seed: int = 0) -> Path:
     """A model directory of ``shape`` (one of RANDOM_SHAPES or QWEN3_TTS_SHAPES) whose LM weights
     are drawn at load."""
     from audio_pipeline.testing.random_decoders import TINY_SNAC_CONFIG, save_random_snac_checkpoint
 
-    if shape in QWEN3_TTS_SHAPES:
+    if shape in QWEN3_TTS_SHAPES or shape in KYUTAI_TTS_SHAPES:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        return write_random_qwen3_tts(path, shape, seed=seed)
+        write = write_random_qwen3_tts if shape in QWEN3_TTS_SHAPES else write_random_kyutai_tts
+        return write(path, shape, seed=seed)
     if shape not in RANDOM_SHAPES:
-        known = ", ".join([*RANDOM_SHAPES, *QWEN3_TTS_SHAPES])
+        known = ", ".join([*RANDOM_SHAPES, *QWEN3_TTS_SHAPES, *KYUTAI_TTS_SHAPES])
         raise ValueError(f"--random-model: unknown shape {shape!r}; known: {known}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
