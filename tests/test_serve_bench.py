@@ -239,7 +239,8 @@ def test_the_decode_step_benchmark_reports_each_variant_and_batch_against_the_fl
     assert [row[:2] for row in loops] == [("graphs", "1"), ("graphs", "3"), ("unfused", "1"), ("unfused", "3")]
     for _, _, wall, step, beyond, phases in loops:
         values = [float(v) for v in phases.split()]
-        assert float(step) == pytest.approx(sum(values[:5]), abs=0.02) and values[2] > 0  # the model ran
+        # Six figures printed to 0.01 ms: their rounding alone may part the sum by 0.03.
+        assert float(step) == pytest.approx(sum(values[:5]), abs=0.03) and values[2] > 0  # the model ran
         assert float(wall) == pytest.approx(float(step) + values[5] + float(beyond), abs=0.02)
 
 
