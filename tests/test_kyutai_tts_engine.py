@@ -151,6 +151,12 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
             {"type": "text", "context_id": "a", "text": text}, {"type": "end", "context_id": "a"}])
         assert [e["type"] for e in received if e["type"] in ("done", "error")] == ["done"], received
         assert audio["a"] == seeded
+        # An SSML <break> is the model's own pause, as the reference reads <break time="..."/> in a script.
+        broken = _case("distilled_break")
+        document = "<speak>" + broken["script"][0][0] + "</speak>"
+        chunks = synthesize(server.target, document, voice=broken["voices"][0], temperature=0.0, ssml=True)
+        np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768,
+                                   np.load(FIXTURES / "cases" / "distilled_break" / "audio_0.npy"), atol=1e-4, rtol=0)
         for fields, name in ((dict(reference=recording(rate=24000)), "reference"), (dict(voice="nobody"), "voice")):
             with pytest.raises(grpc.RpcError) as error:
                 synthesize(server.target, "Hello.", **fields)

@@ -122,6 +122,10 @@ class Layout:
         decoder samples (all of a text stream's frame; all but the backbone's code otherwise)."""
         return self.codes_per_token + 1 if self.text_stream else self.codes_per_token
 
+    def pause_words(self, seconds: float) -> list:
+        """A text stream's words for a pause of ``seconds`` (an SSML <break>) that its model keeps."""
+        raise NotImplementedError
+
     def preset_name(self, voice: str | None) -> str | None:
         """The preset voice another spelling of a voice's name means (a family whose presets have
         several names), else the name as given."""

@@ -34,7 +34,7 @@ from audio_pipeline.checkpoints.kyutai_tts_config import (FRAME_RATE, DsmConfig,
                                                           is_kyutai_tts_config, read_dsm_config, voice_files)
 from audio_pipeline.errors import InvalidArgument
 from audio_pipeline.layouts.base import Layout
-from audio_pipeline.layouts.dsm_text import TextMachine, TextRule, script_words
+from audio_pipeline.layouts.dsm_text import TextMachine, TextRule, Word, script_words
 from audio_pipeline.layouts.registry import Family, register_family
 from audio_pipeline.layouts.text_track import TextTrack
 from audio_pipeline.layouts.voice_info import VoiceInfo
@@ -134,6 +134,11 @@ class KyutaiLayout(Layout):
     def words(self, text: str, *, continues: bool = False):
         return script_words(self.sentencepiece.encode, [text], frame_rate=FRAME_RATE,
                             multi_speaker=self.multi_speaker, padding_between=PADDING_BETWEEN, continues=continues)
+
+    def pause_words(self, seconds: float) -> list[Word]:
+        """A pause the model keeps: padding for ``seconds`` (the reference's <break time="...">)."""
+        frames = int(round(seconds * FRAME_RATE))
+        return [Word((), "", frames)] if frames > 0 else []
 
     def text_rule(self, text: str, prompt: Sequence[int], *, continues: bool = False) -> TextRule:
         machine = TextMachine(self.text_card, self.second_stream_ahead, MAX_PADDING, INITIAL_PADDING)

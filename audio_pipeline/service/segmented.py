@@ -182,7 +182,8 @@ class SegmentedSynthesis:
                 if running is not None:  # its words join the request (prepared as a continuation)
                     context = await loop.run_in_executor(self.executor, self.prepare, segment, 1)
                     self._note_words(segment, context)
-                    self.engine.extend(running.request_id, list(context.text_rule.state.words))
+                    self.engine.extend(running.request_id, list(context.text_rule.state.words)
+                                       + self._break_after(segment))
                     continue
                 while index - self._played > LOOKAHEAD:
                     self._progress.clear()
@@ -193,6 +194,7 @@ class SegmentedSynthesis:
                         context.text_rule.state.open = True
                         running = context
                         self._note_words(segment, context)
+                        context.text_rule.state.words.extend(self._break_after(segment))
                     queue: asyncio.Queue = asyncio.Queue()
                     await self._submit(context, queue, first=index == 0 and part == 0)
                     parts.append((context, queue, segment.start + offset, text))
@@ -202,6 +204,11 @@ class SegmentedSynthesis:
             raise
         except BaseException as error:  # noqa: BLE001 - handed to the reader, in order
             await self._started.put(error)
+
+    def _break_after(self, segment: Segment) -> list:
+        """A text stream's pause words for an SSML <break> after ``segment`` (the model keeps the
+        pause; punctuation's pauses it makes itself)."""
+        return self.engine.layout.pause_words(segment.pause) if segment.break_after and segment.pause > 0 else []
 
     def _note_words(self, segment: Segment, context: TTSContext) -> None:
         """Where each word of a text stream's piece is in the whole text (the segment where its

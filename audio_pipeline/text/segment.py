@@ -36,6 +36,8 @@ class Segment:
     rate: float = 1.0
     #: (start, end, IPA) of SSML <phoneme>s in ``normalized.spoken``.
     phonemes: tuple[tuple[int, int, str], ...] = ()
+    #: The pause after it is an SSML <break>'s (not its punctuation's or a boundary's).
+    break_after: bool = False
 
 
 def _split(text: str) -> list[tuple[int, int]]:

@@ -409,7 +409,8 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
             run.clear()
             if out and stop is not None and stop.pause is not None:
                 if stop.explicit:  # breaks in a row add up; a break replaces a boundary's pause
-                    out[-1] = replace(out[-1], pause=out[-1].pause + stop.pause if explicit else stop.pause)
+                    out[-1] = replace(out[-1], pause=out[-1].pause + stop.pause if explicit else stop.pause,
+                                      break_after=True)
                     explicit = True
                 elif not explicit:
                     out[-1] = replace(out[-1], pause=stop.pause)
@@ -433,7 +434,7 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
                 pause = ending_pause(piece.text)
             out.append(Segment(normalized.spoken, start, end, pause, normalized, rate, marks))
         if stop is not None and stop.pause is not None:
-            out[-1] = replace(out[-1], pause=stop.pause)
+            out[-1] = replace(out[-1], pause=stop.pause, break_after=stop.explicit)
         explicit = stop is not None and stop.explicit
 
     for item in items:

@@ -438,6 +438,8 @@ CASES = [
     ("distilled_turns_break", "distilled",
      [["Hi there. <break time=\"0.4s\"/> How are you?", "Fine, thanks."]], [VOICES[0]], {},
      "two speaker turns and a break of 0.4 s (5 frames)"),
+    ("distilled_break", "distilled", [["Hi there. <break time=\"0.4s\"/> How are you?"]], [VOICES[1]], {},
+     "one turn with a break of 0.4 s (5 frames)"),
     ("distilled_padding_bonus", "distilled", [["Hello world, this is a tiny test."]], [VOICES[0]],
      {"padding_bonus": 10.0}, "a padding bonus of 10 on the text logits' pad (about the tiny model's margin for a new word)"),
     ("plain_other_ids", "plain", [["How are you today?"]], [VOICES[1]], {"cfg_coef": 2.0, "padding_bonus": -8.0},
