@@ -301,3 +301,21 @@ def test_a_random_model_of_the_published_shape_serves_and_the_live_text_benchmar
     config = read_dsm_config(directory)
     assert (config.dim, config.num_layers, config.n_q, config.card, config.audio_delay_steps) == (2048, 16, 32, 2048, 16)
     assert detect_family(directory).name == "kyutai-tts"
+
+
+def test_the_conditions_kept_are_bounded_and_one_made_again_is_alike(engine, monkeypatch):
+    """A server keeps a few voices' conditions (their cross-attention keys and values are large):
+    with room for one, two voices batched still speak the reference's audio, each condition made
+    again when it comes back, and the model holds no more than the bound."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    import audio_pipeline.models.kyutai_tts_model as module
+
+    monkeypatch.setattr(module, "KEPT_CONDITIONS", 1)
+    model = engine.backend.assembly.model.model
+    model._conditions.clear()  # what earlier tests left
+    requests = _requests(engine, ["distilled_batch"])
+    results = run_to_completion(engine, [context for context, _, _ in requests])
+    for (context, name, item), chunks in zip(requests, results):
+        _check(context, chunks, name, item)
+    assert len(model._conditions) == 1

@@ -5,7 +5,7 @@ A step's inputs: each position's token (the text fed back), its frame (the codes
 position before) and its text-track id, which names the request's condition: its voice (the
 checkpoint's voices in their order, checkpoints/kyutai_tts_config.py) and guidance (layouts/
 kyutai_tts.py's ``condition_id``). A condition's summed vector and its voice's cross-attention keys
-and values are computed once, at its first use, and kept.
+and values are computed at its first use and kept, KEPT_CONDITIONS of them at most.
 
 The streams' start: at position t a stream whose delay d is at least t reads its start id, and a
 codebook whose delay plus the audio delay is beyond t - 1 reads zero (the reference zeroes them as
@@ -16,6 +16,7 @@ samples before the audio starts matter nowhere.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 #: The longest generation where max_length is not set: 4096 frames (about five and a half minutes).
 DEFAULT_MAX_FRAMES = 4096
+#: Conditions kept at once (each holds its voice's cross-attention keys and values for every layer:
+#: at the published shape, tens to a hundred MB): the least recently used goes first. A step
+#: needs each of its rows' conditions, so a batch of more voices than this keeps them all until
+#: the step is done.
+KEPT_CONDITIONS = 16
 
 
 class KyutaiSpeechLM(nn.Module):
@@ -53,8 +59,8 @@ class KyutaiSpeechLM(nn.Module):
         self.voices = [path for _, path in voice_files(model_dir, config)]
         # cfg conditions by index, then none (layouts/kyutai_tts.py's condition_id)
         self.cfg_values = [format(v, ".1f") for v in config.cfg_values] + [None]
-        self._conditions: dict[int, Condition] = {}
-        self._null: dict[int, Condition] = {}
+        # (condition id, null) -> Condition, least recently used first (KEPT_CONDITIONS).
+        self._conditions: OrderedDict[tuple[int, bool], Condition] = OrderedDict()
 
     def reset_rotary(self, device: torch.device | None = None) -> None:
         """Nothing to do: the rotation is computed from the positions."""
@@ -62,9 +68,10 @@ class KyutaiSpeechLM(nn.Module):
     def condition(self, condition_id: int, null: bool = False) -> "Condition":
         """(the summed conditions [dim], each layer's cross-attention keys and values) of a
         condition id; ``null``: guidance's null condition of its voice (every condition dropped)."""
-        table = self._null if null else self._conditions
-        known = table.get(condition_id)
+        key = (condition_id, null)
+        known = self._conditions.get(key)
         if known is not None:
+            self._conditions.move_to_end(key)
             return known
         from safetensors.torch import load_file
 
@@ -84,7 +91,9 @@ class KyutaiSpeechLM(nn.Module):
             else:
                 total = self.dsm.condition_sum(values).to(dtype)
                 cross = self.dsm.cross_keys_values(self.dsm.cross_source([speaker]))
-        table[condition_id] = known = (total, cross)
+        self._conditions[key] = known = (total, cross)
+        while len(self._conditions) > KEPT_CONDITIONS:
+            self._conditions.popitem(last=False)
         return known
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any, frames: torch.Tensor | None = None,
