@@ -106,6 +106,19 @@ def test_voices_are_named_as_published_and_refusals_name_their_field(engine):
     assert refused.value.field == "voice"
 
 
+def _served(tmp_path):
+    """A real server (the engine core in its own process) on the distilled fixture checkpoint,
+    greedy requests exact: a float32 KV cache."""
+    from audio_pipeline.config import AudioGenerationConfig
+    from audio_pipeline.testing.background import BackgroundServer
+
+    config = AudioGenerationConfig.load(
+        env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=400"],
+        model={"model_path": str(FIXTURES / "models" / "distilled"), "device": "cpu",
+               "kv_cache": {"cache_dtype": "float32"}}, voices_dir=str(tmp_path / "voices"))
+    return BackgroundServer(config, http_port=0).start()
+
+
 @pytest.mark.slow
 def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_errors(tmp_path):
     """A checkpoint laid out as published (no manifest) behind the real server (the engine core in
@@ -116,15 +129,9 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
     import grpc
     import httpx
 
-    from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.testing.background import BackgroundServer
     from helpers import pcm_of, recording, socket_session, synthesize
 
-    config = AudioGenerationConfig.load(
-        env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=400"],
-        model={"model_path": str(FIXTURES / "models" / "distilled"), "device": "cpu",
-               "kv_cache": {"cache_dtype": "float32"}}, voices_dir=str(tmp_path / "voices"))
-    server = BackgroundServer(config, http_port=0).start()
+    server = _served(tmp_path)
     try:
         case = _case("distilled_one")
         text, voice = case["script"][0][0], case["voices"][0]
@@ -242,15 +249,9 @@ def test_live_text_is_spoken_word_by_word_before_the_sentence_ends(tmp_path):
 
     from audio_pipeline_client import TTSClient
 
-    from audio_pipeline.config import AudioGenerationConfig
-    from audio_pipeline.testing.background import BackgroundServer
     from helpers import socket_session
 
-    config = AudioGenerationConfig.load(
-        env={}, audio_flags=["grace_period_s=5", "sampling.max_tokens=400"],
-        model={"model_path": str(FIXTURES / "models" / "distilled"), "device": "cpu",
-               "kv_cache": {"cache_dtype": "float32"}}, voices_dir=str(tmp_path / "voices"))
-    server = BackgroundServer(config, http_port=0).start()
+    server = _served(tmp_path)
     try:
         case = _case("distilled_one")
         text, voice = case["script"][0][0], case["voices"][0]

@@ -61,7 +61,6 @@ class DsmConfig:
     mimi_name: str
     tokenizer_name: str
     mimi_config_name: str | None
-    raw: dict
 
     @property
     def depformer_weights(self) -> int:
@@ -188,7 +187,7 @@ def dsm_config(raw: dict) -> DsmConfig:
         moshi_name=_get(raw, "moshi_name", "model.safetensors"),
         mimi_name=_get(raw, "mimi_name", "tokenizer-e351c8d8-checkpoint125.safetensors"),
         tokenizer_name=_get(raw, "tokenizer_name", "tokenizer_spm_32k_3.model"),
-        mimi_config_name=_get(raw, "mimi_config_name"), raw=raw)
+        mimi_config_name=_get(raw, "mimi_config_name"))
 
 
 #: Where a checkpoint directory keeps its voices (laid out as Kyutai's voice repository).

@@ -75,6 +75,9 @@ class TokenSampling:
 class DepthSampling(TokenSampling):
     """A frame per position: the model's ``depth_frame`` samples the codes after the backbone's."""
 
+    #: The first codebook the depth decoder samples (the backbone's code is codebook 0).
+    first_depth_code = 1
+
     def __init__(self, model: Any, codes: int, *, sync_free: bool):
         self.model, self.codes, self.sync_free = model, codes, sync_free
         #: The frame's captured CUDA graphs (core/depth_graphs.py; :meth:`capture`), else None.
@@ -119,20 +122,29 @@ class DepthSampling(TokenSampling):
         whatever the batch. Also the frame codes each row's alignment fixes (``depth_fixed``, -1
         where none): gathered from the row table, asked row by row only of an alignment it does not
         list."""
-        codebook, depth = rows.codebook_size, self.codes - 1
-        fixed, floats = host["depth_fixed"], host["depth_floats"]
+        codebook = rows.codebook_size
+        fixed = host["depth_fixed"]
         table.frame_codes(slots, positions, fixed)
         for row in np.flatnonzero(table.aligned[slots]).tolist():
             context = contexts[row]
             codes = context.alignment.frame_codes(int(positions[row]))
             if codes is not None:  # the alignment fixes some of this frame's codes
                 fixed[row] = codes
+        top_k = table.top_k[slots]
+        return self._depth_rows(host, rows, table, slots, draws, codebook,
+                                np.where((top_k > 0) & (top_k < codebook + 1), top_k, codebook + 1))
+
+    def _depth_rows(self, host: dict[str, np.ndarray], rows: SamplingRows, table: Any, slots: np.ndarray,
+                    draws: np.ndarray | None, codebook: int, top_k: np.ndarray | int) -> SamplingRows:
+        """The depth decoder's sampling rows over ``codebook`` codes with ``top_k``: the backbone
+        rows' settings, the penalties off, one of each row's draws per code it samples."""
+        floats = host["depth_floats"]
         floats[:] = rows.floats[None]
         sampled = table.sampled[slots]
         if draws is not None and draws.shape[0]:
+            depth = self.codes - self.first_depth_code
             floats[:, FLOAT_FIELDS.index("uniform"), np.flatnonzero(sampled)] = draws[:, 1:1 + depth].T
-        top_k = table.top_k[slots]
-        host["depth_top_k"][:] = np.where((top_k > 0) & (top_k < codebook + 1), top_k, codebook + 1)
+        host["depth_top_k"][:] = top_k
         host["depth_starts"][:] = 0
         host["depth_extra"][:] = 0
         host["depth_blocked"][:] = False
@@ -178,10 +190,12 @@ class DepthSampling(TokenSampling):
         top_k = inputs["depth_top_k"]
         no_counts = torch.zeros(1, device=states.device)
 
+        first = self.first_depth_code
+
         def choose(k: int, logits: torch.Tensor) -> torch.Tensor:
             scores = torch.cat([logits[:, :codebook].float(), logits.new_zeros(logits.shape[0], 1).float()], dim=1)
             device_rows = DeviceSamplingRows(inputs["depth_starts"], inputs["depth_extra"], inputs["depth_blocked"],
-                                             inputs["depth_floats"][k - 1], top_k)
+                                             inputs["depth_floats"][k - first], top_k)
             return sample_rows(scores, rows, device_rows, no_counts, sync_free=self.sync_free)
 
         return self.model.depth_frame(states, codes, choose)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from audio_pipeline.core.depth import DepthSampling
-from audio_pipeline.core.sampler import FLOAT_FIELDS, NUCLEUS_PREFIX, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline.core.sampler import FLOAT_FIELDS, SamplingRows
 
 #: The audio codes' top_k where a request's own top_k (which acts on the text) leaves them open:
 #: the reference's.
@@ -33,6 +33,8 @@ class TextStreamRows:
 class TextStreamSampling(DepthSampling):
     """A text id from the backbone, the request's rule, then the whole frame from the depth decoder."""
 
+    first_depth_code = 0
+
     def __init__(self, model: Any, codes: int, audio_codebook: int, *, sync_free: bool):
         super().__init__(model, codes, sync_free=sync_free)
         self.audio_codebook = audio_codebook
@@ -48,24 +50,10 @@ class TextStreamSampling(DepthSampling):
 
     def stage(self, host: dict[str, np.ndarray], contexts: list[Any], positions: np.ndarray,
               rows: SamplingRows, table: Any, slots: np.ndarray, draws: np.ndarray | None) -> TextStreamRows:
-        """Each row's settings for its audio codes (the penalties off), one uniform draw per code
-        after the backbone's from the request's own generator."""
-        audio, floats = self.audio_codebook, host["depth_floats"]
-        floats[:] = rows.floats[None]
-        sampled = table.sampled[slots]
-        if draws is not None and draws.shape[0]:
-            floats[:, FLOAT_FIELDS.index("uniform"), np.flatnonzero(sampled)] = draws[:, 1:1 + self.codes].T
-        host["depth_top_k"][:] = min(AUDIO_TOP_K, audio + 1)
-        host["depth_starts"][:] = 0
-        host["depth_extra"][:] = 0
-        host["depth_blocked"][:] = False
-        host["depth_blocked"][:, audio] = True  # the one (unused) extra column
-        chosen = host["depth_top_k"][sampled]
-        flags = dict(any_sampling=rows.any_sampling, penalized=False,
-                     prefix_suffices=bool((chosen <= NUCLEUS_PREFIX).all()),
-                     prefix_may_suffice=bool(((chosen <= NUCLEUS_PREFIX) | (chosen == audio + 1)).all()))
-        depth = SamplingRows(audio, host["depth_starts"], host["depth_extra"], host["depth_blocked"], floats[0],
-                             host["depth_top_k"], rows.frame_slots, **flags)
+        """Each row's settings for its audio codes (the penalties off, the audio's own top_k), one
+        uniform draw per code after the backbone's from the request's own generator."""
+        depth = self._depth_rows(host, rows, table, slots, draws, self.audio_codebook,
+                                 min(AUDIO_TOP_K, self.audio_codebook + 1))
         return TextStreamRows(depth, list(contexts))
 
     def capture(self, buckets: Sequence[int], **model: Any) -> None:
@@ -77,18 +65,7 @@ class TextStreamSampling(DepthSampling):
         frame the depth decoder samples from it."""
         fed = [context.text_rule.step(sampled) for context, sampled in zip(rows.contexts, ids.tolist())]
         tokens = torch.tensor(fed, dtype=ids.dtype, device=ids.device)
-        depth = rows.depth
-        audio = self.audio_codebook
-        no_counts = torch.zeros(1, device=states.device)
-
-        def choose(k: int, logits: torch.Tensor) -> torch.Tensor:
-            scores = torch.cat([logits[:, :audio].float(), logits.new_zeros(logits.shape[0], 1).float()], dim=1)
-            device_rows = DeviceSamplingRows(device["depth_starts"], device["depth_extra"], device["depth_blocked"],
-                                             device["depth_floats"][k], device["depth_top_k"])
-            return sample_rows(scores, depth, device_rows, no_counts, sync_free=self.sync_free)
-
-        frames = self.model.depth_frame(states, tokens, choose)
-        return torch.cat([tokens[:, None], frames], dim=1)
+        return torch.cat([tokens[:, None], self.frames(states, tokens, device, rows.depth)], dim=1)
 
 
 def text_stream_sampling(model: Any, layout: Any, *, sync_free: bool) -> TextStreamSampling:

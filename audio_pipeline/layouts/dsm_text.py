@@ -23,7 +23,8 @@ NEW_WORD = 0
 MAIN_SPEAKER = 1
 OTHER_SPEAKER = 2
 PAD = 3
-#: The id the model embeds as zero (the lookahead stream when it has nothing to feed).
+#: The id the model embeds as zero (the lookahead stream when it has nothing to feed, a codebook
+#: not generated yet, guidance's null text).
 ZERO = -1
 
 #: A pause (``<break time="0.5s"/>``) or the spaces between words.

@@ -14,8 +14,7 @@ the frame in turn, starting from the text token fed back, with its own weights p
 the frame's codebooks only.
 
 The layers take the attention from their caller (``attend(layer, q, k, v)``, [T, heads, head_dim]
-in and out), so the same code runs over any cache; :func:`window_mask` says which keys a query may
-see.
+in and out), so the same code runs over any cache (the engine's paged one applies the window).
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from audio_pipeline.checkpoints.kyutai_tts_config import DsmConfig
-
-#: The id embedded as exactly zero (a codebook not generated yet, the null half's text).
-ZERO = -1
+from audio_pipeline.layouts.dsm_text import ZERO  # the id embedded as exactly zero
 
 
 class FloatRMSNorm(nn.Module):
@@ -401,16 +398,6 @@ class DsmModel(nn.Module):
             previous = choose(k, logits)
             chosen.append(previous)
         return torch.stack(chosen, dim=1)
-
-
-def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, context: int | None) -> torch.Tensor:
-    """Which keys each query sees ([Tq, Tk] bool): earlier or equal positions, fewer than
-    ``context`` back."""
-    delta = query_positions[:, None] - key_positions[None, :]
-    allowed = delta >= 0
-    if context is not None:
-        allowed &= delta < context
-    return allowed
 
 
 def split_fused_projections(state: dict[str, torch.Tensor], model: DsmModel) -> dict[str, torch.Tensor]:

@@ -48,7 +48,6 @@ class KyutaiSpeechLM(nn.Module):
         super().__init__()
         self.dsm = dsm
         config = dsm.config
-        self.config_dsm = config
         self.options = options
         self.codes_per_token = options.n_q
         #: Guidance with a doubled batch (a model not distilled for it): each position runs twice,
@@ -100,7 +99,7 @@ class KyutaiSpeechLM(nn.Module):
                 text_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states after the final norm ([T] tokens, [T] positions, [T, codes] frames, [T]
         condition ids -> [T, dim]; with a doubled batch [T, 2 dim]: the null pass's beside)."""
-        config = self.config_dsm
+        config = self.dsm.config
         tokens = input_ids.shape[0]
         device = input_ids.device
         ids = text_ids.clamp(min=0) if text_ids is not None else torch.zeros_like(input_ids)
@@ -147,7 +146,7 @@ class KyutaiSpeechLM(nn.Module):
 
     def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The text logits of the conditioned pass (guidance leaves the text alone), with the padding bonus."""
-        logits = self.dsm.text_logits(hidden[:, :self.config_dsm.dim])
+        logits = self.dsm.text_logits(hidden[:, :self.dsm.config.dim])
         if self.options.padding_bonus:
             logits[:, PAD] += self.options.padding_bonus
         return logits
@@ -158,7 +157,7 @@ class KyutaiSpeechLM(nn.Module):
         codebooks = self.codes_per_token
         if not self.doubled:
             return self.dsm.depth_frame(backbone_hidden, tokens, choose, codebooks)
-        dim, rows, coef = self.config_dsm.dim, backbone_hidden.shape[0], self.options.cfg_coef
+        dim, rows, coef = self.dsm.config.dim, backbone_hidden.shape[0], self.options.cfg_coef
         both = torch.cat([backbone_hidden[:, :dim], backbone_hidden[:, dim:]])
 
         def guided(k: int, logits: torch.Tensor) -> torch.Tensor:  # both halves go on with the code chosen
