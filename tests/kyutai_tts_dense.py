@@ -57,11 +57,12 @@ class DenseCache:
         return F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]
 
 
-def generate_dense(model: DsmModel, words: list[list[Word]], speakers: list[torch.Tensor], *, cfg_coef: float,
+def generate_dense(model: DsmModel, words: list[list[Word]], speakers: list[list[torch.Tensor]], *, cfg_coef: float,
                    codebooks: int | None = None, padding_bonus: float = 0.0, max_padding: int = 8,
                    initial_padding: int = 2, final_padding: int = 4, max_steps: int = 2000,
                    keep_text_logits: int = 0, keep_depth_logits: int = 0) -> DenseResult:
-    """Greedy generation of a batch: ``words[i]`` read in ``speakers[i]``'s voice ([dim, frames])."""
+    """Greedy generation of a batch: ``words[i]`` read in ``speakers[i]``'s voices (each [dim, frames];
+    a dialogue's main speaker first)."""
     config = model.config
     count = codebooks or config.n_q
     batch = len(words)
@@ -73,10 +74,10 @@ def generate_dense(model: DsmModel, words: list[list[Word]], speakers: list[torc
     if config.distilled_guidance:
         values["cfg"] = format(cfg_coef, ".1f")
     sums = [model.condition_sum(values)] * batch
-    sources = [model.cross_source([speaker]) for speaker in speakers]
+    sources = [model.cross_source(voices) for voices in speakers]
     if doubled:
         sums += [model.condition_sum({})] * batch
-        sources += [model.cross_source([], speaker.shape[-1]) for speaker in speakers]
+        sources += [model.cross_source([], voices[0].shape[-1]) for voices in speakers]
     condition = torch.stack(sums)
     per_row = [model.cross_keys_values(source) for source in sources]
 

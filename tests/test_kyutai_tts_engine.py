@@ -106,6 +106,94 @@ def test_voices_are_named_as_published_and_refusals_name_their_field(engine):
     assert refused.value.field == "voice"
 
 
+def _dialogue(case: dict, item: int) -> tuple[str, str]:
+    """(an SSML document, the request's voice) speaking a case's dialogue: the main speaker's turns
+    in the request's voice, the other's in a <voice> naming the second voice (an empty first turn:
+    the other speaker starts)."""
+    script, voices = case["script"][item], case["voices"][item]
+    turns = [text if turn % 2 == 0 else f"<voice name='{voices[1]}'>{text}</voice>"
+             for turn, text in enumerate(script) if text]
+    return "<speak>" + " ".join(turns) + "</speak>", voices[0]
+
+
+def test_ssml_voices_speak_the_references_dialogues_batched_with_another_request(engine):
+    """Through the speech service: an SSML document whose <voice> names a second voice is one
+    dialogue (the request's voice the main speaker, each turn marked by its speaker's token, the
+    two voices in one condition): two dialogues (one starting with the other speaker) and a plain
+    request, all at once, give the reference's fed ids, frames, timestamps and audio."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    import asyncio
+
+    from audio_pipeline.service.request import SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    service = SpeechService(engine)
+    service.ready = True
+    dialog, one = _case("distilled_dialog"), _case("distilled_one")
+    requests = [(*_dialogue(dialog, 0), "distilled_dialog", 0), (*_dialogue(dialog, 1), "distilled_dialog", 1),
+                (one["script"][0][0], one["voices"][0], "distilled_one", 0)]
+
+    async def speak(text, voice):
+        stream = await service.open(SpeechRequest(text=text, voice=voice, sampling={"temperature": 0.0},
+                                                  format="float32"))
+        chunks = [np.frombuffer(event.data, dtype="<f4") async for event in stream.events()
+                  if getattr(event, "data", b"")]
+        return stream.synthesis._submitted, chunks
+
+    async def all_at_once():
+        return await asyncio.gather(*(speak(text, voice) for text, voice, _, _ in requests))
+
+    try:
+        for (contexts, chunks), (_, _, name, item) in zip(asyncio.run(all_at_once()), requests):
+            assert len(contexts) == 1  # the whole dialogue is one request
+            _check(contexts[0], chunks, name, item)
+    finally:
+        service.close()
+
+
+def test_a_dialogue_of_more_than_two_voices_or_an_unknown_one_is_refused_naming_the_element(tmp_path):
+    """Two speakers take turns (their tokens mark them): on a checkpoint of three voices, a document
+    naming two voices besides the request's, or a voice the model does not have, is refused before
+    any audio, naming the field and the element; the request's own voice under another of its
+    names is its main speaker."""
+    import asyncio
+    import shutil
+
+    from audio_pipeline.errors import InvalidArgument, NotFound
+    from audio_pipeline.service.request import SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    directory = tmp_path / "three"
+    shutil.copytree(FIXTURES / "models" / "distilled", directory)
+    vctk = directory / "voices" / "vctk"
+    shutil.copy(next(vctk.iterdir()), vctk / "p226_001.wav.d5a1c0de@7.safetensors")
+    engine = start_engine(directory, "chunk_size=96,128", "sampling.max_tokens=40")
+    service = SpeechService(engine)
+    service.ready = True
+    voices = engine.layout.voice_names
+    assert len(voices) == 3
+
+    async def speak(text):
+        stream = await service.open(SpeechRequest(text=text, voice=voices[0]))
+        stream.close()
+
+    try:
+        asyncio.run(speak(f"<speak>Hi. <voice name='{voices[0].split('/')[-1]}.wav'>Yes.</voice> "
+                          f"<voice name='{voices[1]}'>No.</voice></speak>"))
+        with pytest.raises(NotFound) as unknown:
+            asyncio.run(speak("<speak>Hi. <voice name='nobody'>Yes.</voice></speak>"))
+        assert unknown.value.field == "text" and "<voice name='nobody'>: unknown voice" in str(unknown.value)
+        with pytest.raises(InvalidArgument) as refused:
+            asyncio.run(speak(f"<speak>Hi. <voice name='{voices[1]}'>Yes.</voice><voice name='{voices[2]}'>No."
+                              "</voice></speak>"))
+        assert refused.value.field == "text" and "a dialogue of two voices" in str(refused.value)
+        assert voices[1] in str(refused.value) and voices[2] in str(refused.value)
+    finally:
+        service.close()
+        engine.stop()
+
+
 def _served(tmp_path):
     """A real server (the engine core in its own process) on the distilled fixture checkpoint,
     greedy requests exact: a float32 KV cache."""
@@ -125,7 +213,7 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
     its own process): gRPC streams the reference's audio (greedy, as PCM16), /v1/audio/voices lists
     the voices folder, OpenAI's speech route (a voice by its file name) and the WebSocket speak what
     gRPC speaks for the same seed; a reference recording or an unknown voice is refused naming the
-    field."""
+    field; an SSML <voice> speaks the reference's dialogue."""
     import grpc
     import httpx
 
@@ -164,6 +252,16 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
         chunks = synthesize(server.target, document, voice=broken["voices"][0], temperature=0.0, ssml=True)
         np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768,
                                    np.load(FIXTURES / "cases" / "distilled_break" / "audio_0.npy"), atol=1e-4, rtol=0)
+        # An SSML <voice> is a dialogue's other speaker: the reference's dialogue (the other speaker
+        # first), its words' timings pointing into the document where the reference read them.
+        dialog = _case("distilled_dialog")
+        document, main = _dialogue(dialog, 1)
+        chunks = synthesize(server.target, document, voice=main, temperature=0.0, ssml=True)
+        np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768,
+                                   np.load(FIXTURES / "cases" / "distilled_dialog" / "audio_1.npy"), atol=1e-4, rtol=0)
+        timings = [w for c in chunks if c.HasField("audio") for w in c.audio.words]
+        assert [document[w.text_start:w.text_end] for w in timings] == [word for word, _ in dialog["transcripts"][1]]
+        assert [w.start_sample for w in timings] == [(step - 2) * 1920 for _, step in dialog["transcripts"][1]]
         for fields, name in ((dict(reference=recording(rate=24000)), "reference"), (dict(voice="nobody"), "voice")):
             with pytest.raises(grpc.RpcError) as error:
                 synthesize(server.target, "Hello.", **fields)
@@ -197,7 +295,7 @@ def test_words_sent_in_time_give_the_one_shot_frames(engine):
 
     events: queues.Queue = queues.Queue()
     engine.submit(context, events.put)
-    engine.extend(context.request_id, engine.layout.words(rest, continues=True))
+    engine.extend(context.request_id, engine.layout.words(rest, after=0))
     engine.extend(context.request_id, [], close=True)
     chunks = []
     while (event := events.get(timeout=120)).kind == "audio":
@@ -226,7 +324,7 @@ def test_late_words_are_waited_for_and_all_spoken_in_order(engine):
     _wait_for(lambda: len(context.frames) > third + 12)
     assert [word for word, _ in context.text_rule.state.transcript] == words[:2]
     assert context.stop_reason is None
-    engine.extend(context.request_id, engine.layout.words(" ".join(words[2:]), continues=True))
+    engine.extend(context.request_id, engine.layout.words(" ".join(words[2:]), after=0))
     _wait_for(lambda: len(context.text_rule.state.transcript) == len(words))
     assert context.stop_reason is None  # not closed: it goes on waiting
     engine.extend(context.request_id, [], close=True)

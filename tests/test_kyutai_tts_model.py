@@ -55,6 +55,11 @@ def _voice(variant: str, name: str) -> torch.Tensor:
     return load_file(str(path))["speaker_wavs"][0]
 
 
+def _names(voices) -> list[str]:
+    """An item's voices in a case: one name, or a dialogue's (the main speaker's first)."""
+    return [voices] if isinstance(voices, str) else list(voices)
+
+
 def test_config_reads_the_published_layout():
     config = read_dsm_config(FIXTURES / "models" / "distilled")
     assert (config.n_q, config.card, config.text_card, config.context) == (8, 64, 384, 32)
@@ -158,7 +163,7 @@ def test_greedy_generation_equals_the_references(name, models):
     settings = case["settings"]
     words = [script_words(sp.encode, script, frame_rate=FRAME_RATE, multi_speaker=config.multi_speaker,
                           padding_between=1) for script in case["script"]]
-    speakers = [_voice(variant, voice) for voice in case["voices"]]
+    speakers = [[_voice(variant, name) for name in _names(voices)] for voices in case["voices"]]
     directory = FIXTURES / "cases" / name
     text_logits = np.load(directory / "text_logits.npy")
     depth_logits = np.load(directory / "depth_logits.npy")

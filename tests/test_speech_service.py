@@ -100,6 +100,36 @@ def test_segment_i_of_a_seeded_request_draws_with_seed_plus_i(service):
     assert other.size != first.size or np.abs(other - first).max() > 1e-2
 
 
+def test_an_ssml_voice_speaks_its_segments_in_the_voice_it_names(service, engine):
+    """A <voice>'s segment is its own generation in the voice it names, with the request's other
+    settings: the document's audio is the first sentence as the request's voice speaks it, the
+    sentence's pause, then the second as a request in that voice (seed + 1: it is segment 1)
+    speaks it. An unknown voice is refused before any audio, naming the element."""
+    from audio_pipeline.errors import NotFound
+    from audio_pipeline.service.request import SpeechRequest
+
+    def run(text, **fields):
+        async def go():
+            stream = await service.open(SpeechRequest(text=text, format="float32", **fields))
+            data = b"".join([event.data async for event in stream.events() if hasattr(event, "data")])
+            return [(c.voice, c.sampling.seed) for c in stream.synthesis._submitted], np.frombuffer(data, dtype="<f4")
+        return asyncio.run(go())
+
+    first, second = TWO_SENTENCES.split(". ")
+    document = f"<speak>{first}. <voice name='leah'>{second}</voice></speak>"
+    voices, whole = run(document, sampling={"seed": 5})
+    assert voices == [("tara", 5), ("leah", 6)]
+    alone = [run(f"{first}.", sampling={"seed": 5})[1], run(second, voice="leah", sampling={"seed": 6})[1]]
+    pause = round(0.35 * engine.sample_rate)
+    assert whole.size == alone[0].size + pause + alone[1].size
+    np.testing.assert_allclose(whole[:alone[0].size], alone[0], atol=1e-4)
+    np.testing.assert_allclose(whole[-alone[1].size:], alone[1], atol=1e-4)
+    assert not whole[alone[0].size:alone[0].size + pause].any()
+    with pytest.raises(NotFound) as refused:
+        run("<speak>Hi. <voice name='nobody'>There.</voice></speak>")
+    assert refused.value.field == "text" and "<voice name='nobody'>: unknown voice 'nobody'" in str(refused.value)
+
+
 def test_resampling_encoding_and_segmentation_run_off_the_event_loop(service, monkeypatch):
     """mp3 at 16 kHz (the engine makes 24 kHz): every resample and encode call, and the live text's
     segmenter, run on the service's threads while the event loop's thread only awaits them."""

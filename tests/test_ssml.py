@@ -77,7 +77,7 @@ def test_say_as_readings(kind, text, spoken):
 
 @pytest.mark.parametrize("document, fragment", [
     ("<speak>Hi <audio src='x.wav'/></speak>", "<audio> is not supported (supported: <speak>, <p>, <s>, <break>, "
-                                               "<prosody>, <say-as>, <sub>, <phoneme>, <emphasis>) (at line 1, column 11)"),
+                                               "<prosody>, <say-as>, <sub>, <phoneme>, <emphasis>, <voice>) (at line 1, column 11)"),
     ("<speak>Hi\n  <prosody pitch='high'>x</prosody></speak>", "<prosody> attribute 'pitch' is not supported (supported: rate) (at line 2, column 3)"),
     ("<speak>Hi <break time='5 minutes'/></speak>", "<break> time='5 minutes' is not a duration like 500ms or 1.5s"),
     ("<speak>Hi <break time='11s'/></speak>", "over the longest break, 10 s"),
@@ -91,12 +91,27 @@ def test_say_as_readings(kind, text, spoken):
     ("<speak>&custom;</speak>", "not well-formed XML: undefined entity"),
     ('<!DOCTYPE speak [<!ENTITY a "aaaaaaaaaa">]><speak>&a;&a;</speak>', "a document type declaration is not allowed"),
     ("<voice name='x'>Hi</voice>", "the document must be a <speak> element, not <voice>"),
+    ("<speak>Hi <voice name=' '>there</voice></speak>", "<voice> needs a name (at line 1, column 11)"),
+    ("<speak>Hi <voice gender='female'>there</voice></speak>", "<voice> attribute 'gender' is not supported (supported: name)"),
+    ("<speak><sub alias='x'><voice name='a'>y</voice></sub></speak>", "<sub> takes text only, not <voice>"),
     ("<speak> <break time='1s'/> </speak>", "the document has nothing to speak"),
 ])
 def test_bad_documents_are_refused_naming_the_element_and_its_place(document, fragment):
     with pytest.raises(InvalidArgument) as raised:
         ssml.parse(document)
     assert raised.value.field == "text" and fragment in str(raised.value), str(raised.value)
+
+
+def test_a_voice_element_gives_its_segments_their_voice():
+    """A <voice>'s content is its own segments (never one with the words around it), in the voice
+    it names; nested, the innermost names it; rates and breaks inside it work as anywhere."""
+    document = ("<speak>Hello there, <voice name='leah'>how are <prosody rate='slow'>you</prosody> today?"
+                "<break time='1s'/><voice name='dan'>Fine.</voice> Good.</voice> Bye.</speak>")
+    found = [(s.normalized.spoken, s.voice, s.rate, s.pause) for s in ssml.parse(document)]
+    assert found == [("Hello there,", None, 1.0, 0.12), ("how are", "leah", 1.0, 0.0), ("you", "leah", 0.75, 0.0),
+                     ("today?", "leah", 1.0, 1.0), ("Fine.", "dan", 1.0, 0.35), ("Good.", "leah", 1.0, 0.35),
+                     ("Bye.", None, 1.0, 0.35)]
+    assert [s.voice for s in ssml.parse(DOCUMENT)] == [None] * 6
 
 
 def test_breaks_in_a_row_add_up_and_a_break_replaces_a_sentence_pause():

@@ -110,6 +110,9 @@ class Layout:
     text_stream: ClassVar[bool] = False
     #: Audio frames decoded at the start of the speech but not heard.
     lead_in_frames: ClassVar[int] = 0
+    #: One request speaks a dialogue in two voices, the request's and one other, its turns marked
+    #: in its text (``build_prompt``'s ``other_voice``; ``text_rule``'s speakers).
+    speaker_turns: ClassVar[bool] = False
 
     @property
     def audio_codebook_size(self) -> int:
@@ -131,9 +134,11 @@ class Layout:
         several names), else the name as given."""
         return voice
 
-    def text_rule(self, text: str, prompt: Sequence[int], *, continues: bool = False):
-        """The rule turning a request's sampled text ids into its tokens, where ``text_stream``
-        (``continues``: the text goes on a request's earlier text: streamed text's later pieces)."""
+    def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None):
+        """The rule turning a request's sampled text ids into its tokens, where ``text_stream``:
+        ``text`` said by ``speaker`` (0 the request's voice, 1 the other voice of a dialogue where
+        ``speaker_turns``), after words of speaker ``after`` (a streamed text's later pieces; None:
+        the text is the first)."""
         return None
 
     def audio_frame_count(self, sampled: int, end_step: int | None) -> int:

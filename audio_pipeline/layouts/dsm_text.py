@@ -42,22 +42,23 @@ class Word:
 
 
 def script_words(encode: Callable[[str], list[int]], script: Sequence[str], *, frame_rate: float,
-                 multi_speaker: bool = True, padding_between: int = 0, continues: bool = False) -> list[Word]:
-    """The words of a script: one string per speaker turn (the main speaker's first; an empty
-    first turn starts with the other speaker). A turn's first word carries its speaker's token
-    where the speaker changes (models that know several speakers); ``padding_between`` forces
-    that many frames after each word beyond its tokens' own. Colons become spaces, parentheses
-    go, typographic apostrophes become plain ones; ``<break time="Xs"/>`` is a pause of X seconds.
-    ``continues``: the script goes on a main speaker's turn already begun (streamed text's later
-    pieces: no speaker token)."""
+                 multi_speaker: bool = True, padding_between: int = 0, first_speaker: int = 0,
+                 last_speaker: int | None = None) -> list[Word]:
+    """The words of a script: one string per speaker turn, the speakers alternating from
+    ``first_speaker`` (0 the main speaker, 1 the other; the reference's form is a main speaker's
+    turn first, an empty one to start with the other). A turn's first word carries its speaker's
+    token where the speaker changes from ``last_speaker`` (the speaker of the words before the
+    script: a streamed text's earlier pieces; None: none), on models that know several speakers;
+    ``padding_between`` forces that many frames after each word beyond its tokens' own. Colons
+    become spaces, parentheses go, typographic apostrophes become plain ones;
+    ``<break time="Xs"/>`` is a pause of X seconds."""
     speakers = (MAIN_SPEAKER, OTHER_SPEAKER)
     words: list[Word] = []
-    last_speaker: int | None = 0 if continues else None
 
     def add(turn: int, text: str, first: bool) -> None:
         nonlocal last_speaker
         tokens = list(encode(text))
-        speaker = turn % len(speakers)
+        speaker = (first_speaker + turn) % len(speakers)
         if first and multi_speaker and last_speaker != speaker:
             last_speaker = speaker
             tokens.insert(0, speakers[speaker])

@@ -20,6 +20,11 @@ Voices
     The checkpoint's ``voices/`` folder (checkpoints/kyutai_tts_config.py): each file a preset,
     named by its path without ``.wav.<sig>@<epoch>.safetensors``; the bare file name and the
     ``.wav`` form name it too. A recording cannot give a voice (the voice encoder is not public).
+
+Dialogues
+    A model that knows several speakers (``multi_speaker``) takes two voices in one condition, the
+    main speaker's (the request's voice) and the other's, and reads whose turn it is from the text:
+    the first word of a turn carries its speaker's token (the service makes turns of SSML <voice>).
 """
 
 from __future__ import annotations
@@ -94,11 +99,19 @@ class KyutaiLayout(Layout):
         """Guidance values a condition id distinguishes: each distilled value, then none."""
         return len(self.cfg_values) + 1
 
-    def condition_id(self, voice: str | None) -> int:
-        """The id of a request's condition: its voice's index and the guidance value's."""
+    @property
+    def speaker_turns(self) -> bool:
+        """A model that knows several speakers speaks dialogues: the main speaker in the request's
+        voice, the other in a second voice, each turn marked by its speaker's token."""
+        return self.multi_speaker
+
+    def condition_id(self, voice: str | None, other_voice: str | None = None) -> int:
+        """The id of a request's condition: its voice's index, its dialogue's other voice's (plus
+        one; 0: none) and the guidance value's: ``((other + 1) * voices + voice) * choices + cfg``."""
         index = self.voice_index(voice)
+        other = self.voice_index(other_voice, field="text") + 1 if other_voice else 0
         cfg = self.cfg_values.index(self.cfg_coef) if self.cfg_coef in self.cfg_values else len(self.cfg_values)
-        return index * self.condition_choices + cfg
+        return (other * len(self.voice_names) + index) * self.condition_choices + cfg
 
     def preset_name(self, voice: str | None) -> str | None:
         """A voice's path below voices/ (as listed), for its path, its file name, or either with ``.wav``."""
@@ -110,39 +123,43 @@ class KyutaiLayout(Layout):
         matches = [known for known in self.voice_names if known.rsplit("/", 1)[-1] == name]
         return matches[0] if len(matches) == 1 else voice
 
-    def voice_index(self, voice: str | None) -> int:
+    def voice_index(self, voice: str | None, field: str = "voice") -> int:
         if not self.voice_names:
-            raise InvalidArgument("this model has no voices (its checkpoint's voices/ folder is empty)", field="voice")
+            raise InvalidArgument("this model has no voices (its checkpoint's voices/ folder is empty)", field=field)
         if not voice:
             return 0
         name = self.preset_name(voice)
         if name in self.voice_names:
             return self.voice_names.index(name)
         shown = ", ".join(self.voice_names[:5]) + (" ..." if len(self.voice_names) > 5 else "")
-        raise InvalidArgument(f"unknown voice {voice[:80]!r} (this model's voices: {shown})", field="voice")
+        raise InvalidArgument(f"unknown voice {voice[:80]!r} (this model's voices: {shown})", field=field)
 
-    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0) -> list[int]:
+    def build_prompt(self, tokenizer, text: str, voice: str | None, reference=None, speed: float = 1.0,
+                     other_voice: str | None = None) -> list[int]:
+        """The one prompt position: the condition of ``voice`` (and a dialogue's ``other_voice``)."""
         if reference is not None:
             raise InvalidArgument("this model speaks its preset voices only and cannot clone a recording",
                                   field="reference")
-        return [self.condition_id(voice)]
+        return [self.condition_id(voice, other_voice)]
 
     def text_track(self, prompt: Sequence[int]) -> TextTrack:
         """The request's condition id at every position."""
         return TextTrack(prompt=[prompt[0]], generated=[], pad=prompt[0])
 
-    def words(self, text: str, *, continues: bool = False):
+    def words(self, text: str, *, speaker: int = 0, after: int | None = None) -> list[Word]:
+        """``text``'s words said by ``speaker`` after words of speaker ``after`` (None: none)."""
         return script_words(self.sentencepiece.encode, [text], frame_rate=FRAME_RATE,
-                            multi_speaker=self.multi_speaker, padding_between=PADDING_BETWEEN, continues=continues)
+                            multi_speaker=self.multi_speaker, padding_between=PADDING_BETWEEN,
+                            first_speaker=speaker, last_speaker=after)
 
     def pause_words(self, seconds: float) -> list[Word]:
         """A pause the model keeps: padding for ``seconds`` (the reference's <break time="...">)."""
         frames = int(round(seconds * FRAME_RATE))
         return [Word((), "", frames)] if frames > 0 else []
 
-    def text_rule(self, text: str, prompt: Sequence[int], *, continues: bool = False) -> TextRule:
+    def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None) -> TextRule:
         machine = TextMachine(self.text_card, self.second_stream_ahead, MAX_PADDING, INITIAL_PADDING)
-        return TextRule(machine, machine.new_state(self.words(text, continues=continues)))
+        return TextRule(machine, machine.new_state(self.words(text, speaker=speaker, after=after)))
 
     @property
     def min_vocab_size(self) -> int:

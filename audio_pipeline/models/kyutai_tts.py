@@ -318,16 +318,18 @@ class DsmModel(nn.Module):
 
     def cross_source(self, speakers: list[torch.Tensor], frames: int | None = None) -> torch.Tensor:
         """The cross-attention source ([S, dim]) of up to MAX_SPEAKERS speaker embeddings (each
-        [dim_in, frames], as a voice file's ``speaker_wavs[0]``; all of the first one's frame
-        count); none: the null condition of guidance, every slot padding, ``frames`` long."""
+        [dim_in, frames], as a voice file's ``speaker_wavs[0]``), each in a slot as long as the
+        first one (a longer one cut, a shorter one's rest padding: the published voices are all
+        one length); none: the null condition of guidance, every slot padding, ``frames`` long."""
         conditioner = self.condition_provider.conditioners["speaker_wavs"]
         dim_in = conditioner.output_proj.in_features
         frames = speakers[0].shape[-1] if speakers else frames
         tensor = torch.zeros(self.MAX_SPEAKERS, frames, dim_in)
         mask = torch.zeros(self.MAX_SPEAKERS, frames, dtype=torch.bool)
         for index, speaker in enumerate(speakers):
-            tensor[index] = speaker.float().t()
-            mask[index] = True
+            kept = min(frames, speaker.shape[-1])
+            tensor[index, :kept] = speaker[:, :kept].float().t()
+            mask[index, :kept] = True
         device = self.text_linear.weight.device
         source = conditioner(tensor.view(-1, dim_in).to(device), mask.view(-1).to(device))
         if self.config.fuser.get("cross_attention_pos_emb", False):

@@ -2,9 +2,9 @@
 KV cache, with its sliding attention window.
 
 A step's inputs: each position's token (the text fed back), its frame (the codes sampled at the
-position before) and its text-track id, which names the request's condition: its voice (the
-checkpoint's voices in their order, checkpoints/kyutai_tts_config.py) and guidance (layouts/
-kyutai_tts.py's ``condition_id``). A condition's summed vector and its voice's cross-attention keys
+position before) and its text-track id, which names the request's condition: its voice and a
+dialogue's other voice (the checkpoint's voices in their order, checkpoints/kyutai_tts_config.py)
+and guidance (layouts/kyutai_tts.py's ``condition_id``). A condition's summed vector and its voice's cross-attention keys
 and values are computed at its first use and kept, KEPT_CONDITIONS of them at most.
 
 The streams' start: at position t a stream whose delay d is at least t reads its start id, and a
@@ -75,21 +75,23 @@ class KyutaiSpeechLM(nn.Module):
         from safetensors.torch import load_file
 
         choices = len(self.cfg_values)
-        voice, cfg = divmod(condition_id, choices)
-        if not 0 <= voice < len(self.voices):
-            raise ValueError(f"condition {condition_id}: no voice {voice} (the model has {len(self.voices)})")
+        voices, cfg = divmod(condition_id, choices)
+        other, voice = divmod(voices, len(self.voices))
+        if not 0 <= other <= len(self.voices):
+            raise ValueError(f"condition {condition_id}: no voice {other - 1} (the model has {len(self.voices)})")
+        chosen = [voice] + ([other - 1] if other else [])
         values = {"control": "ok"}
         if self.cfg_values[cfg] is not None:
             values["cfg"] = self.cfg_values[cfg]
         dtype = self.dsm.text_linear.weight.dtype
         with torch.inference_mode():
-            speaker = load_file(str(self.voices[voice]))["speaker_wavs"][0]
+            speakers = [load_file(str(self.voices[index]))["speaker_wavs"][0] for index in chosen]
             if null:
                 total = self.dsm.condition_sum({}).to(dtype)
-                cross = self.dsm.cross_keys_values(self.dsm.cross_source([], speaker.shape[-1]))
+                cross = self.dsm.cross_keys_values(self.dsm.cross_source([], speakers[0].shape[-1]))
             else:
                 total = self.dsm.condition_sum(values).to(dtype)
-                cross = self.dsm.cross_keys_values(self.dsm.cross_source([speaker]))
+                cross = self.dsm.cross_keys_values(self.dsm.cross_source(speakers))
         self._conditions[key] = known = (total, cross)
         while len(self._conditions) > KEPT_CONDITIONS:
             self._conditions.popitem(last=False)

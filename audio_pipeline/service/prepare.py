@@ -87,6 +87,9 @@ class RequestSettings:
     #: takes_pronunciations.
     respellings: dict = dataclasses.field(default_factory=dict)
     phoneme_units: tuple = ()
+    #: A dialogue's other voice, for a layout with ``speaker_turns`` (SSML <voice> names it;
+    #: service/segment_voices.py).
+    other_voice: str | None = None
 
 
 class RequestPreparer:
@@ -238,11 +241,13 @@ class RequestPreparer:
     def segment_context(self, text: str, settings: RequestSettings, request_id: str,
                         stream_id: str | None = None, *, normalized: NormalizedText | None = None,
                         rate: float = 1.0, phonemes: tuple[tuple[int, int, str], ...] = (),
-                        continuation: bool = False) -> TTSContext:
+                        continuation: bool = False, speaker: int = 0, after: int | None = None) -> TTSContext:
         """The context of one piece of a request's text (already checked) with its settings; what
         depends on the text (its prompt's length, the speech it needs) is checked here.
         ``stream_id``: the client request the piece belongs to (default: the piece is the request);
-        ``continuation``: a later piece of it.
+        ``continuation``: a later piece of it; ``speaker``: who says it in a dialogue (0 the
+        request's voice, 1 ``settings.other_voice``), after words of speaker ``after`` (the piece
+        before's: a text stream's later pieces).
         An SSML segment brings its words already read out (``normalized``), its ``rate`` (times the
         request's speed) and its ``<phoneme>`` spans."""
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
@@ -254,6 +259,10 @@ class RequestPreparer:
         extra = {"instructions": settings.instructions} if layout.takes_instructions else {}
         if layout.takes_language:
             extra["language"] = settings.language
+        if layout.speaker_turns:
+            extra["other_voice"] = settings.other_voice
+        # A later piece goes on after its own speaker's words unless told otherwise.
+        previous = after if after is not None or not continuation else speaker
         aligned = {}
         if layout.takes_pronunciations and (phonemes or settings.phoneme_units):
             aligned["overrides"] = Overrides(settings.phoneme_units,
@@ -279,7 +288,7 @@ class RequestPreparer:
                           prompt_speech_codes=reference.codes if reference is not None else None,
                           prompt_frames=self.engine.layout.prompt_frames(prompt, reference),
                           text_track=layout.text_track(prompt), text_rule=layout.text_rule(normalized.spoken, prompt,
-                                                                                continues=continuation))
+                                                                                speaker=speaker, after=previous))
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's

@@ -51,8 +51,8 @@ _CANCELLED = object()
 
 
 class SegmentedSynthesis:
-    """One request's segments as one stream of AudioEvents. ``prepare(segment, index)`` makes a
-    segment's engine context (it may raise InvalidArgument or another RequestError)."""
+    """One request's segments as one stream of AudioEvents. ``prepare(segment, index)`` makes the
+    engine context of ``segments[index]`` (it may raise InvalidArgument or another RequestError)."""
 
     def __init__(self, engine: Any, prepare: Callable[[Segment, int], TTSContext], *, executor: Executor,
                  request_id: str, max_segment_chars: int, stretch: float | None = None):
@@ -180,7 +180,8 @@ class SegmentedSynthesis:
                     await self._started.put(segment)
                     return
                 if running is not None:  # its words join the request (prepared as a continuation)
-                    context = await loop.run_in_executor(self.executor, self.prepare, segment, 1)
+                    context = await loop.run_in_executor(self.executor, self.prepare, segment, index)
+                    index += 1
                     self._note_words(segment, context)
                     self.engine.extend(running.request_id, list(context.text_rule.state.words)
                                        + self._break_after(segment))

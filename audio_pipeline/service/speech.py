@@ -28,6 +28,7 @@ from audio_pipeline.service.live_text import LiveText
 from audio_pipeline.service.output import AudioOutput
 from audio_pipeline.service.prepare import RequestPreparer, RequestSettings
 from audio_pipeline.service.request import SpeechAudio, SpeechDone, SpeechRequest
+from audio_pipeline.service.segment_voices import SegmentVoices, segment_voices
 from audio_pipeline.service.segmented import SegmentedSynthesis
 from audio_pipeline.service.stream_metrics import StreamMetrics
 from audio_pipeline.text.ssml import is_ssml
@@ -161,26 +162,36 @@ class SpeechService:
         self._labels.add(label)
         return (LiveSpeechStream if live else SpeechStream)(self, request_id, label, output)
 
-    def _settings(self, request: SpeechRequest, reference) -> tuple[RequestSettings, float | None]:
+    def _settings(self, request: SpeechRequest, reference, *, voice: str | None = None
+                  ) -> tuple[RequestSettings, float | None]:
         """The request's settings checked against the model, and the speed to time-stretch the
-        stream by (a model that speaks at one speed; None: no stretching)."""
+        stream by (a model that speaks at one speed; None: no stretching). ``voice``: the settings
+        of that voice instead of the request's (an SSML <voice>: no reference, no instructions)."""
         speed, stretch = request.speed, None
         if speed is not None and speed != 1.0 and not self.engine.layout.supports_speed:
             speed, stretch = None, speed
-        settings = self.requests.resolve_settings(voice=request.voice or None, reference=reference,
+        own = voice is None
+        settings = self.requests.resolve_settings(voice=request.voice or None if own else voice,
+                                                reference=reference if own else None,
                                                 normalize_text=request.normalize_text, speed=speed,
-                                                instructions=request.instructions, language=request.language,
+                                                instructions=request.instructions if own else None,
+                                                language=request.language,
                                                 pronunciations=request.pronunciations, **request.sampling)
         return settings, stretch
 
     def _synthesis(self, stream: SpeechStream, settings: RequestSettings, stretch: float | None) -> SegmentedSynthesis:
         engine, requests = self.engine, self.requests
+        stream.voices = SegmentVoices(settings)  # an SSML document's <voice>s: set before it starts
 
         def prepare(segment, index: int):  # runs on the front-end pool
-            return requests.segment_context(segment.text, segment_settings(settings, index),
+            voices = stream.voices
+            before = stream.synthesis.segments[index - 1] if index else None
+            return requests.segment_context(segment.text, segment_settings(voices.settings_of(segment), index),
                                             f"{stream.request_id}-{index}", stream_id=stream.request_id,
                                             normalized=segment.normalized, rate=segment.rate,
-                                            phonemes=segment.phonemes, continuation=index > 0)
+                                            phonemes=segment.phonemes, continuation=index > 0,
+                                            speaker=voices.speaker(segment),
+                                            after=voices.speaker(before) if before is not None else None)
 
         return SegmentedSynthesis(engine, prepare, executor=self.frontend, request_id=stream.request_id,
                                   max_segment_chars=engine.config.max_segment_chars, stretch=stretch)
@@ -204,6 +215,9 @@ class SpeechService:
                 if request.ssml or (request.ssml is None and is_ssml(request.text)):
                     await stream.synthesis.add_ssml(request.text, normalize_text=settings.normalize_text)
                     self.requests.check_rates(settings, [s.rate for s in stream.synthesis.segments])
+                    stream.voices = segment_voices(
+                        settings, stream.synthesis.segments, self.engine.layout,
+                        lambda name: self._settings(request, None, voice=name)[0])
                 else:
                     await stream.synthesis.add_text(request.text)
                 stream.synthesis.close()
@@ -246,6 +260,8 @@ class SpeechStream:
         self.label = label
         self.output = output
         self.synthesis: SegmentedSynthesis | None = None
+        #: What its segments are spoken with (an SSML document's <voice>s).
+        self.voices: SegmentVoices | None = None
         #: When the request was admitted (its streaming metrics count from here).
         self.opened = time.monotonic()
         self._finished = False

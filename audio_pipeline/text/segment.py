@@ -38,6 +38,8 @@ class Segment:
     phonemes: tuple[tuple[int, int, str], ...] = ()
     #: The pause after it is an SSML <break>'s (not its punctuation's or a boundary's).
     break_after: bool = False
+    #: The voice it is spoken in (SSML <voice name>); None: the request's.
+    voice: str | None = None
 
 
 def _split(text: str) -> list[tuple[int, int]]:

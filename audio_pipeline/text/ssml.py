@@ -3,8 +3,9 @@
 Elements: ``<speak>`` (the root), ``<p>`` and ``<s>`` (a paragraph or sentence: its own segment),
 ``<break time="500ms"|strength="...">`` (silence), ``<prosody rate="...">`` (speaking rate, within
 the speed range), ``<say-as interpret-as="characters|spell-out|cardinal|ordinal|digits|date|time|
-telephone">``, ``<sub alias="...">``, ``<phoneme alphabet="ipa" ph="...">`` and ``<emphasis>``
-(accepted; spoken as it is). Anything else, an unknown attribute, or malformed XML is refused
+telephone">``, ``<sub alias="...">``, ``<phoneme alphabet="ipa" ph="...">``, ``<emphasis>``
+(accepted; spoken as it is) and ``<voice name="...">`` (its content in another voice: a segment's
+``voice``; the service says what that means for the model). Anything else, an unknown attribute, or malformed XML is refused
 with an :class:`InvalidArgument` naming the element and where it is (line, column); markup is
 never spoken as words.
 
@@ -48,7 +49,7 @@ ATTRIBUTES = {
     "speak": {"version", "xml:lang", "xmlns", "xmlns:xsi", "xsi:schemaLocation", "xmlns:mstts"},
     "p": set(), "s": set(), "break": {"time", "strength"}, "prosody": {"rate"},
     "say-as": {"interpret-as", "format", "detail"}, "sub": {"alias"}, "phoneme": {"alphabet", "ph"},
-    "emphasis": {"level"},
+    "emphasis": {"level"}, "voice": {"name"},
 }
 #: Elements whose content is text alone (what they stand for replaces it as one piece).
 TEXT_ONLY = {"say-as", "sub", "phoneme"}
@@ -76,6 +77,8 @@ class _Text:
     fixed: bool = False
     #: A <phoneme>'s IPA for these words.
     ipa: str | None = None
+    #: The <voice> it is in (None: the request's).
+    voice: str | None = None
 
 
 @dataclass
@@ -94,6 +97,7 @@ class _Open:
     where: str
     offset: int
     rate: float
+    voice: str | None = None
     text: list[str] = field(default_factory=list)
     #: Where each character of ``text`` is in the document (its start, its end).
     starts: list[int] = field(default_factory=list)
@@ -160,7 +164,7 @@ class _Reader:
             if data.strip():
                 raise self.fail(f"text outside <speak>: {data.strip()[:20]!r}", begin)
             return
-        self.items.append(_Text(data, starts, ends, self.stack[-1].rate))
+        self.items.append(_Text(data, starts, ends, self.stack[-1].rate, voice=self.stack[-1].voice))
 
     def data(self, data: str) -> None:
         self.flush()
@@ -195,6 +199,11 @@ class _Reader:
             allowed = ", ".join(sorted(a for a in ATTRIBUTES[name] if ":" not in a and a != "xmlns")) or "none"
             raise self.fail(f"<{name}> attribute {unknown[0]!r} is not supported (supported: {allowed})", offset)
         rate = self.stack[-1].rate if self.stack else 1.0
+        voice = self.stack[-1].voice if self.stack else None
+        if name == "voice":
+            voice = attrs.get("name", "").strip()
+            if not voice:
+                raise self.fail("<voice> needs a name", offset)
         if name == "prosody" and "rate" in attrs:
             rate *= self._rate(attrs["rate"], offset)
             if not MIN_RATE <= rate <= MAX_RATE:
@@ -217,7 +226,7 @@ class _Reader:
         elif name == "emphasis" and attrs.get("level", "moderate") not in ("strong", "moderate", "none", "reduced"):
             raise self.fail(f"<emphasis> level={attrs['level']!r} is not one of strong, moderate, none, reduced",
                             offset)
-        self.stack.append(_Open(name, attrs, where, offset, rate))
+        self.stack.append(_Open(name, attrs, where, offset, rate, voice))
 
     def end(self, name: str) -> None:
         self.flush()
@@ -281,7 +290,8 @@ class _Reader:
             spoken, fixed, ipa = element.attrs["alias"].strip(), False, None
         else:
             spoken, fixed, ipa = self._say_as(element, inner), True, None
-        self.items.append(_Text(spoken, [begin] * len(spoken), [finish] * len(spoken), element.rate, fixed, ipa))
+        self.items.append(_Text(spoken, [begin] * len(spoken), [finish] * len(spoken), element.rate, fixed, ipa,
+                                element.voice))
 
     def _say_as(self, element: _Open, text: str) -> str:
         kind = element.attrs["interpret-as"]
@@ -403,7 +413,7 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
 
     def close(stop: _Stop | None) -> None:
         """Ends the run of text so far: at a <s>/<p> boundary or a <break> (``stop``), or where the
-        rate changes (None: the run's last piece keeps the pause its punctuation gives)."""
+        rate or the voice changes (None: the run's last piece keeps the pause its punctuation gives)."""
         nonlocal explicit
         if not any(item.written.strip() for item in run):
             run.clear()
@@ -416,7 +426,7 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
                     out[-1] = replace(out[-1], pause=stop.pause)
             return
         spoken, spans, phonemes = _block(run, normalize_text)
-        rate = run[0].rate
+        rate, voice = run[0].rate, run[0].voice
         run.clear()
         pieces = segments(spoken, max_segment_chars)
         for number, piece in enumerate(pieces):
@@ -432,7 +442,7 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
             pause = piece.pause
             if number == len(pieces) - 1 and stop is None:  # mid-sentence: the punctuation's pause only
                 pause = ending_pause(piece.text)
-            out.append(Segment(normalized.spoken, start, end, pause, normalized, rate, marks))
+            out.append(Segment(normalized.spoken, start, end, pause, normalized, rate, marks, voice=voice))
         if stop is not None and stop.pause is not None:
             out[-1] = replace(out[-1], pause=stop.pause, break_after=stop.explicit)
         explicit = stop is not None and stop.explicit
@@ -440,7 +450,7 @@ def parse(source: str, *, normalize_text: bool = True, max_segment_chars: int = 
     for item in items:
         if isinstance(item, _Stop):
             close(item)
-        elif run and item.rate != run[-1].rate:
+        elif run and (item.rate, item.voice) != (run[-1].rate, run[-1].voice):
             close(None)
             run.append(item)
         elif run and _plain(run[-1]) and _plain(item):  # one text, normalized as one

@@ -445,6 +445,12 @@ CASES = [
     ("plain_other_ids", "plain", [["How are you today?"]], [VOICES[1]], {"cfg_coef": 2.0, "padding_bonus": -8.0},
      "a negative padding bonus: the model samples ids other than pad and new word, which the state machine "
      "reads as pad"),
+    ("distilled_dialog", "distilled",
+     [["Hi there. <break time=\"0.4s\"/> How are you?", "I am fine, thank you.", "The quick brown fox."],
+      ["", "Bonjour tout le monde.", "How are you today?"]],
+     [VOICES, VOICES[::-1]], {},
+     "two dialogues batched, each in two voices (the main speaker's first): three turns with a break, and "
+     "three turns starting with the other speaker (an empty first turn)"),
     ("distilled_long", "distilled",
      [["A long sentence keeps the model busy past its attention window, on and on, until the end of it all."]],
      [VOICES[1]], {}, f"a generation longer than the attention window ({CONTEXT} positions)"),
@@ -459,16 +465,20 @@ def run_case(w: Writer, model_dir: Path, name: str, script_batch, voices, settin
     if not distilled:
         tts.cfg_coef = cfg_coef
     entries = [tts.prepare_script(script, padding_between=1) for script in script_batch]
-    voice_paths = [Path(tts.get_voice_path(str(model_dir / "voices" / v) + ".wav")) for v in voices]
-    attributes = [tts.make_condition_attributes([path], cfg_coef=cfg_coef if distilled else None)
-                  for path in voice_paths]
+    # An item's voices: one name, or a dialogue's (the main speaker's first).
+    item_voices = [[v] if isinstance(v, str) else list(v) for v in voices]
+    voice_paths = [[Path(tts.get_voice_path(str(model_dir / "voices" / v) + ".wav")) for v in names]
+                   for names in item_voices]
+    attributes = [tts.make_condition_attributes(paths, cfg_coef=cfg_coef if distilled else None)
+                  for paths in voice_paths]
     with Recorder() as recorder:
         result = tts.generate(entries, attributes, use_sampling=False)
     steps = split_calls(recorder.calls, tts.lm.text_card)
     frames = result.frames
     audio = decode_like_simple_generate(tts, frames, result.end_steps)
     base = f"cases/{name}/"
-    call = (f"TTSModel.generate(prepare_script(script, padding_between=1), make_condition_attributes([voice], "
+    voices_arg = "[voice]" if all(len(names) == 1 for names in item_voices) else "voices"
+    call = (f"TTSModel.generate(prepare_script(script, padding_between=1), make_condition_attributes({voices_arg}, "
             f"cfg_coef={cfg_coef if distilled else None}), use_sampling=False) with TTSModel(n_q={n_q}, "
             f"padding_bonus={settings.get('padding_bonus', 0.0)}, cfg_coef={tts.cfg_coef})")
     stacked = torch.stack([f[:, :, 0] for f in frames]).numpy().astype(np.int64)   # [T, B, 1 + n_q]
@@ -508,7 +518,7 @@ def check_simple_generate(model_dir: Path, case: dict) -> None:
     try:
         texts = [script[0] for script in case["script"]]
         pcms = tts.simple_generate(texts if len(texts) > 1 else texts[0],
-                                   [str(p) for p in case["voices"]] if len(texts) > 1 else str(case["voices"][0]),
+                                   [str(p[0]) for p in case["voices"]] if len(texts) > 1 else str(case["voices"][0][0]),
                                    cfg_coef=case["cfg_coef"], show_progress=False)
     finally:
         tts_module.LMGen = original
