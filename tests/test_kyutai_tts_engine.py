@@ -18,7 +18,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "kyutai_tts"
 #: The engine's settings for the reference's cases (the checkpoint, its manifest's layout_options)
 #: and the cases it serves as the reference generated them.
 SERVED = {
-    "distilled": ("distilled", {}, ["distilled_one", "distilled_batch", "distilled_long"]),
+    # Room for one condition: two voices batched make each again at every step.
+    "distilled": ("distilled", {"kept_conditions": 1}, ["distilled_one", "distilled_batch", "distilled_long"]),
     "distilled-nq4": ("distilled", {"n_q": 4}, ["distilled_nq4"]),
     "distilled-bonus": ("distilled", {"padding_bonus": 10.0}, ["distilled_padding_bonus"]),
     "plain-unguided": ("plain", {"cfg_coef": 1.0}, ["plain_no_cfg"]),
@@ -402,19 +403,25 @@ def test_a_random_model_of_the_published_shape_serves_and_the_live_text_benchmar
     assert detect_family(directory).name == "kyutai-tts"
 
 
-def test_the_conditions_kept_are_bounded_and_one_made_again_is_alike(engine, monkeypatch):
-    """A server keeps a few voices' conditions (their cross-attention keys and values are large):
-    with room for one, two voices batched still speak the reference's audio, each condition made
-    again when it comes back, and the model holds no more than the bound."""
+def test_the_conditions_kept_are_bounded_and_one_made_again_is_alike(engine):
+    """A server keeps a few voices' conditions (their cross-attention keys and values are large;
+    the manifest's kept_conditions): with room for one, two voices batched still speak the
+    reference's audio, each condition made again when it comes back, and the model holds no more
+    than the bound. A bound that is not a whole number from 1 is refused naming the option."""
     if engine.variant != "distilled":
         pytest.skip("one model is enough")
-    import audio_pipeline.models.kyutai_tts_model as module
+    from audio_pipeline.checkpoints.kyutai_tts_config import generation_options
 
-    monkeypatch.setattr(module, "KEPT_CONDITIONS", 1)
     model = engine.backend.assembly.model.model
+    assert model.options.kept_conditions == 1
     model._conditions.clear()  # what earlier tests left
     requests = _requests(engine, ["distilled_batch"])
     results = run_to_completion(engine, [context for context, _, _ in requests])
     for (context, name, item), chunks in zip(requests, results):
         _check(context, chunks, name, item)
     assert len(model._conditions) == 1
+    config = model.dsm.config
+    assert generation_options(FIXTURES, config, {}).kept_conditions == 16
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="layout_options.kept_conditions"):
+            generation_options(FIXTURES, config, {"kept_conditions": bad})

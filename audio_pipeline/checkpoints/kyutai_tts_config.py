@@ -232,16 +232,21 @@ MODEL_TYPE = "kyutai_tts"
 MANIFEST = "audio_pipeline.json"
 #: Guidance where the manifest sets none: the reference's.
 DEFAULT_CFG_COEF = 2.0
+#: Conditions a server keeps where the manifest sets none (each holds its voices' cross-attention
+#: keys and values for every layer: at the published shape, tens to a hundred MB).
+DEFAULT_KEPT_CONDITIONS = 16
 
 
 @dataclass(frozen=True)
 class GenerationOptions:
     """The checkpoint's generation settings (its manifest's ``layout_options``): the guidance
-    coefficient, the bonus added to the text's padding logit, the codebooks generated."""
+    coefficient, the bonus added to the text's padding logit, the codebooks generated, and how many
+    conditions (a voice or a dialogue's two, with a guidance value) the model keeps computed."""
 
     cfg_coef: float
     padding_bonus: float
     n_q: int
+    kept_conditions: int = DEFAULT_KEPT_CONDITIONS
 
     def doubled(self, config: DsmConfig) -> bool:
         """Whether guidance doubles the batch: a model not distilled for it, guided."""
@@ -268,4 +273,7 @@ def generation_options(model_dir: Path | str, config: DsmConfig, options: dict |
     n_q = options.get("n_q", config.n_q)
     if not isinstance(n_q, int) or isinstance(n_q, bool) or not 1 <= n_q <= config.n_q:
         raise ValueError(f"layout_options.n_q: {n_q!r} must be a whole number from 1 to the model's {config.n_q}")
-    return GenerationOptions(cfg, float(options.get("padding_bonus", 0.0)), n_q)
+    kept = options.get("kept_conditions", DEFAULT_KEPT_CONDITIONS)
+    if not isinstance(kept, int) or isinstance(kept, bool) or kept < 1:
+        raise ValueError(f"layout_options.kept_conditions: {kept!r} must be a whole number from 1")
+    return GenerationOptions(cfg, float(options.get("padding_bonus", 0.0)), n_q, kept)

@@ -236,4 +236,8 @@ register_family(Family(
     layout_options={"cfg_coef": "the guidance coefficient (default 2.0: a value a distilled model was distilled for; "
                                 "a model that was not is guided with a doubled batch, 1.0 turning it off)",
                     "padding_bonus": "added to the text's padding logit (above 0: slower speech; default 0)",
-                    "n_q": "the codebooks generated (fewer than the model's: faster, coarser audio; default all)"}))
+                    "n_q": "the codebooks generated (fewer than the model's: faster, coarser audio; default all)",
+                    "kept_conditions": "conditions (a voice, or a dialogue's two, with a guidance value) the model keeps "
+                                       "computed: each holds the voices' cross-attention keys and values for every "
+                                       "layer, tens of MB at the published shape (default 16; the least recently "
+                                       "used goes first)"}))

@@ -5,7 +5,8 @@ A step's inputs: each position's token (the text fed back), its frame (the codes
 position before) and its text-track id, which names the request's condition: its voice and a
 dialogue's other voice (the checkpoint's voices in their order, checkpoints/kyutai_tts_config.py)
 and guidance (layouts/kyutai_tts.py's ``condition_id``). A condition's summed vector and its voice's cross-attention keys
-and values are computed at its first use and kept, KEPT_CONDITIONS of them at most.
+and values are computed at its first use and kept, ``kept_conditions`` of them at most (the
+manifest's layout option; 16 by default).
 
 The streams' start: at position t a stream whose delay d is at least t reads its start id, and a
 codebook whose delay plus the audio delay is beyond t - 1 reads zero (the reference zeroes them as
@@ -33,11 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: The longest generation where max_length is not set: 4096 frames (about five and a half minutes).
 DEFAULT_MAX_FRAMES = 4096
-#: Conditions kept at once (each holds its voice's cross-attention keys and values for every layer:
-#: at the published shape, tens to a hundred MB): the least recently used goes first. A step
-#: needs each of its rows' conditions, so a batch of more voices than this keeps them all until
-#: the step is done.
-KEPT_CONDITIONS = 16
 
 
 class KyutaiSpeechLM(nn.Module):
@@ -58,7 +54,9 @@ class KyutaiSpeechLM(nn.Module):
         self.voices = [path for _, path in voice_files(model_dir, config)]
         # cfg conditions by index, then none (layouts/kyutai_tts.py's condition_id)
         self.cfg_values = [format(v, ".1f") for v in config.cfg_values] + [None]
-        # (condition id, null) -> Condition, least recently used first (KEPT_CONDITIONS).
+        # (condition id, null) -> Condition, least recently used first, options.kept_conditions at
+        # most: a step needs each of its rows' conditions, so a batch of more voices than that keeps
+        # them all until the step is done.
         self._conditions: OrderedDict[tuple[int, bool], Condition] = OrderedDict()
 
     def reset_rotary(self, device: torch.device | None = None) -> None:
@@ -93,7 +91,7 @@ class KyutaiSpeechLM(nn.Module):
                 total = self.dsm.condition_sum(values).to(dtype)
                 cross = self.dsm.cross_keys_values(self.dsm.cross_source(speakers))
         self._conditions[key] = known = (total, cross)
-        while len(self._conditions) > KEPT_CONDITIONS:
+        while len(self._conditions) > self.options.kept_conditions:
             self._conditions.popitem(last=False)
         return known
 
