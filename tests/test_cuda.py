@@ -437,6 +437,42 @@ def test_qwen3_tts_gives_the_references_greedy_frames_on_cuda(tmp_path):
             assert context.frames == case_array(name, "codes.npy").tolist(), name
 
 
+def test_kyutai_tts_gives_the_references_greedy_frames_on_cuda(tmp_path):
+    """Kyutai TTS (its backbone over the paged cache with the sliding window: the torch form, as
+    FlashInfer is given no window; the depth transformer; the text rule on the host; Mimi) in float32
+    on the GPU, the CUDA defaults on (overlap, in-flight batching): the reference's fed text ids,
+    codes and timestamps for two voices batched and a generation past the attention window, the
+    audio within 1e-3, and a dialogue served over gRPC."""
+    import numpy as np
+
+    from audio_pipeline.testing.background import BackgroundServer
+    from helpers import pcm_of, run_to_completion
+    from kyutai_tts_cases import FIXTURES, check, dialogue, load_case, requests_of
+
+    directory = FIXTURES / "models" / "distilled"
+    engine = TTSEngine(make_config(directory, "chunk_size=96,128", "sampling.max_tokens=400",
+                                   model={"device": DEVICE, "dtype": "float32", "kv_cache": {"cache_dtype": "float32"}}))
+    engine.start()
+    try:
+        assert engine.model.devices[0].type == DEVICE and engine.decoder_device.type == DEVICE
+        requests = requests_of(engine, ["distilled_batch", "distilled_long"])
+        results = run_to_completion(engine, [context for context, _, _ in requests])
+        for (context, name, item), chunks in zip(requests, results):
+            check(context, chunks, name, item, atol=1e-3)
+    finally:
+        engine.stop()
+    server = BackgroundServer(make_config(directory, "chunk_size=96,128", "sampling.max_tokens=400",
+                                          model={"device": DEVICE, "dtype": "float32",
+                                                 "kv_cache": {"cache_dtype": "float32"}})).start()
+    try:
+        document, voice = dialogue(load_case("distilled_dialog"), 0)
+        chunks = synthesize(server.target, document, voice=voice, temperature=0.0, ssml=True)
+        np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768,
+                                   np.load(FIXTURES / "cases" / "distilled_dialog" / "audio_0.npy"), atol=1e-3, rtol=0)
+    finally:
+        server.stop()
+
+
 @pytest.mark.skipif(DRY_RUN, reason="CUDA graphs need a GPU")
 def test_a_frame_models_captured_step_and_depth_frame_compute_the_eager_ones(tmp_path):
     """Qwen3-TTS at its real head size (128: FlashInfer) in bfloat16, two small layers: the talker's

@@ -5,16 +5,13 @@ alone and batched with each other; voices and refusals name their field."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from audio_pipeline.errors import RequestError
 from helpers import run_to_completion, start_engine
+from kyutai_tts_cases import FIXTURES, check, dialogue, load_case, model_with_options, requests_of
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kyutai_tts"
 #: The engine's settings for the reference's cases (the checkpoint, its manifest's layout_options)
 #: and the cases it serves as the reference generated them.
 SERVED = {
@@ -26,20 +23,6 @@ SERVED = {
     "plain-doubled": ("plain", {}, ["plain_cfg"]),
     "plain-doubled-bonus": ("plain", {"padding_bonus": -8.0}, ["plain_other_ids"]),
 }
-
-
-def _case(name: str) -> dict:
-    return json.loads((FIXTURES / "cases" / name / "case.json").read_text())
-
-
-def model_with_options(target: Path, checkpoint: str, options: dict) -> Path:
-    """The fixture checkpoint with a manifest giving ``options`` (its files linked, not copied)."""
-    source = FIXTURES / "models" / checkpoint
-    target.mkdir(parents=True)
-    for path in source.iterdir():
-        (target / path.name).symlink_to(path.resolve())
-    (target / "audio_pipeline.json").write_text(json.dumps({"family": "kyutai-tts", "layout_options": options}))
-    return target
 
 
 @pytest.fixture(scope="module", params=sorted(SERVED))
@@ -55,45 +38,17 @@ def engine(request, tmp_path_factory):
     engine.stop()
 
 
-def _requests(engine, names):
-    """(context, case name, item) of every item of the cases, greedy."""
-    out = []
-    for name in names:
-        case = _case(name)
-        for item, (script, voice) in enumerate(zip(case["script"], case["voices"])):
-            context = engine.create_context(script[0], voice=voice, temperature=0.0)
-            out.append((context, name, item))
-    return out
-
-
-def _check(context, chunks, name: str, item: int) -> None:
-    directory = FIXTURES / "cases" / name
-    case = _case(name)
-    fed = np.load(directory / "text_tokens.npy")[item, :, 1]
-    assert context.generated == fed[:len(context.generated)].tolist()
-    assert context.text_rule.end_step == case["end_steps"][item]
-    assert context.text_rule.state.transcript == [tuple(pair) for pair in case["transcripts"][item]]
-    frames = np.load(directory / "frames.npy")[:, item, 1:]
-    count = case["end_steps"][item] + 2
-    codes = context.layout.audio_codes(context.frames, 0, count).view(count, -1).numpy()
-    start = case["delay_steps"]
-    np.testing.assert_array_equal(codes, frames[start:start + count])
-    audio = np.concatenate(chunks)
-    np.testing.assert_allclose(audio, np.load(directory / f"audio_{item}.npy"), atol=1e-4, rtol=0)
-    assert len(chunks) > 1  # streamed in chunks
-
-
 def test_each_case_alone_equals_the_reference(engine):
-    for context, name, item in _requests(engine, engine.cases):
+    for context, name, item in requests_of(engine, engine.cases):
         [chunks] = run_to_completion(engine, [context])
-        _check(context, chunks, name, item)
+        check(context, chunks, name, item)
 
 
 def test_the_cases_batched_together_equal_the_reference(engine):
-    requests = _requests(engine, engine.cases)
+    requests = requests_of(engine, engine.cases)
     results = run_to_completion(engine, [context for context, _, _ in requests])
     for (context, name, item), chunks in zip(requests, results):
-        _check(context, chunks, name, item)
+        check(context, chunks, name, item)
 
 
 def test_voices_are_named_as_published_and_refusals_name_their_field(engine):
@@ -105,16 +60,6 @@ def test_voices_are_named_as_published_and_refusals_name_their_field(engine):
     with pytest.raises(RequestError) as refused:
         engine.create_context("Hello.", voice="nobody")
     assert refused.value.field == "voice"
-
-
-def _dialogue(case: dict, item: int) -> tuple[str, str]:
-    """(an SSML document, the request's voice) speaking a case's dialogue: the main speaker's turns
-    in the request's voice, the other's in a <voice> naming the second voice (an empty first turn:
-    the other speaker starts)."""
-    script, voices = case["script"][item], case["voices"][item]
-    turns = [text if turn % 2 == 0 else f"<voice name='{voices[1]}'>{text}</voice>"
-             for turn, text in enumerate(script) if text]
-    return "<speak>" + " ".join(turns) + "</speak>", voices[0]
 
 
 def test_ssml_voices_speak_the_references_dialogues_batched_with_another_request(engine):
@@ -131,8 +76,8 @@ def test_ssml_voices_speak_the_references_dialogues_batched_with_another_request
 
     service = SpeechService(engine)
     service.ready = True
-    dialog, one = _case("distilled_dialog"), _case("distilled_one")
-    requests = [(*_dialogue(dialog, 0), "distilled_dialog", 0), (*_dialogue(dialog, 1), "distilled_dialog", 1),
+    dialog, one = load_case("distilled_dialog"), load_case("distilled_one")
+    requests = [(*dialogue(dialog, 0), "distilled_dialog", 0), (*dialogue(dialog, 1), "distilled_dialog", 1),
                 (one["script"][0][0], one["voices"][0], "distilled_one", 0)]
 
     async def speak(text, voice):
@@ -148,7 +93,7 @@ def test_ssml_voices_speak_the_references_dialogues_batched_with_another_request
     try:
         for (contexts, chunks), (_, _, name, item) in zip(asyncio.run(all_at_once()), requests):
             assert len(contexts) == 1  # the whole dialogue is one request
-            _check(contexts[0], chunks, name, item)
+            check(contexts[0], chunks, name, item)
     finally:
         service.close()
 
@@ -222,7 +167,7 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
 
     server = _served(tmp_path)
     try:
-        case = _case("distilled_one")
+        case = load_case("distilled_one")
         text, voice = case["script"][0][0], case["voices"][0]
         reference = np.load(FIXTURES / "cases" / "distilled_one" / "audio_0.npy")
         chunks = synthesize(server.target, text, voice=voice, temperature=0.0)
@@ -234,7 +179,7 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
         assert [w.start_sample for w in timings] == [(step - 2) * 1920 for _, step in case["transcripts"][0]]
         assert [w.end_sample for w in timings] == [w.start_sample for w in timings[1:]] + [reference.size]
         voices = httpx.get(f"{server.http_url}/v1/audio/voices", timeout=30).json()
-        assert {v["name"] for v in voices["voices"] if not v["registered"]} == set(_case("distilled_batch")["voices"])
+        assert {v["name"] for v in voices["voices"] if not v["registered"]} == set(load_case("distilled_batch")["voices"])
         # The other doors take a seed, not a temperature: the family's sampling, the same audio as gRPC's.
         seeded = pcm_of(synthesize(server.target, text, voice=voice, seed=7)).tobytes()
         spoken = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=120,
@@ -248,15 +193,15 @@ def test_served_over_grpc_http_and_the_websocket_with_its_voices_and_clear_error
         assert [e["type"] for e in received if e["type"] in ("done", "error")] == ["done"], received
         assert audio["a"] == seeded
         # An SSML <break> is the model's own pause, as the reference reads <break time="..."/> in a script.
-        broken = _case("distilled_break")
+        broken = load_case("distilled_break")
         document = "<speak>" + broken["script"][0][0] + "</speak>"
         chunks = synthesize(server.target, document, voice=broken["voices"][0], temperature=0.0, ssml=True)
         np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768,
                                    np.load(FIXTURES / "cases" / "distilled_break" / "audio_0.npy"), atol=1e-4, rtol=0)
         # An SSML <voice> is a dialogue's other speaker: the reference's dialogue (the other speaker
         # first), its words' timings pointing into the document where the reference read them.
-        dialog = _case("distilled_dialog")
-        document, main = _dialogue(dialog, 1)
+        dialog = load_case("distilled_dialog")
+        document, main = dialogue(dialog, 1)
         chunks = synthesize(server.target, document, voice=main, temperature=0.0, ssml=True)
         np.testing.assert_allclose(pcm_of(chunks).astype(np.float32) / 32768,
                                    np.load(FIXTURES / "cases" / "distilled_dialog" / "audio_1.npy"), atol=1e-4, rtol=0)
@@ -287,7 +232,7 @@ def test_words_sent_in_time_give_the_one_shot_frames(engine):
     the one-shot request."""
     if engine.variant != "distilled":
         pytest.skip("one model is enough")
-    case = _case("distilled_long")
+    case = load_case("distilled_long")
     text, voice = case["script"][0][0], case["voices"][0]
     first, rest = text.split(" ", 4)[:4], text.split(" ", 4)[4]
     context = engine.create_context(" ".join(first), voice=voice, temperature=0.0)
@@ -302,7 +247,7 @@ def test_words_sent_in_time_give_the_one_shot_frames(engine):
     while (event := events.get(timeout=120)).kind == "audio":
         chunks.append(event.samples)
     assert event.kind == "complete", event.error
-    _check(context, chunks, "distilled_long", 0)
+    check(context, chunks, "distilled_long", 0)
 
 
 def test_late_words_are_waited_for_and_all_spoken_in_order(engine):
@@ -313,7 +258,7 @@ def test_late_words_are_waited_for_and_all_spoken_in_order(engine):
         pytest.skip("one model is enough")
     import queue as queues
 
-    case = _case("distilled_one")
+    case = load_case("distilled_one")
     text, voice = case["script"][0][0], case["voices"][0]
     words = text.split(" ")
     context = engine.create_context(" ".join(words[:2]), voice=voice, temperature=0.0)
@@ -352,7 +297,7 @@ def test_live_text_is_spoken_word_by_word_before_the_sentence_ends(tmp_path):
 
     server = _served(tmp_path)
     try:
-        case = _case("distilled_one")
+        case = load_case("distilled_one")
         text, voice = case["script"][0][0], case["voices"][0]
         heard = threading.Event()
         held_back = []
@@ -415,10 +360,10 @@ def test_the_conditions_kept_are_bounded_and_one_made_again_is_alike(engine):
     model = engine.backend.assembly.model.model
     assert model.options.kept_conditions == 1
     model._conditions.clear()  # what earlier tests left
-    requests = _requests(engine, ["distilled_batch"])
+    requests = requests_of(engine, ["distilled_batch"])
     results = run_to_completion(engine, [context for context, _, _ in requests])
     for (context, name, item), chunks in zip(requests, results):
-        _check(context, chunks, name, item)
+        check(context, chunks, name, item)
     assert len(model._conditions) == 1
     config = model.dsm.config
     assert generation_options(FIXTURES, config, {}).kept_conditions == 16
