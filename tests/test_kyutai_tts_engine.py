@@ -370,3 +370,101 @@ def test_the_conditions_kept_are_bounded_and_one_made_again_is_alike(engine):
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="layout_options.kept_conditions"):
             generation_options(FIXTURES, config, {"kept_conditions": bad})
+
+
+SENTENCES = ["Hello world, this is a tiny test.", "How are you today?", "The quick brown fox jumps.",
+             "Bonjour tout le monde.", "Streaming text arrives word by word.", "I am fine, thank you."]
+
+
+def test_a_text_longer_than_one_request_is_spoken_whole_in_runs(tmp_path):
+    """A text stream's request takes words while they fit in what it may generate (a model of 200
+    positions here): a longer text, whole or live, goes on in the next request at a sentence, and
+    every word is read once, in order, with its timing, the speech ending at its end (not cut at a
+    token budget); a text that fits is one request, the one-shot request's frames exactly."""
+    import asyncio
+
+    from audio_pipeline.service.request import SpeechDone, SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    engine = start_engine(FIXTURES / "models" / "distilled", "chunk_size=96,128", max_length=200)
+    service = SpeechService(engine)
+    service.ready = True
+    text = " ".join(SENTENCES * 3)
+
+    async def whole(text):
+        stream = await service.open(SpeechRequest(text=text, sampling={"temperature": 0.0}, format="float32"))
+        events = [event async for event in stream.events()]
+        return stream.synthesis._submitted, events
+
+    async def live(pieces):
+        stream = service.open_live(SpeechRequest(sampling={"temperature": 0.0}, format="float32"))
+        for piece in pieces:
+            await stream.text.add(piece)
+        await stream.text.end()
+        await stream.start()
+        return stream.synthesis._submitted, [event async for event in stream.events()]
+
+    try:
+        for contexts, events in (asyncio.run(whole(text)),
+                                 asyncio.run(live([text[i:i + 7] for i in range(0, len(text), 7)]))):
+            assert len(contexts) > 2  # several requests
+            assert isinstance(events[-1], SpeechDone) and events[-1].stop_reason.name == "END_OF_SPEECH"
+            read = [word for context in contexts for word, _ in context.text_rule.state.transcript]
+            assert read == text.split(" ")
+            timings = [w for event in events for w in getattr(event, "words", ())]
+            assert [text[w.text_start:w.text_end] for w in timings] == text.split(" ")
+            starts = [w.start_sample for w in timings]
+            assert starts == sorted(starts) and starts[-1] < events[-1].audio_samples
+            for context in contexts:  # each ended by its own end of speech
+                assert context.text_rule.end_step is not None and context.stop_reason.name == "END_OF_SPEECH"
+        # Two sentences fit in one request: the one-shot request's frames.
+        short = " ".join(SENTENCES[:2])
+        (context,), _ = asyncio.run(whole(short))
+        alone = engine.create_context(short, temperature=0.0)
+        run_to_completion(engine, [alone])
+        assert context.frames == alone.frames and context.generated == alone.generated
+    finally:
+        service.close()
+        engine.stop()
+
+
+def test_words_after_a_request_ran_out_waiting_start_the_next_one(tmp_path):
+    """Live text that stops coming for longer than a request may wait (it pads until its positions
+    run out): the words that come after it are spoken by the next request, none lost."""
+    import asyncio
+    import contextlib
+
+    from audio_pipeline.service.request import SpeechDone, SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    engine = start_engine(FIXTURES / "models" / "distilled", "chunk_size=96,128", "sampling.max_tokens=100",
+                          max_length=120)
+    service = SpeechService(engine)
+    service.ready = True
+
+    async def run():
+        stream = service.open_live(SpeechRequest(sampling={"temperature": 0.0}, format="float32"))
+        await stream.text.add("Hello world, this is ")
+        await stream.start()
+        events = []
+        async with contextlib.aclosing(stream.events()) as reading:
+            async for event in reading:
+                events.append(event)
+                first = stream.synthesis._submitted[0]
+                if first.stop_reason is not None and len(events) > 1:
+                    break
+            assert first.stop_reason.name == "MAX_TOKENS"  # it waited until it could not go on
+            await stream.text.add("a tiny test. How are you?")
+            await stream.text.end()
+            events += [event async for event in reading]
+        return stream.synthesis._submitted, events
+
+    try:
+        contexts, events = asyncio.run(run())
+        assert len(contexts) == 2 and isinstance(events[-1], SpeechDone)
+        read = [word for context in contexts for word, _ in context.text_rule.state.transcript]
+        assert read == "Hello world, this is a tiny test. How are you?".split(" ")
+        assert contexts[1].stop_reason.name == "END_OF_SPEECH"
+    finally:
+        service.close()
+        engine.stop()

@@ -129,6 +129,15 @@ class Layout:
         """A text stream's words for a pause of ``seconds`` (an SSML <break>) that its model keeps."""
         raise NotImplementedError
 
+    def speech_frames(self, words: Sequence) -> int:
+        """The most positions a text stream's request takes to read ``words`` (its rule's words)."""
+        raise NotImplementedError
+
+    @property
+    def frames_beyond_words(self) -> int:
+        """The positions a text stream's request takes besides its words' (at its start and end)."""
+        raise NotImplementedError
+
     def preset_name(self, voice: str | None) -> str | None:
         """The preset voice another spelling of a voice's name means (a family whose presets have
         several names), else the name as given."""

@@ -157,6 +157,16 @@ class KyutaiLayout(Layout):
         frames = int(round(seconds * FRAME_RATE))
         return [Word((), "", frames)] if frames > 0 else []
 
+    def speech_frames(self, words: Sequence[Word]) -> int:
+        """At most the frames from taking each word to taking the next (the rule forces a new word
+        after MAX_PADDING frames of padding, and pads while a word's tokens and forced padding last)."""
+        return sum(max(MAX_PADDING, len(word.tokens)) + word.padding + 1 for word in words)
+
+    @property
+    def frames_beyond_words(self) -> int:
+        """The opening padding, and the frames after the model asks past its last word."""
+        return INITIAL_PADDING + self.frames_after_end + 1
+
     def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None) -> TextRule:
         machine = TextMachine(self.text_card, self.second_stream_ahead, MAX_PADDING, INITIAL_PADDING)
         return TextRule(machine, machine.new_state(self.words(text, speaker=speaker, after=after)))

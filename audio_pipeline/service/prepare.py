@@ -246,8 +246,9 @@ class RequestPreparer:
         depends on the text (its prompt's length, the speech it needs) is checked here.
         ``stream_id``: the client request the piece belongs to (default: the piece is the request);
         ``continuation``: a later piece of it; ``speaker``: who says it in a dialogue (0 the
-        request's voice, 1 ``settings.other_voice``), after words of speaker ``after`` (the piece
-        before's: a text stream's later pieces).
+        request's voice, 1 ``settings.other_voice``), after words of speaker ``after`` (a text
+        stream's piece that joins an engine request already reading words: the speaker of the piece
+        before; None: the piece starts an engine request).
         An SSML segment brings its words already read out (``normalized``), its ``rate`` (times the
         request's speed) and its ``<phoneme>`` spans."""
         # Every layout gets words, never "$5" or "9:15"; the spans map them back for word timings.
@@ -261,8 +262,6 @@ class RequestPreparer:
             extra["language"] = settings.language
         if layout.speaker_turns:
             extra["other_voice"] = settings.other_voice
-        # A later piece goes on after its own speaker's words unless told otherwise.
-        previous = after if after is not None or not continuation else speaker
         aligned = {}
         if layout.takes_pronunciations and (phonemes or settings.phoneme_units):
             aligned["overrides"] = Overrides(settings.phoneme_units,
@@ -274,6 +273,11 @@ class RequestPreparer:
                  if aligned_words is not None else None)
         alignment = layout.alignment(prompt)
         sampling = self._fit_budget(alignment, settings.sampling, explicit=settings.explicit_max_tokens)
+        if layout.text_stream and not settings.explicit_max_tokens:
+            # The text ends the speech (its rule bounds how long its words take): the request may run
+            # as long as the model can, and the service starts another before its words could not fit.
+            sampling = dataclasses.replace(sampling, max_tokens=(self.engine.max_seq_len - len(prompt))
+                                           * layout.tokens_per_frame)
         if not self.engine.config.enable_chunked_prefill and len(prompt) > self.engine.config.max_batch_input_tokens:
             raise InvalidArgument(f"the prompt is {len(prompt)} tokens, over max_batch_input_tokens "
                                   f"({self.engine.config.max_batch_input_tokens}) and enable_chunked_prefill is off", field="text")
@@ -288,7 +292,7 @@ class RequestPreparer:
                           prompt_speech_codes=reference.codes if reference is not None else None,
                           prompt_frames=self.engine.layout.prompt_frames(prompt, reference),
                           text_track=layout.text_track(prompt), text_rule=layout.text_rule(normalized.spoken, prompt,
-                                                                                speaker=speaker, after=previous))
+                                                                                speaker=speaker, after=after))
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's

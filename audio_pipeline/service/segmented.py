@@ -10,10 +10,14 @@ first frames run while that one is still decoding; its audio waits until the ear
 A short silence by the punctuation separates segments. :meth:`cancel` cancels every segment
 submitted.
 
-A text stream's model (a layout's ``text_stream``: Kyutai TTS) reads its text as it comes: all the
-segments are one engine request. The first starts it with its words and the queue left open; each
-later one's words join it as they are known (``engine.extend``); the close ends its words, and the
-model ends the speech after the last. A whole text is one segment.
+A text stream's model (a layout's ``text_stream``: Kyutai TTS) reads its text as it comes: the
+segments are one engine request (a *run*). The first starts it with its words, those of the
+segments already known beside them, and the queue left open; each later one's words join it as
+they are known (``engine.extend``); the close ends its words, and the model ends the speech after
+the last. A run takes words while they fit in what its request may generate (the layout's bound on
+the frames words take, a quarter of it kept for waiting on words that have not come): a text too
+long for one request goes on in the next run, at a segment's start (a whole text is cut into
+sentences for that), its audio after the first's, as a later segment's would.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ REQUEUE_DELAY_S = 0.05
 LOOKAHEAD = 1
 
 _END = object()
+#: The share of a text stream's request kept for frames spent waiting for words (live text).
+WAIT_SHARE = 4
 #: Put in the started queue by cancel(): whatever waits for the next segment stops waiting.
 _CANCELLED = object()
 
@@ -80,6 +86,11 @@ class SegmentedSynthesis:
         #: A text stream's words sent, in order: (text, start, end in the whole text); its model's
         #: words read (AudioEvent.read) index them.
         self._sent_words: list[tuple[str, int, int]] = []
+        #: A text stream's runs: where each request's words start in ``_sent_words``, the last
+        #: segment it reads, and the requests that have ended.
+        self._word_base: dict[str, int] = {}
+        self._last_segment: dict[str, Segment] = {}
+        self._ended: set[str] = set()
 
     # --- input -----------------------------------------------------------------------------------
 
@@ -87,9 +98,6 @@ class SegmentedSynthesis:
         """Cuts ``text`` into segments (off the event loop) and adds them, piece by piece (a
         sentence that crosses a piece's end is segmented again with the next piece; the result
         equals segmenting the whole text at once)."""
-        if self.text_stream:  # one request reads it all: nothing to cut
-            self.add_segment(Segment(text, 0, len(text), 0.0))
-            return
         loop = asyncio.get_running_loop()
         offset = 0
         head = HEAD_CHARS
@@ -167,40 +175,99 @@ class SegmentedSynthesis:
 
     async def _produce(self) -> None:
         """Prepares and submits segments in order, at most LOOKAHEAD ahead of the one playing out
-        (a text stream's later segments join its one request)."""
+        (a text stream's: :meth:`_produce_runs`)."""
+        if self.text_stream:
+            await self._produce_runs()
+            return
         index = 0
-        running: TTSContext | None = None  # a text stream's request
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 segment = await self._incoming.get()
                 if segment is _END or isinstance(segment, BaseException):
-                    if running is not None:
-                        self.engine.extend(running.request_id, [], close=True)
                     await self._started.put(segment)
                     return
-                if running is not None:  # its words join the request (prepared as a continuation)
-                    context = await loop.run_in_executor(self.executor, self.prepare, segment, index)
-                    index += 1
-                    self._note_words(segment, context)
-                    self.engine.extend(running.request_id, list(context.text_rule.state.words)
-                                       + self._break_after(segment))
-                    continue
-                while index - self._played > LOOKAHEAD:
-                    self._progress.clear()
-                    await self._progress.wait()
+                await self._await_turn(index)
                 parts = []
                 for part, (context, offset, text) in enumerate(await self._prepare(segment, index)):
-                    if self.text_stream:  # more words may come: the model waits for them
-                        context.text_rule.state.open = True
-                        running = context
-                        self._note_words(segment, context)
-                        context.text_rule.state.words.extend(self._break_after(segment))
                     queue: asyncio.Queue = asyncio.Queue()
                     await self._submit(context, queue, first=index == 0 and part == 0)
                     parts.append((context, queue, segment.start + offset, text))
                 await self._started.put((segment, parts))
                 index += 1
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - handed to the reader, in order
+            await self._started.put(error)
+
+    async def _await_turn(self, started: int) -> None:
+        """Waits until the item after ``started`` ones may start (LOOKAHEAD ahead of the one playing)."""
+        while started - self._played > LOOKAHEAD:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _produce_runs(self) -> None:
+        """A text stream's segments as runs (see the module docstring): each segment joins the
+        running request while its words fit, else starts the next one."""
+        index = runs = 0
+        running: TTSContext | None = None
+        frames = limit = 0  # the running request's words' bound, and what it may take
+        held: Any = None  # a segment taken from the queue, not yet used
+        loop = asyncio.get_running_loop()
+        layout = getattr(self.engine, "layout", None)
+
+        async def joining(segment: Segment) -> tuple[TTSContext, list]:
+            context = await loop.run_in_executor(self.executor, self.prepare, segment, index, True)
+            return context, list(context.text_rule.state.words) + self._break_after(segment)
+
+        try:
+            while True:
+                segment, held = (held if held is not None else await self._incoming.get()), None
+                if segment is _END or isinstance(segment, BaseException):
+                    if running is not None:
+                        self.engine.extend(running.request_id, [], close=True)
+                    await self._started.put(segment)
+                    return
+                if running is not None:
+                    context, words = await joining(segment)
+                    if running.request_id not in self._ended and frames + layout.speech_frames(words) <= limit:
+                        self._note_words(segment, context)
+                        self.engine.extend(running.request_id, words)
+                        frames += layout.speech_frames(words)
+                        self._last_segment[running.request_id] = segment
+                        index += 1
+                        continue
+                    self.engine.extend(running.request_id, [], close=True)  # it ends after its words
+                    running = None
+                await self._await_turn(runs)
+                [(running, _, _)] = await self._prepare(segment, index)
+                state = running.text_rule.state
+                self._word_base[running.request_id] = len(self._sent_words)
+                self._note_words(segment, running)
+                state.words.extend(self._break_after(segment))
+                self._last_segment[running.request_id] = segment
+                index += 1
+                budget = running.token_budget // layout.tokens_per_frame
+                frames, limit = layout.speech_frames(state.words), budget - layout.frames_beyond_words - budget // WAIT_SHARE
+                # The segments already here join before it starts: their words are there from its first frame.
+                while held is None and not self._incoming.empty():
+                    following = self._incoming.get_nowait()
+                    if following is _END or isinstance(following, BaseException):
+                        held = following
+                        break
+                    context, words = await joining(following)
+                    if frames + layout.speech_frames(words) > limit:
+                        held = following
+                        break
+                    self._note_words(following, context)
+                    state.words.extend(words)
+                    frames += layout.speech_frames(words)
+                    self._last_segment[running.request_id] = following
+                    index += 1
+                state.open = True  # more words may come: the model waits for them
+                queue: asyncio.Queue = asyncio.Queue()
+                await self._submit(running, queue, first=runs == 0)
+                await self._started.put((segment, [(running, queue, segment.start, segment.text)]))
+                runs += 1
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # noqa: BLE001 - handed to the reader, in order
@@ -316,6 +383,7 @@ class SegmentedSynthesis:
                 base = source
                 words = [on_stream(w.shifted(text_offset, base)) for w in context.words or ()]
                 read: WordTiming | None = None  # a text stream's latest word read (its end comes next)
+                word_base = self._word_base.get(context.request_id, 0)
                 while True:
                     event: AudioEvent = await queue.get()
                     if event.kind == "audio":
@@ -328,7 +396,7 @@ class SegmentedSynthesis:
                             heard += 1
                         out, words = carried + words[:heard], words[heard:]
                         for index, start in event.read or ():  # the model's own timestamps
-                            said, text_start, text_end = self._sent_words[index]
+                            said, text_start, text_end = self._sent_words[word_base + index]
                             timing = on_stream(WordTiming(said, text_start, text_end, base + start, base + start, said))
                             if read is not None:
                                 out.append(dataclasses.replace(read, end_sample=timing.start_sample))
@@ -338,6 +406,7 @@ class SegmentedSynthesis:
                                                   chunk_index=chunk_index, words=out)
                         chunk_index += 1
                         continue
+                    self._ended.add(context.request_id)  # a text stream's next words start another run
                     if event.kind == "error" or event.stop_reason == StopReason.CANCELLED:
                         yield dataclasses.replace(event, request_id=self.request_id)
                         return
@@ -359,6 +428,9 @@ class SegmentedSynthesis:
             self._played += 1
             self._progress.set()
             pause = segment.pause
+            if self.text_stream:  # after a run: its last segment's punctuation (a <break> it read itself)
+                last = self._last_segment.get(previous.request_id, segment)
+                pause = 0.0 if last.break_after else last.pause
             item = await self._started.get()
         if stretcher is not None:  # what the stretcher still holds
             rest = stretcher.finish()

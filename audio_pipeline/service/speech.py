@@ -183,9 +183,9 @@ class SpeechService:
         engine, requests = self.engine, self.requests
         stream.voices = SegmentVoices(settings)  # an SSML document's <voice>s: set before it starts
 
-        def prepare(segment, index: int):  # runs on the front-end pool
+        def prepare(segment, index: int, joins: bool = False):  # runs on the front-end pool
             voices = stream.voices
-            before = stream.synthesis.segments[index - 1] if index else None
+            before = stream.synthesis.segments[index - 1] if joins else None
             return requests.segment_context(segment.text, segment_settings(voices.settings_of(segment), index),
                                             f"{stream.request_id}-{index}", stream_id=stream.request_id,
                                             normalized=segment.normalized, rate=segment.rate,
