@@ -177,3 +177,41 @@ def test_a_cache_without_a_grow_hook_keeps_its_size():
     with pytest.raises(KVCacheFull):
         manager.alloc("a", 9)
     assert manager.total_num_blocks == 2
+
+
+class _Owner:
+    def __init__(self, request_id, processed):
+        self.request_id, self.processed = request_id, processed
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_a_sliding_window_hands_back_the_blocks_no_query_sees_again(prefix):
+    """With a window of 10 positions and blocks of 4, a sequence that has written n tokens keeps
+    the blocks holding positions from n + 1 - 10 on (what its next query, at n, sees): a long
+    sequence holds about a window's worth, through every way tokens are committed; the dropped
+    places keep their index (HOLE) and release frees only what is held."""
+    from audio_pipeline.core.kv_cache.block_manager import HOLE
+
+    manager = BlockManager(12, 4, enable_prefix_caching=prefix, window=10)
+    manager.claim("a")
+    tokens = list(range(1000))
+    for n in range(1, 41):
+        manager.alloc("a", n)
+        if n % 3 == 0:
+            manager.step("a", tokens[:n])
+        elif n % 3 == 1:
+            manager.commit_all([_Owner("a", n)], lambda owner: tokens[:owner.processed])
+        else:
+            manager.commit("a", n, lambda owner: tokens[:n], None)
+        held = [b for i, b in enumerate(manager.block_table("a")) if i >= max(0, n + 1 - 10) // 4]
+        assert manager.num_used_blocks == len(held) <= 4
+        assert manager.block_table("a")[:max(0, n + 1 - 10) // 4] == [HOLE] * (max(0, n + 1 - 10) // 4)
+    row = manager.page_rows(["a"])[0]
+    assert manager.page_table[row, :manager.page_counts[row]].tolist() == manager.block_table("a")
+    assert manager.held_tokens(10_000) == 18 and BlockManager(4, 4).held_tokens(10_000) == 10_000
+    # Another sequence takes the blocks handed back; releasing the first frees only its own.
+    manager.claim("b")
+    manager.alloc("b", 8 * 4)
+    manager.release("a")
+    manager.release("b")
+    assert manager.num_used_blocks == 0 and manager.num_free_blocks == 12

@@ -468,3 +468,39 @@ def test_words_after_a_request_ran_out_waiting_start_the_next_one(tmp_path):
     finally:
         service.close()
         engine.stop()
+
+
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+def test_a_long_request_holds_about_a_window_of_kv_and_speaks_the_reference(kernel):
+    """Pages of 8 positions against the model's 32-position window: the pages a request's queries
+    no longer see go back to the pool as it goes (94 frames hold at most the window and two part
+    pages, not all 12), and both attention forms (the native kernel, the torch form gathering only
+    the window) still give the reference's frames and audio, alone and batched."""
+    import threading
+
+    engine = start_engine(FIXTURES / "models" / "distilled", "chunk_size=96,128", "sampling.max_tokens=400",
+                          model={"kv_cache": {"cache_dtype": "float32", "kv_cache_page_size": 8,
+                                              "attention_kernel": kernel}})
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], engine.kv_cache.num_used_blocks)
+            done.wait(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        [(context, name, item)] = requests_of(engine, ["distilled_long"])
+        [chunks] = run_to_completion(engine, [context])
+        check(context, chunks, name, item)
+        assert 0 < peak[0] <= (32 + 2 * 8) // 8 < -(-len(context.frames) // 8)
+        requests = requests_of(engine, ["distilled_long", "distilled_batch"])
+        results = run_to_completion(engine, [context for context, _, _ in requests])
+        for (context, name, item), chunks in zip(requests, results):
+            check(context, chunks, name, item)
+    finally:
+        done.set()
+        watcher.join()
+        engine.stop()
+    assert engine.kv_cache.num_used_blocks == 0

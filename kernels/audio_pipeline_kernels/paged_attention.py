@@ -26,9 +26,10 @@ class RaggedStep:
     ``query_index`` [B, Q]: the flat query row of each sequence's i-th new token (padding points at
     row 0), or None when every row has one query; ``output_rows`` [T]: where each flat row sits in
     the padded [B * Q] output; ``kv_slots`` [B * L]: the cache slots of each sequence's first L
-    positions (L the longest sequence; shorter ones padded with slot 0); ``mask``: additive
-    [B, 1, Q, L] (0 where visible, -inf elsewhere), or None when nothing needs masking (one query
-    per row over keys of one common length).
+    positions (L the longest sequence; shorter ones padded with slot 0), or with a sliding window
+    its L positions from the first its first query sees (the blocks before may be gone: block_manager's
+    HOLE); ``mask``: additive [B, 1, Q, L] (0 where visible, -inf elsewhere), or None when nothing
+    needs masking (one query per row over keys of one common length).
     """
 
     query_index: torch.Tensor | None
@@ -47,11 +48,15 @@ class RaggedStep:
         batch, max_len, max_query = metadata.batch_size, metadata.max_seq_len, metadata.max_query_len
         seq_lens = metadata.seq_lens.astype(np.int64)
         query_lens = metadata.query_lens.astype(np.int64)
-        positions = np.arange(max_len)
-        live = positions[None, :] < seq_lens[:, None]  # [B, L]
-        page_index = metadata.kv_indptr[:-1, None].astype(np.int64) + positions[None, :] // page
+        windowed = window is not None and max_len > window
+        # Each row's keys from the first position its first query sees (0 without a window).
+        first = np.maximum(0, seq_lens - query_lens + 1 - window) if windowed else np.zeros_like(seq_lens)
+        max_len = int((seq_lens - first).max())
+        positions = first[:, None] + np.arange(max_len)[None, :]  # [B, L]: each row's key positions
+        live = positions < seq_lens[:, None]
+        page_index = metadata.kv_indptr[:-1, None].astype(np.int64) + positions // page
         page_index = np.where(live, page_index, 0)
-        slots = metadata.kv_indices[page_index].astype(np.int64) * page + positions[None, :] % page
+        slots = metadata.kv_indices[page_index].astype(np.int64) * page + positions % page
         kv_slots = np.where(live, slots, 0).reshape(-1)
         steps = np.arange(max_query)
         query_index = output_rows = None
@@ -61,14 +66,13 @@ class RaggedStep:
             query_index = np.where(valid, starts[:, None] + steps[None, :], 0)
             output_rows = (np.arange(batch)[:, None] * max_query + steps[None, :])[valid]
         mask = None
-        windowed = window is not None and max_len > window
-        if max_query > 1 or seq_lens.min() != max_len or windowed:
+        if max_query > 1 or (seq_lens - first).min() != max_len:
             # Query i of sequence b sits at position seq_len - query_len + i and sees keys up to it
             # (and, with a window, none ``window`` or more before it).
             last_visible = (seq_lens - query_lens)[:, None] + steps[None, :]  # [B, Q]
-            visible = positions[None, None, :] <= last_visible[:, :, None]
+            visible = positions[:, None, :] <= last_visible[:, :, None]
             if windowed:
-                visible &= positions[None, None, :] > last_visible[:, :, None] - window
+                visible &= positions[:, None, :] > last_visible[:, :, None] - window
             mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(torch.from_numpy(~visible), float("-inf"))
             mask = mask[:, None].to(device)
 

@@ -15,6 +15,12 @@ Lifecycle of a sequence (the names follow the seed pages):
 Only whole blocks are shared, and a sequence never writes into a block it did not allocate, so a
 shared block is never modified.
 
+A model with a sliding attention window (``window``: each query sees the ``window`` positions
+ending at its own) never reads a block again once the positions after the sequence's written ones
+see none of it: such blocks go back to the pool as they fall behind, their places in the sequence's
+table kept (positions still index it) but holding ``HOLE``, which no attention reads. So a long
+sequence holds about a window's worth of blocks, not its whole length.
+
 The cache may start smaller than it may become (``max_num_blocks``): when an allocation, or an
 admission within a watermark, needs more blocks than there are, ``grow(total)`` (the cache's owner:
 it enlarges its tensors, keeping every block's contents) is asked for about twice as many, up to
@@ -32,6 +38,10 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 
+#: What a dropped block's place in a table holds (never read: see the module docstring).
+HOLE = 0
+
+
 class KVCacheFull(RuntimeError):
     """Not enough free KV blocks for an allocation."""
 
@@ -45,6 +55,8 @@ class _Sequence:
     keys: list[Hashable] = field(default_factory=list)
     #: Its row of the page table (BlockManager.page_table).
     row: int = -1
+    #: Leading blocks dropped behind a sliding window (their places hold HOLE).
+    dropped: int = 0
 
 
 @dataclass
@@ -63,7 +75,8 @@ class BlockManager:
     """Allocates fixed-size KV blocks to sequences; shares full prompt blocks between sequences."""
 
     def __init__(self, total_num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 max_num_blocks: int | None = None, grow: Callable[[int], int] | None = None):
+                 max_num_blocks: int | None = None, grow: Callable[[int], int] | None = None,
+                 window: int | None = None):
         if total_num_blocks < 1:
             raise ValueError(f"total_num_blocks must be at least 1, got {total_num_blocks}")
         if block_size < 1:
@@ -74,6 +87,8 @@ class BlockManager:
         self.max_num_blocks = max(total_num_blocks, max_num_blocks or total_num_blocks)
         self.grow = grow
         self.block_size = block_size
+        #: The model's sliding attention window (None: every query sees every position before it).
+        self.window = window
         self.enable_prefix_caching = enable_prefix_caching
         self._free: deque[int] = deque(range(total_num_blocks))
         self._ref_counts = [0] * total_num_blocks
@@ -134,6 +149,13 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def held_tokens(self, length: int) -> int:
+        """The most tokens' room a sequence of ``length`` tokens holds at once: all of them, or
+        behind a sliding window the window and the blocks its two ends may part-fill."""
+        if self.window is None:
+            return length
+        return min(length, self.window + 2 * self.block_size)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -212,7 +234,7 @@ class BlockManager:
         for index in range(len(sequence.keys), full):
             key = self._key(parent, tokens[index * self.block_size:(index + 1) * self.block_size])
             block = sequence.blocks[index]
-            if key not in self._cached and block not in self._block_key:
+            if index >= sequence.dropped and key not in self._cached and block not in self._block_key:
                 self._cached[key] = block
                 self._block_key[block] = key
             sequence.keys.append(key)
@@ -248,6 +270,8 @@ class BlockManager:
                 self._written(seq_id, sequence, count)  # refused there
             elif count > sequence.num_tokens:
                 sequence.num_tokens = count
+                if self.window is not None and (count + 1 - self.window) // size > sequence.dropped:
+                    self._drop_behind(sequence)
 
     def holds_all(self, seq_ids: Sequence[str], totals: Sequence[int]) -> list[bool]:
         """:meth:`holds` of each sequence (False for one not claimed), from the page table at once."""
@@ -265,6 +289,30 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r}: {count} tokens committed but only "
                              f"{len(sequence.blocks)} blocks allocated")
         sequence.num_tokens = max(sequence.num_tokens, count)
+        if self.window is not None:
+            self._drop_behind(sequence)
+
+    def _drop_behind(self, sequence: _Sequence) -> None:
+        """Returns the blocks no query at or after the sequence's next position sees (every position
+        of theirs before ``num_tokens + 1 - window``) to the pool; their places hold HOLE."""
+        behind = max(0, sequence.num_tokens + 1 - self.window) // self.block_size
+        for index in range(sequence.dropped, min(behind, len(sequence.blocks))):
+            self._let_go(sequence.blocks[index])
+            sequence.blocks[index] = HOLE
+            self.page_table[sequence.row, index] = HOLE
+            sequence.dropped = index + 1
+
+    def _let_go(self, block: int) -> None:
+        """One holder less for ``block``: with none left it is free (or, holding a cached prefix,
+        evictable)."""
+        self._ref_counts[block] -= 1
+        if self._ref_counts[block] > 0:
+            return
+        if block in self._block_key:
+            self._evictable[block] = None
+            self._evictable.move_to_end(block)
+        else:
+            self._free.append(block)
 
     def release(self, seq_id: str) -> None:
         """Frees what ``seq_id`` holds (no error if it holds nothing)."""
@@ -273,15 +321,8 @@ class BlockManager:
             return
         self.page_counts[sequence.row] = 0
         self._free_rows.append(sequence.row)
-        for block in reversed(sequence.blocks):  # the deepest block is evicted first
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] > 0:
-                continue
-            if block in self._block_key:
-                self._evictable[block] = None
-                self._evictable.move_to_end(block)
-            else:
-                self._free.append(block)
+        for block in reversed(sequence.blocks[sequence.dropped:]):  # the deepest block is evicted first
+            self._let_go(block)
 
     # --- internals -------------------------------------------------------------------------------
 

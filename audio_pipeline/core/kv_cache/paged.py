@@ -98,7 +98,8 @@ class PagedKVCacheManager:
         growable = max_num_blocks is not None and max_num_blocks > total_num_blocks
         self.block_manager = BlockManager(total_num_blocks, params.page_size,
                                           enable_prefix_caching=enable_prefix_caching,
-                                          max_num_blocks=max_num_blocks, grow=self._grow if growable else None)
+                                          max_num_blocks=max_num_blocks, grow=self._grow if growable else None,
+                                          window=params.window)
         self.cache = PagedKVCache(params, total_num_blocks, device)
         self.backend: AttentionBackend = select_attention_backend(
             attention_kernel, device, model_dtype or params.dtype, num_heads=num_heads or params.n_kv_heads,
