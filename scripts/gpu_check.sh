@@ -14,6 +14,8 @@
 #   decoder   python -m audio_pipeline.bench.decoder (SNAC 24 kHz on CUDA: seconds of audio per second, batched)
 #   step      python -m audio_pipeline.bench.decode_step (graphs / eager / fp8 per batch, floor, a profiled step)
 #   serve     python -m audio_pipeline.bench.serve --random-model orpheus-3b (streams holding real time)
+#   live      python -m audio_pipeline.bench.live_text --random-model kyutai-tts-1.6b (first audio after the first
+#             word of live text; only where STAGES names it or LIVE_ARGS is set)
 # STAGES picks stages (default all); STEP_ARGS and SERVE_ARGS replace each benchmark's arguments; CUDA_K
 # selects tests of tests/test_cuda.py (pytest -k), CUDA_LIMIT their time limit (default 200 s: 117 s alone on an H200, past 140 beside the other checks); SERVE2_ARGS adds a second serving run; PROFILE=1 records the
 # first with py-spy (a static py-spy binary at .gpukit/py-spy); BASE_TREE with BASE_ARGS / BASE_STEP_ARGS run
@@ -125,4 +127,7 @@ for n in 2 3 4; do
   a=SERVE${n}_ARGS l=SERVE${n}_LIMIT
   want serve && [ -n "${!a:-}" ] && stage serve$n ${!l:-150} "$OUT/serve$n.log" "$PY" -m audio_pipeline.bench.serve ${!a}
 done
+# Live text (Kyutai TTS reads words as they come: first audio after the first word, against Kyutai's 220 ms).
+{ want live || [ -n "${LIVE_ARGS:-}" ]; } && stage live ${LIVE_LIMIT:-120} "$OUT/live.log" "$PY" -m audio_pipeline.bench.live_text \
+  ${LIVE_ARGS:---random-model kyutai-tts-1.6b --rate 15 --sentences 2 --rounds 3 --task-arg chunk_size=96,128}
 say "total $((SECONDS - T0)) s; files: $(ls "$OUT" | tr '\n' ' ')"
