@@ -504,3 +504,45 @@ def test_a_long_request_holds_about_a_window_of_kv_and_speaks_the_reference(kern
         watcher.join()
         engine.stop()
     assert engine.kv_cache.num_used_blocks == 0
+
+
+def test_word_timings_point_at_what_was_written_where_the_text_is_normalized(engine):
+    """Words the model reads in their spoken form (numbers, money, times, abbreviations) time the
+    text as the client wrote it: one timing per written piece (what the normalizer replaced as one,
+    "in 1847" whole), in order, none overlapping, its ``spoken`` what was said; whole or as live
+    text, where a word with a digit waits for the next so that they are read together."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    import asyncio
+
+    from audio_pipeline.service.request import SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    service = SpeechService(engine)
+    service.ready = True
+    text = "They came in 1847, with $4,500 for Dr. Smith at 7:30 am. It was 120 m long."
+
+    async def whole():
+        stream = await service.open(SpeechRequest(text=text, sampling={"seed": 3}, format="float32"))
+        return [w for event in [e async for e in stream.events()] for w in getattr(event, "words", ())]
+
+    async def live():
+        stream = service.open_live(SpeechRequest(sampling={"seed": 3}, format="float32"))
+        for index in range(0, len(text), 5):
+            await stream.text.add(text[index:index + 5])
+        await stream.text.end()
+        await stream.start()
+        return [w for event in [e async for e in stream.events()] for w in getattr(event, "words", ())]
+
+    try:
+        for timings in (asyncio.run(whole()), asyncio.run(live())):
+            assert all(a.text_end <= b.text_start for a, b in zip(timings, timings[1:]))
+            assert all(text[w.text_start:w.text_end] == w.text for w in timings)
+            assert " ".join(w.text for w in timings) == text  # every written word, once
+            spoken = {w.text.strip(".,"): w.spoken.strip(".,") for w in timings}
+            assert spoken["$4,500"] == "four thousand five hundred dollars" and spoken["Dr"] == "doctor"
+            # A number waits for the word after it (live): "7:30 am" and "120 m" are read together.
+            assert spoken["7:30 am"] == "seven thirty a m" and spoken["120 m"] == "one hundred twenty meters"
+        assert spoken["1847"] == "one thousand eight hundred forty-seven"  # live: "in" was sent before it came
+    finally:
+        service.close()

@@ -46,7 +46,7 @@ Optional capabilities (the defaults here say "not this family")
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -143,11 +143,13 @@ class Layout:
         several names), else the name as given."""
         return voice
 
-    def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None):
+    def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None,
+                  written: Callable[[int, int], tuple[int, int]] | None = None):
         """The rule turning a request's sampled text ids into its tokens, where ``text_stream``:
         ``text`` said by ``speaker`` (0 the request's voice, 1 the other voice of a dialogue where
         ``speaker_turns``), after words of speaker ``after`` (a streamed text's later pieces; None:
-        the text is the first)."""
+        the text is the first). ``written(start, end)``: where ``text[start:end]`` was written (a
+        normalized text's source), for each word's place."""
         return None
 
     def audio_frame_count(self, sampled: int, end_step: int | None) -> int:

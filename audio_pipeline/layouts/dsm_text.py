@@ -33,12 +33,14 @@ _EVENT = re.compile(r'<break\s+time="([0-9]+(?:.[0-9]*)?)s"\s*/?>|\s+')
 
 @dataclass(frozen=True)
 class Word:
-    """One entry of the queue: a word's text tokens (empty for a pause), its text, and the frames
-    of padding forced once it is taken (a pause's length; after a word, its tokens' time)."""
+    """One entry of the queue: a word's text tokens (empty for a pause), its text, the frames of
+    padding forced once it is taken (a pause's length; after a word, its tokens' time), and where
+    it is in the text it was read from (offsets; None: unknown)."""
 
     tokens: tuple[int, ...]
     text: str
     padding: int = 0
+    at: tuple[int, int] | None = None
 
 
 def script_words(encode: Callable[[str], list[int]], script: Sequence[str], *, frame_rate: float,
@@ -51,11 +53,12 @@ def script_words(encode: Callable[[str], list[int]], script: Sequence[str], *, f
     script: a streamed text's earlier pieces; None: none), on models that know several speakers;
     ``padding_between`` forces that many frames after each word beyond its tokens' own. Colons
     become spaces, parentheses go, typographic apostrophes become plain ones;
-    ``<break time="Xs"/>`` is a pause of X seconds."""
+    ``<break time="Xs"/>`` is a pause of X seconds. Each word's ``at`` is where it is in its turn's
+    string."""
     speakers = (MAIN_SPEAKER, OTHER_SPEAKER)
     words: list[Word] = []
 
-    def add(turn: int, text: str, first: bool) -> None:
+    def add(turn: int, text: str, first: bool, at: tuple[int, int]) -> None:
         nonlocal last_speaker
         tokens = list(encode(text))
         speaker = (first_speaker + turn) % len(speakers)
@@ -63,23 +66,24 @@ def script_words(encode: Callable[[str], list[int]], script: Sequence[str], *, f
             last_speaker = speaker
             tokens.insert(0, speakers[speaker])
         padding = max(0, padding_between + len(tokens) - 1) if padding_between > 0 else 0
-        words.append(Word(tuple(tokens), text, padding))
+        words.append(Word(tuple(tokens), text, padding, at))
 
-    for turn, line in enumerate(script):
+    for turn, raw in enumerate(script):
         first = True
-        line = line.replace("\u2019", "'").replace(":", " ").replace("(", "").replace(")", "")
-        while line:
-            match = _EVENT.search(line)
+        kept = [i for i, c in enumerate(raw) if c not in "()"]  # where each kept character was
+        line = "".join(raw[i] for i in kept).replace("\u2019", "'").replace(":", " ")
+        cursor = 0
+        while cursor < len(line):
+            match = _EVENT.search(line, cursor)
+            end = match.start() if match is not None else len(line)
+            if end > cursor:
+                add(turn, line[cursor:end], first, (kept[cursor], kept[end - 1] + 1))
+                first = False
             if match is None:
                 break
-            text, line = line[:match.start()], line[match.end():]
-            if text:
-                add(turn, text, first)
-                first = False
             if match.group(1):
                 words.append(Word((), "", int(round(float(match.group(1)) * frame_rate))))
-        if line:
-            add(turn, line, first)
+            cursor = match.end()
     return words
 
 

@@ -29,9 +29,10 @@ Dialogues
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import torch
 
@@ -167,9 +168,13 @@ class KyutaiLayout(Layout):
         """The opening padding, and the frames after the model asks past its last word."""
         return INITIAL_PADDING + self.frames_after_end + 1
 
-    def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None) -> TextRule:
+    def text_rule(self, text: str, prompt: Sequence[int], *, speaker: int = 0, after: int | None = None,
+                  written: Callable[[int, int], tuple[int, int]] | None = None) -> TextRule:
         machine = TextMachine(self.text_card, self.second_stream_ahead, MAX_PADDING, INITIAL_PADDING)
-        return TextRule(machine, machine.new_state(self.words(text, speaker=speaker, after=after)))
+        words = self.words(text, speaker=speaker, after=after)
+        if written is not None:  # each word's place where it was written
+            words = [dataclasses.replace(word, at=written(*word.at)) if word.at else word for word in words]
+        return TextRule(machine, machine.new_state(words))
 
     @property
     def min_vocab_size(self) -> int:

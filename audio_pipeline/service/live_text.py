@@ -8,7 +8,8 @@ the HTTP WebSocket) feeds text through this.
 
 A model that reads a text stream (Kyutai TTS: SegmentedSynthesis's ``text_stream``) is given every
 whole word as soon as the space after it arrives, not whole sentences: it speaks while the text is
-still coming.
+still coming. A word with a digit waits for the word after it, which may say how to read it
+("7:30 am", "120 m", "$5 million": normalized together).
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ class LiveText:
         self.buffer = rest
 
     def _words(self, everything: bool) -> None:
-        """The buffer's whole words (all of it with ``everything``) as one segment."""
+        """The buffer's whole words (all of it with ``everything``; a last one with a digit waits
+        for the next) as one segment."""
         text = self.buffer
-        cut = len(text) if everything else max(text.rfind(" "), text.rfind("\n"), text.rfind("\t")) + 1
+        cut = len(text) if everything else _after_last_space(text, len(text))
+        if not everything and cut and any(c.isdigit() for c in text[_after_last_space(text, cut - 1):cut]):
+            cut = _after_last_space(text, cut - 1)
         if text[:cut].strip():
             self.synthesis.add_segment(Segment(text[:cut], self.consumed, self.consumed + cut, 0.0))
         self.consumed += cut
@@ -74,3 +78,8 @@ class LiveText:
         """No more text: the rest is spoken and the synthesis closed."""
         await self._speak(everything=True)
         self.synthesis.close()
+
+
+def _after_last_space(text: str, end: int) -> int:
+    """Where the word that ends at ``end`` starts: just after the last blank before ``end`` (0: none)."""
+    return max(text.rfind(" ", 0, end), text.rfind("\n", 0, end), text.rfind("\t", 0, end)) + 1

@@ -292,7 +292,8 @@ class RequestPreparer:
                           prompt_speech_codes=reference.codes if reference is not None else None,
                           prompt_frames=self.engine.layout.prompt_frames(prompt, reference),
                           text_track=layout.text_track(prompt), text_rule=layout.text_rule(normalized.spoken, prompt,
-                                                                                speaker=speaker, after=after))
+                                                                                speaker=speaker, after=after,
+                                                                                written=normalized.source_of))
 
     def _fit_budget(self, alignment, sampling: SamplingParams, *, explicit: bool) -> SamplingParams:
         """For a layout whose alignment fixes the length of the speech (phoneme-lpc), the request's

@@ -83,9 +83,9 @@ class SegmentedSynthesis:
         self._cancelled = False
         #: The model reads a text stream: every segment joins one request (see the module docstring).
         self.text_stream = bool(getattr(getattr(engine, "layout", None), "text_stream", False))
-        #: A text stream's words sent, in order: (text, start, end in the whole text); its model's
-        #: words read (AudioEvent.read) index them.
-        self._sent_words: list[tuple[str, int, int]] = []
+        #: A text stream's words sent, in order: (written text, start, end in the whole text, the word
+        #: said); its model's words read (AudioEvent.read) index them.
+        self._sent_words: list[tuple[str, int, int, str]] = []
         #: A text stream's runs: where each request's words start in ``_sent_words``, the last
         #: segment it reads, and the requests that have ended.
         self._word_base: dict[str, int] = {}
@@ -279,18 +279,15 @@ class SegmentedSynthesis:
         return self.engine.layout.pause_words(segment.pause) if segment.break_after and segment.pause > 0 else []
 
     def _note_words(self, segment: Segment, context: TTSContext) -> None:
-        """Where each word of a text stream's piece is in the whole text (the segment where its
-        spoken form is not written as it is, after text normalization)."""
-        cursor = 0
+        """Where each word of a text stream's piece was written in the whole text (its place in the
+        segment's written text, ``word.at``: a spoken form's source after text normalization, "1847"
+        for "eighteen", and for "forty-seven"), with what it was written as and said as."""
+        written = segment.normalized.original if segment.normalized is not None else segment.text
         for word in context.text_rule.state.words:
             if not word.tokens:  # a pause: the model reads no word
                 continue
-            found = segment.text.find(word.text, cursor)
-            if found < 0:
-                self._sent_words.append((segment.text, segment.start, segment.end))
-                continue
-            cursor = found + len(word.text)
-            self._sent_words.append((word.text, segment.start + found, segment.start + cursor))
+            start, end = word.at if word.at is not None else (0, len(written))
+            self._sent_words.append((written[start:end], segment.start + start, segment.start + end, word.text))
 
     async def start(self) -> None:
         """Starts the segments and waits until the first one is submitted: what can be refused
@@ -396,8 +393,14 @@ class SegmentedSynthesis:
                             heard += 1
                         out, words = carried + words[:heard], words[heard:]
                         for index, start in event.read or ():  # the model's own timestamps
-                            said, text_start, text_end = self._sent_words[word_base + index]
-                            timing = on_stream(WordTiming(said, text_start, text_end, base + start, base + start, said))
+                            text, text_start, text_end, said = self._sent_words[word_base + index]
+                            if read is not None and text_start < read.text_end:
+                                # Said for the same written word ("1847": "eighteen", "forty-seven,"): one timing.
+                                joined = read.text + text[max(0, read.text_end - text_start):]
+                                read = dataclasses.replace(read, text=joined, text_end=max(read.text_end, text_end),
+                                                           spoken=f"{read.spoken} {said}")
+                                continue
+                            timing = on_stream(WordTiming(text, text_start, text_end, base + start, base + start, said))
                             if read is not None:
                                 out.append(dataclasses.replace(read, end_sample=timing.start_sample))
                             read = timing
