@@ -437,8 +437,9 @@ def test_words_after_a_request_ran_out_waiting_start_the_next_one(tmp_path):
     from audio_pipeline.service.request import SpeechDone, SpeechRequest
     from audio_pipeline.service.speech import SpeechService
 
+    # Padding as fast as it runs (not paced to its listener), so that it runs out soon.
     engine = start_engine(FIXTURES / "models" / "distilled", "chunk_size=96,128", "sampling.max_tokens=100",
-                          max_length=120)
+                          max_length=120, text_wait_lead_ms=None)
     service = SpeechService(engine)
     service.ready = True
 
@@ -546,3 +547,50 @@ def test_word_timings_point_at_what_was_written_where_the_text_is_normalized(eng
         assert spoken["1847"] == "one thousand eight hundred forty-seven"  # live: "in" was sent before it came
     finally:
         service.close()
+
+
+def test_a_pause_in_live_text_is_heard_about_as_long_as_it_was(engine):
+    """While live text has no next word, the model pads only while its listener has less than
+    text_wait_lead_ms of audio left: a second's pause adds about a second (and the model's
+    text-to-audio delay) to the audio, not the many seconds it pads in a second on its own (15 on
+    2 cores); the words after the pause are all spoken."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    import asyncio
+    import time
+
+    from audio_pipeline.service.request import SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    service = SpeechService(engine)
+    service.ready = True
+
+    async def speak(pause: float):
+        stream = service.open_live(SpeechRequest(sampling={"temperature": 0.0}, format="float32"))
+        await stream.text.add("Hello world, this ")
+        await stream.start()
+        waited = []
+
+        async def feed():
+            started = time.monotonic()
+            await asyncio.sleep(pause)
+            waited.append(time.monotonic() - started)
+            await stream.text.add("is a tiny test.")
+            await stream.text.end()
+
+        feeding = asyncio.create_task(feed())
+        samples = 0
+        async for event in stream.events():
+            samples += len(getattr(event, "data", b"")) // 4
+        await feeding
+        [context] = stream.synthesis._submitted
+        return samples / engine.sample_rate, waited[0], context
+
+    try:
+        alone, _, _ = asyncio.run(speak(0.0))
+        paused, waited, context = asyncio.run(speak(1.0))
+        assert [word for word, _ in context.text_rule.state.transcript] == "Hello world, this is a tiny test.".split()
+        assert paused - alone <= waited + 2.5, (alone, paused, waited)
+    finally:
+        service.close()
+

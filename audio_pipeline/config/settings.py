@@ -306,6 +306,11 @@ class PipelineConfig(BaseSettings):
     deadline_margin_ms: float = Field(
         20.0, ge=0, description="With deadline_scheduling, audio a stream keeps in reserve: the time between a chunk "
         "leaving the engine and its listener playing it (encoding, resampling, the network).")
+    text_wait_lead_ms: float | None = Field(
+        500.0, ge=0, description="A model that reads text as it comes (Kyutai TTS) pads while live text has no next "
+        "word yet; it does so only while its listener has less than this much audio left, so a pause in the text "
+        "is heard about as long as it was (plus the model's text-to-audio delay). None: it pads as fast as it runs "
+        "(a one-second pause in the text became 15 s of silence on 2 cores).")
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model served.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling defaults.")

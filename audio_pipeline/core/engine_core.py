@@ -179,6 +179,8 @@ class EngineCore:
         self.metrics.last_step_age.set_function(self._step_age)
         #: Each stream as its listener hears it, for the scheduler's deadlines.
         self.listeners = Listeners()
+        #: The running requests that read a text stream (their rule's): paced while they wait for words.
+        self._text_streams: dict[str, _Request] = {}
 
     def _step_age(self) -> float:
         """Seconds since the loop last came round (0 while it has nothing to do)."""
@@ -278,6 +280,8 @@ class EngineCore:
                                    block_causal=settings.block_causal, prepend=settings.prepend,
                                    prepend_causal=settings.prepend_causal, prompt_codes=context.prompt_speech_codes)
             self._requests[context.request_id] = request = _Request(context, sink, stream)
+            if context.text_rule is not None:
+                self._text_streams[context.request_id] = request
             self._awaiting_first[context.request_id] = (request, len(context.generated))
             self.listeners.add(context.request_id, context.stream_id)
             self._update_load()
@@ -323,6 +327,7 @@ class EngineCore:
                 rule.state.add_words(words)
             if close:
                 rule.state.close()
+            self._lock.notify_all()  # a request that sat out waiting for words goes on now
 
     def cancel(self, request_id: str) -> None:
         """Stops a queued or running request; its sink gets a `complete` event with CANCELLED."""
@@ -401,6 +406,24 @@ class EngineCore:
             need = (length - pending) if length is not None else context.token_budget * context.layout.codes_per_token
             context.passes_to_chunk = max(0, -(-need // context.layout.codes_per_token))
 
+    def _waiting_for_words(self) -> frozenset[str]:
+        """Text-stream requests that have read every word they have, more may come, and whose
+        listener has more than text_wait_lead_ms of audio left: they sit out the rounds until it has
+        less or words come (the model pads as fast as it runs: a pause in live text would be heard
+        many times as long)."""
+        lead = self.scheduler.config.text_wait_lead_ms
+        if lead is None or not self._text_streams:
+            return frozenset()
+        latest = time.monotonic() + lead / 1000.0
+        held = []
+        for request_id, request in self._text_streams.items():
+            rule = request.context.text_rule
+            if rule.waiting:
+                plays_until = self.listeners.deadline(request_id)
+                if plays_until is not None and plays_until > latest:
+                    held.append(request_id)
+        return frozenset(held)
+
     def _schedule(self) -> SchedulerOutput | None:
         """Waits for work; applies cancellations, schedules the round and ends what it let go.
         None once the engine is stopping with nothing left."""
@@ -414,6 +437,7 @@ class EngineCore:
             started = time.perf_counter()
             if self.scheduler.config.deadline_scheduling:
                 self._mark_deadlines()
+            self.scheduler.hold(self._waiting_for_words())
             output = self.scheduler.schedule()
             self.timer.add("schedule", time.perf_counter() - started)
             self._take_ended(output.finished)
@@ -740,6 +764,7 @@ class EngineCore:
         context, done = request.context, request.finished
         request.stream.close()
         self._requests.pop(context.request_id, None)
+        self._text_streams.pop(context.request_id, None)
         self._ended.pop(context.request_id, None)
         with self._lock:
             self.listeners.ended(context.request_id, time.monotonic())

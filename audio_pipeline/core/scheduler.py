@@ -162,6 +162,7 @@ class SchedulerConfig:
     max_queue_wait_ms: float | None = 2000.0
     first_audio_target_ms: float = 100.0
     deadline_margin_ms: float = 20.0
+    text_wait_lead_ms: float | None = 500.0
 
     @classmethod
     def from_config(cls, config: Any) -> "SchedulerConfig":
@@ -379,6 +380,8 @@ class AudioGenerationScheduler:
         self._last_kind = "idle"
         #: Preemptions since start.
         self.num_preemptions = 0
+        #: Requests that sit out the rounds (:meth:`hold`).
+        self._held: frozenset[str] = frozenset()
         #: What steps take, learned from the engine's (deadline scheduling).
         self.costs = StepCosts()
 
@@ -629,6 +632,14 @@ class AudioGenerationScheduler:
 
     # --- scheduling ------------------------------------------------------------------------------
 
+    def hold(self, request_ids: frozenset[str]) -> None:
+        """``request_ids`` sit out the rounds until held no more: they stay running and keep their KV,
+        but are not decoded (a text stream waiting for words while its listener has audio enough:
+        core/engine_core.py). A change dissolves the persistent batch (its rows are the decode rows)."""
+        if request_ids != self._held:
+            self._held = request_ids
+            self.membership += 1
+
     def schedule(self) -> SchedulerOutput:
         """The next step's work (possibly idle)."""
         if self._steady is not None:
@@ -646,10 +657,12 @@ class AudioGenerationScheduler:
         # One pass: rows with one token to compute that may grow decode; those with more are prompts
         # in progress. Requests that ended stay in _running only while a step of them is in flight.
         decode, prefill = [], []
+        held = self._held
         for e in self._running:
             left = e.expected_len - e.next_pos
             if left == 1:
-                if e.expected_len < e.max_length and e.request.stop_reason is None:
+                if e.expected_len < e.max_length and e.request.stop_reason is None and (
+                        not held or e.request.request_id not in held):
                     decode.append(e)
             elif left > 1 and e.request.stop_reason is None:
                 prefill.append(e)

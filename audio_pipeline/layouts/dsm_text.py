@@ -215,3 +215,10 @@ class TextRule:
     def end_step(self) -> int | None:
         """The frame where the model asked past the last word (None: not yet)."""
         return self.state.end_step
+
+    @property
+    def waiting(self) -> bool:
+        """Whether it has read every word it has and more may come: the model only pads until
+        they do (any thread may ask; a word on its way makes it False)."""
+        state = self.state
+        return state.open and not state.words and not state.queued and not state.inbox
