@@ -420,7 +420,8 @@ class EngineCore:
             rule = request.context.text_rule
             if rule.waiting:
                 plays_until = self.listeners.deadline(request_id)
-                if plays_until is not None and plays_until > latest:
+                # (A later request of its stream waits for the earlier ones' audio to play out first.)
+                if (plays_until is not None and plays_until > latest) or self.listeners.follows(request_id):
                     held.append(request_id)
         return frozenset(held)
 
