@@ -420,8 +420,11 @@ class EngineCore:
             rule = request.context.text_rule
             if rule.waiting:
                 plays_until = self.listeners.deadline(request_id)
-                # (A later request of its stream waits for the earlier ones' audio to play out first.)
-                if (plays_until is not None and plays_until > latest) or self.listeners.follows(request_id):
+                # A later request of its stream is not due before the earlier ones play out: it waits
+                # once the audio of the words it read is made.
+                behind = (self.listeners.follows(request_id)
+                          and rule.frames_since_word > request.context.layout.frames_after_end)
+                if behind or (plays_until is not None and plays_until > latest):
                     held.append(request_id)
         return frozenset(held)
 

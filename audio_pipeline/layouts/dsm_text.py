@@ -217,6 +217,12 @@ class TextRule:
         return self.state.end_step
 
     @property
+    def frames_since_word(self) -> int:
+        """Frames sampled since it last took a word (or a pause), or since its start."""
+        taken = self.state.consumed_at
+        return self.steps - (taken[-1] if taken else 0)
+
+    @property
     def waiting(self) -> bool:
         """Whether it has read every word it has and more may come: the model only pads until
         they do (any thread may ask; a word on its way makes it False)."""
