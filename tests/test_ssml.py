@@ -266,6 +266,20 @@ def test_bad_ssml_over_http_names_the_element_and_the_server_goes_on(server):
 
 
 @pytest.mark.slow
+def test_a_voice_element_over_http_speaks_a_voice_the_model_has_and_refuses_one_it_has_not(server):
+    """<voice name> over OpenAI's speech route: the model's own voice (the built-in model has one)
+    speaks as without the element; a voice it does not have is 404 naming ``input`` and the element."""
+    plain, _ = wav(server, "<speak>Good morning. How are you?</speak>", seed=4)
+    voiced, _ = wav(server, "<speak>Good morning. <voice name='slt-en'>How are you?</voice></speak>", seed=4)
+    assert np.array_equal(plain, voiced)
+    reply = httpx.post(f"{server.http_url}/v1/audio/speech", timeout=60,
+                       json={"input": "<speak>Hi. <voice name='nobody'>There.</voice></speak>"})
+    assert reply.status_code == 404, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "input" and "<voice name='nobody'>: unknown voice" in error["message"]
+
+
+@pytest.mark.slow
 def test_the_websocket_speaks_a_whole_ssml_document_and_refuses_markup_in_live_text(server):
     from starlette.testclient import TestClient  # noqa: F401 - the real server's socket is used below
     import websockets.sync.client as ws_client
