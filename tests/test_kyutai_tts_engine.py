@@ -378,7 +378,8 @@ SENTENCES = ["Hello world, this is a tiny test.", "How are you today?", "The qui
 
 def test_a_text_longer_than_one_request_is_spoken_whole_in_runs(tmp_path):
     """A text stream's request takes words while they fit in what it may generate (a model of 200
-    positions here): a longer text, whole or live, goes on in the next request at a sentence, and
+    positions here): a longer text, whole or live (in small pieces, or all in one message, whose
+    words are cut where they do not fit), goes on in the next request at a segment's start, and
     every word is read once, in order, with its timing, the speech ending at its end (not cut at a
     token budget); a text that fits is one request, the one-shot request's frames exactly."""
     import asyncio
@@ -406,7 +407,8 @@ def test_a_text_longer_than_one_request_is_spoken_whole_in_runs(tmp_path):
 
     try:
         for contexts, events in (asyncio.run(whole(text)),
-                                 asyncio.run(live([text[i:i + 7] for i in range(0, len(text), 7)]))):
+                                 asyncio.run(live([text[i:i + 7] for i in range(0, len(text), 7)])),
+                                 asyncio.run(live([text]))):  # all of it in one message
             assert len(contexts) > 2  # several requests
             assert isinstance(events[-1], SpeechDone) and events[-1].stop_reason.name == "END_OF_SPEECH"
             read = [word for context in contexts for word, _ in context.text_rule.state.transcript]

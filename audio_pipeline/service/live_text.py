@@ -52,13 +52,19 @@ class LiveText:
 
     def _words(self, everything: bool) -> None:
         """The buffer's whole words (all of it with ``everything``; a last one with a digit waits
-        for the next) as one segment."""
+        for the next) as segments of at most max_segment_chars."""
         text = self.buffer
         cut = len(text) if everything else _after_last_space(text, len(text))
         if not everything and cut and any(c.isdigit() for c in text[_after_last_space(text, cut - 1):cut]):
             cut = _after_last_space(text, cut - 1)
-        if text[:cut].strip():
-            self.synthesis.add_segment(Segment(text[:cut], self.consumed, self.consumed + cut, 0.0))
+        start = 0
+        while start < cut:  # pieces of at most max_segment_chars (a request takes whole pieces)
+            end = min(cut, start + self.max_segment_chars)
+            if end < cut:
+                end = _after_last_space(text, end) if _after_last_space(text, end) > start else end
+            if text[start:end].strip():
+                self.synthesis.add_segment(Segment(text[start:end], self.consumed + start, self.consumed + end, 0.0))
+            start = end
         self.consumed += cut
         self.buffer = text[cut:]
 

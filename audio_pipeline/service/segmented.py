@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import functools
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -211,7 +212,7 @@ class SegmentedSynthesis:
         index = runs = 0
         running: TTSContext | None = None
         frames = limit = 0  # the running request's words' bound, and what it may take
-        held: Any = None  # a segment taken from the queue, not yet used
+        pending: deque = deque()  # segments (or the end) taken from the queue or cut off, not yet used
         loop = asyncio.get_running_loop()
         layout = getattr(self.engine, "layout", None)
 
@@ -221,7 +222,7 @@ class SegmentedSynthesis:
 
         try:
             while True:
-                segment, held = (held if held is not None else await self._incoming.get()), None
+                segment = pending.popleft() if pending else await self._incoming.get()
                 if segment is _END or isinstance(segment, BaseException):
                     if running is not None:
                         self.engine.extend(running.request_id, [], close=True)
@@ -239,24 +240,32 @@ class SegmentedSynthesis:
                     self.engine.extend(running.request_id, [], close=True)  # it ends after its words
                     running = None
                 await self._await_turn(runs)
-                [(running, _, _)] = await self._prepare(segment, index)
-                state = running.text_rule.state
+                while True:  # a segment too long for one request is cut in two, the rest held
+                    [(running, _, _)] = await self._prepare(segment, index)
+                    state = running.text_rule.state
+                    budget = running.token_budget // layout.tokens_per_frame
+                    limit = budget - layout.frames_beyond_words - budget // WAIT_SHARE
+                    halves = (self._halves(segment, index, state.words)
+                              if layout.speech_frames(state.words) > limit else None)
+                    if halves is None:
+                        break
+                    segment = halves[0]
+                    pending.appendleft(halves[1])
                 self._word_base[running.request_id] = len(self._sent_words)
                 self._note_words(segment, running)
                 state.words.extend(self._break_after(segment))
                 self._last_segment[running.request_id] = segment
                 index += 1
-                budget = running.token_budget // layout.tokens_per_frame
-                frames, limit = layout.speech_frames(state.words), budget - layout.frames_beyond_words - budget // WAIT_SHARE
+                frames = layout.speech_frames(state.words)
                 # The segments already here join before it starts: their words are there from its first frame.
-                while held is None and not self._incoming.empty():
+                while not pending and not self._incoming.empty():
                     following = self._incoming.get_nowait()
                     if following is _END or isinstance(following, BaseException):
-                        held = following
+                        pending.append(following)
                         break
                     context, words = await joining(following)
                     if frames + layout.speech_frames(words) > limit:
-                        held = following
+                        pending.append(following)
                         break
                     self._note_words(following, context)
                     state.words.extend(words)
@@ -272,6 +281,20 @@ class SegmentedSynthesis:
             raise
         except BaseException as error:  # noqa: BLE001 - handed to the reader, in order
             await self._started.put(error)
+
+    def _halves(self, segment: Segment, index: int, words) -> tuple[Segment, Segment] | None:
+        """``segment`` (``segments[index]``) as two, cut where its middle word was written, in its
+        place in ``segments``; None where it cannot be cut (an SSML segment, whose words are read
+        out already, or a single word)."""
+        placed = [word for word in words if word.tokens and word.at is not None]
+        if segment.normalized is not None or len(placed) < 2:
+            return None
+        cut = placed[len(placed) // 2].at[0]
+        first = dataclasses.replace(segment, text=segment.text[:cut], end=segment.start + cut, pause=0.0,
+                                    break_after=False)
+        rest = dataclasses.replace(segment, text=segment.text[cut:], start=segment.start + cut)
+        self.segments[index:index + 1] = [first, rest]
+        return first, rest
 
     def _break_after(self, segment: Segment) -> list:
         """A text stream's pause words for an SSML <break> after ``segment`` (the model keeps the
