@@ -596,3 +596,31 @@ def test_a_pause_in_live_text_is_heard_about_as_long_as_it_was(engine):
     finally:
         service.close()
 
+
+
+def test_a_small_max_tokens_ends_a_text_whose_pieces_cannot_be_cut_further(engine):
+    """An explicit max_tokens too small for a written word's reading ("$42.50" reads as six words
+    from one place in the text): each piece goes in a request of its own and the speech ends (no
+    endless requests cut at nothing)."""
+    if engine.variant != "distilled":
+        pytest.skip("one model is enough")
+    import asyncio
+
+    from audio_pipeline.service.request import SpeechDone, SpeechRequest
+    from audio_pipeline.service.speech import SpeechService
+
+    service = SpeechService(engine)
+    service.ready = True
+
+    async def speak():
+        stream = await service.open(SpeechRequest(text="The total comes to $42.50, including tax. It is sunny.",
+                                                  sampling={"max_tokens": 60, "seed": 1}, format="float32"))
+        events = [event async for event in stream.events()]
+        return events, stream.synthesis._submitted
+
+    try:
+        events, contexts = asyncio.run(asyncio.wait_for(speak(), 120))
+        assert isinstance(events[-1], SpeechDone) and 1 < len(contexts) < 20
+        assert all(context.text_rule.state.consumed_at for context in contexts)  # each read a word
+    finally:
+        service.close()

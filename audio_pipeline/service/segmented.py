@@ -285,11 +285,11 @@ class SegmentedSynthesis:
     def _halves(self, segment: Segment, index: int, words) -> tuple[Segment, Segment] | None:
         """``segment`` (``segments[index]``) as two, cut where its middle word was written, in its
         place in ``segments``; None where it cannot be cut (an SSML segment, whose words are read
-        out already, or a single word)."""
-        placed = [word for word in words if word.tokens and word.at is not None]
-        if segment.normalized is not None or len(placed) < 2:
+        out already, or one written word: "$42.50" is read as six words written in one place)."""
+        starts = sorted({word.at[0] for word in words if word.tokens and word.at is not None})
+        if segment.normalized is not None or len(starts) < 2:
             return None
-        cut = placed[len(placed) // 2].at[0]
+        cut = starts[len(starts) // 2]  # after the first word's start: each half holds a word
         first = dataclasses.replace(segment, text=segment.text[:cut], end=segment.start + cut, pause=0.0,
                                     break_after=False)
         rest = dataclasses.replace(segment, text=segment.text[cut:], start=segment.start + cut)
