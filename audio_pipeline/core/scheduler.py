@@ -431,9 +431,9 @@ class AudioGenerationScheduler:
             raise ValueError(f"request_id {request.request_id!r} is already in flight")
         if not self.has_room():
             raise QueueFull(f"the request queue is full ({self.config.max_queue_size} waiting); retry later")
-        if self.block_manager.held_tokens(request.max_length) > self.capacity_tokens:
-            raise ValueError(f"the request may need {self.block_manager.held_tokens(request.max_length)} KV tokens, "
-                             "more than the whole cache "
+        held = self.block_manager.held_tokens(request.max_length)
+        if held > self.capacity_tokens:
+            raise ValueError(f"the request may need {held} KV tokens, more than the whole cache "
                              f"({self.capacity_tokens}); lower max_tokens or give the KV cache more memory")
         entry = _Entry(request, max_length=request.max_length)
         self._waiting.append(entry)

@@ -33,7 +33,7 @@ class SegmentVoices:
     others: frozenset[str] = frozenset()
 
     def settings_of(self, segment: Segment) -> RequestSettings:
-        return self.by_voice.get(segment.voice, self.settings) if segment.voice is not None else self.settings
+        return self.by_voice.get(segment.voice, self.settings)  # (None, the request's voice, is no key)
 
     def speaker(self, segment: Segment) -> int:
         """Whose turn a segment is in a dialogue: 0 the request's voice, 1 the other."""

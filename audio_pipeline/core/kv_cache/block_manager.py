@@ -295,12 +295,13 @@ class BlockManager:
     def _drop_behind(self, sequence: _Sequence) -> None:
         """Returns the blocks no query at or after the sequence's next position sees (every position
         of theirs before ``num_tokens + 1 - window``) to the pool; their places hold HOLE."""
-        behind = max(0, sequence.num_tokens + 1 - self.window) // self.block_size
-        for index in range(sequence.dropped, min(behind, len(sequence.blocks))):
+        behind = min(len(sequence.blocks), max(0, sequence.num_tokens + 1 - self.window) // self.block_size)
+        for index in range(sequence.dropped, behind):
             self._let_go(sequence.blocks[index])
             sequence.blocks[index] = HOLE
-            self.page_table[sequence.row, index] = HOLE
-            sequence.dropped = index + 1
+        if behind > sequence.dropped:
+            self.page_table[sequence.row, sequence.dropped:behind] = HOLE
+            sequence.dropped = behind
 
     def _let_go(self, block: int) -> None:
         """One holder less for ``block``: with none left it is free (or, holding a cached prefix,
