@@ -60,8 +60,8 @@ class LiveText:
         start = 0
         while start < cut:  # pieces of at most max_segment_chars (a request takes whole pieces)
             end = min(cut, start + self.max_segment_chars)
-            if end < cut:
-                end = _after_last_space(text, end) if _after_last_space(text, end) > start else end
+            if end < cut and _after_last_space(text, end) > start:  # at a word's start where one is
+                end = _after_last_space(text, end)
             if text[start:end].strip():
                 self.synthesis.add_segment(Segment(text[start:end], self.consumed + start, self.consumed + end, 0.0))
             start = end
