@@ -47,7 +47,7 @@ LAYERS = (
     ("models", {"models"}),
     ("config", {"config"}),
     ("layouts", {"layouts"}),
-    ("foundations", {"checkpoints", "text", "audio", "builtin"}),
+    ("foundations", {"checkpoints", "text", "audio", "builtin", "cuda"}),
     ("errors", {"errors"}),
 )
 

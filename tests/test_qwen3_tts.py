@@ -180,6 +180,36 @@ def test_seeded_sampling_gives_the_same_frames_alone_and_batched(tmp_path):
     assert batched[0].frames != alone.frames
 
 
+def test_the_code_predictors_frame_on_its_graph_buffers_gives_the_eager_frames(tmp_path):
+    """The code predictor's frame as its CUDA graphs hold it (core/depth_graphs.py), run here on the
+    graphs' own buffers without a capture: rows copied into a bucket's first rows, the padding rows
+    left from an earlier step, the prefix or whole-row rule. A greedy and two seeded requests
+    batched speak the frames they speak without it, and the steps went through the buffers."""
+    from audio_pipeline.core.depth_graphs import DepthGraphs
+
+    model_dir = model_copy(tmp_path, "custom_voice", "english", False)
+    requests = [{"voice": "serena", "temperature": 0.0, "max_tokens": 12},
+                {"voice": "ryan", "temperature": 0.9, "top_k": 50, "seed": 7, "max_tokens": 12},
+                {"voice": "eric", "temperature": 1.1, "top_p": 0.8, "seed": 3, "max_tokens": 12}]
+    texts = ["Hello world. This is a tiny test.", "Other words, here.", "And more."]
+    runs = []
+    for graphs in (False, True):
+        engine = engine_for(model_dir)
+        try:
+            runner = engine.core.runner
+            sampling = runner.frame_sampling
+            if graphs:
+                sampling.graphs = DepthGraphs(sampling, (1, 2, 4), hidden_size=int(runner.model.model.config.hidden_size),
+                                              dtype=runner.model.dtype, device=runner.device,
+                                              codebook=runner.layout.codebook_size, capture=False)
+            runs.append([context.frames for context in run_requests(engine, requests, texts)])
+            replays = sampling.graphs.replays if graphs else 0
+        finally:
+            engine.stop()
+    assert runs[1] == runs[0] and all(len(frames) > 1 for frames in runs[0])
+    assert replays >= len(runs[0][0]) - 1
+
+
 def test_the_prefix_cache_never_shares_two_speaker_vectors(tmp_path):
     """Two x-vector clones with the same text and transcript differ only in the speaker slot: the
     second must not reuse the first's cached positions from there on (its frames are its own)."""

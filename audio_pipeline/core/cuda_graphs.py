@@ -7,15 +7,14 @@ FlashInfer decode wrapper in CUDA-graph mode (fixed page-list buffers that its `
 outside the graph) and the graph's output. A step copies its staged inputs into the bucket's
 buffers (device to device), plans, and replays.
 
-The graphs share one memory pool and are captured largest first, after a warm-up on a side stream
-(what torch asks before a capture); during capture the rows compute a dummy token in the cache's
+The graphs share one memory pool and are captured largest first (cuda/graphs.py: the capture, after
+two warm-ups on a side stream); during capture the rows compute a dummy token in the cache's
 scratch page.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -23,6 +22,8 @@ import numpy as np
 import torch
 
 from audio_pipeline_kernels import StepMetadata, write_paged_kv
+
+from audio_pipeline.cuda.graphs import Buckets, CapturedCall, GraphPool
 
 if TYPE_CHECKING:
     from audio_pipeline.models.llama_model import LlamaPipelineModel
@@ -45,12 +46,11 @@ class _GraphAttention:
 
 @dataclass
 class _Bucket:
-    graph: Any
+    call: CapturedCall[torch.Tensor]
     tokens: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     wrapper: Any
-    hidden: torch.Tensor
     #: The forward pass's other inputs by keyword (a frame model's frames, a text track's ids).
     inputs: dict[str, torch.Tensor]
     #: Recorded after the last plan's copies: the wrapper's pinned buffers are free again once it passed.
@@ -74,12 +74,10 @@ class DecodeGraphs:
         device = kv.device
         scratch = kv.cache.scratch_block
         pages_per_sequence = -(-model.max_seq_len // kv.page_size)
-        pool = torch.cuda.graph_pool_handle()
-        started = time.perf_counter()
+        self.buckets = Buckets(buckets)
+        self.pool = GraphPool(device)
         self._buckets: dict[int, _Bucket] = {}
-        #: Replays so far (the tests check the graphs are used).
-        self.replays = 0
-        for size in sorted(buckets, reverse=True):
+        for size in reversed(self.buckets.sizes):
             tokens = torch.zeros(size, dtype=torch.long, device=device)
             positions = torch.zeros(size, dtype=torch.long, device=device)
             slots = torch.full((size,), scratch * kv.page_size, dtype=torch.long, device=device)
@@ -93,20 +91,17 @@ class DecodeGraphs:
                 paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=device))
             self._plan(wrapper, StepMetadata.build([[scratch]] * size, [0] * size, [1] * size, kv.page_size))
             attention = _GraphAttention(kv.cache, slots, wrapper)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), torch.inference_mode():
-                for _ in range(2):
-                    model.forward(tokens, positions, attention, **extra)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: work another thread queues meanwhile (a voice being encoded) is no capture error.
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"), torch.inference_mode():
-                hidden = model.forward(tokens, positions, attention, **extra)
-            self._buckets[size] = _Bucket(graph, tokens, positions, slots, wrapper, hidden, extra)
-        torch.cuda.synchronize(device)
-        logger.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s", len(self._buckets),
-                    ",".join(map(str, sorted(self._buckets))), time.perf_counter() - started)
+            call = self.pool.call(lambda tokens=tokens, positions=positions, attention=attention, extra=extra:
+                                  model.forward(tokens, positions, attention, **extra), warmups=2)
+            self._buckets[size] = _Bucket(call, tokens, positions, slots, wrapper, extra)
+        self.pool.synchronize()
+        logger.info("CUDA graphs: %d decode buckets (%s) captured in %.1f s", len(self.buckets), self.buckets,
+                    self.pool.seconds)
+
+    @property
+    def replays(self) -> int:
+        """Replays so far (the tests check the graphs are used)."""
+        return self.pool.replays
 
     def __contains__(self, size: int) -> bool:
         return size in self._buckets
@@ -139,6 +134,4 @@ class DecodeGraphs:
         self._plan(bucket.wrapper, metadata)
         bucket.planned = torch.cuda.Event()
         bucket.planned.record()
-        bucket.graph.replay()
-        self.replays += 1
-        return bucket.hidden
+        return bucket.call()

@@ -15,20 +15,20 @@ inputs into the first n rows of the smallest bucket that holds them; the padding
 earlier step left there (valid numbers: the rows never mix) and their outputs are dropped.
 
 The graphs share one memory pool (their own: the decode graphs' outputs are never overwritten) and
-are captured at start-up, largest first, after one warm-up run each on a side stream.
+are captured at start-up, largest first (cuda/graphs.py: the capture). ``capture=False`` runs the
+same frames on the same buffers (the tests check the plumbing on a CPU).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
-import time
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
 from audio_pipeline.core.sampler import FLOAT_FIELDS, SamplingRows
+from audio_pipeline.cuda.graphs import Buckets, CapturedCall, GraphPool
 
 logger = logging.getLogger(__name__)
 
@@ -58,17 +58,14 @@ class DepthGraphs:
     """Captured frames of ``sampling``'s depth decoder for each size in ``buckets``."""
 
     def __init__(self, sampling: DepthFrames, buckets: Sequence[int], *, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device, codebook: int):
+                 device: torch.device, codebook: int, capture: bool = True):
         self.codebook = codebook
-        self.sizes = sorted(set(buckets))
+        self.buckets = Buckets(buckets)
         self._inputs: dict[int, dict[str, torch.Tensor]] = {}
-        self._graphs: dict[tuple[int, bool], tuple[Any, torch.Tensor]] = {}
-        #: Replays so far (the tests check the graphs are used).
-        self.replays = 0
+        self._calls: dict[tuple[int, bool], CapturedCall[torch.Tensor]] = {}
         depth = sampling.codes - 1
-        pool = torch.cuda.graph_pool_handle()
-        started = time.perf_counter()
-        for size in reversed(self.sizes):
+        self.pool = GraphPool(device, capture=capture)
+        for size in reversed(self.buckets.sizes):
             floats = torch.zeros(depth, len(FLOAT_FIELDS), size, dtype=torch.float32, device=device)
             for name, value in (("temperature", 1.0), ("top_p", 1.0), ("repetition_penalty", 1.0), ("uniform", 0.5)):
                 floats[:, FLOAT_FIELDS.index(name)] = value
@@ -83,24 +80,22 @@ class DepthGraphs:
             self._inputs[size] = inputs
             for prefix in (True, False):
                 rule = _rule(codebook, prefix)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side), torch.inference_mode():
-                    sampling.frames(inputs["states"], inputs["codes"], inputs, rule)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: work another thread queues meanwhile is no capture error.
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"), torch.inference_mode():
-                    frames = sampling.frames(inputs["states"], inputs["codes"], inputs, rule)
-                self._graphs[size, prefix] = (graph, frames)
-        torch.cuda.synchronize(device)
-        logger.info("CUDA graphs: the depth decoder's frame at %d buckets (%s), two sampling rules each, captured "
-                    "in %.1f s", len(self.sizes), ",".join(map(str, self.sizes)), time.perf_counter() - started)
+                self._calls[size, prefix] = self.pool.call(
+                    lambda inputs=inputs, rule=rule: sampling.frames(inputs["states"], inputs["codes"], inputs, rule))
+        self.pool.synchronize()
+        if capture:
+            logger.info("CUDA graphs: the depth decoder's frame at %d buckets (%s), two sampling rules each, "
+                        "captured in %.1f s", len(self.buckets), self.buckets, self.pool.seconds)
+
+    @property
+    def replays(self) -> int:
+        """Replays so far (the tests check the graphs are used)."""
+        return self.pool.replays
 
     def bucket_inputs(self, count: int) -> dict[str, torch.Tensor]:
         """The fixed inputs of the bucket a step of ``count`` rows replays (the tests run the eager
         frame on them)."""
-        return self._inputs[self.sizes[bisect.bisect_left(self.sizes, count)]]
+        return self._inputs[self.buckets.fit(count)]
 
     def run(self, states: torch.Tensor, codes: torch.Tensor, device: dict[str, torch.Tensor],
             rows: SamplingRows) -> torch.Tensor | None:
@@ -109,17 +104,13 @@ class DepthGraphs:
         graph fits (more rows than the largest bucket, penalties, another codebook): the caller
         runs the frame eagerly."""
         count = states.shape[0]
-        index = bisect.bisect_left(self.sizes, count)
-        if index == len(self.sizes) or rows.penalized or rows.codebook_size != self.codebook:
+        size = self.buckets.fit(count)
+        if size is None or rows.penalized or rows.codebook_size != self.codebook:
             return None
-        size = self.sizes[index]
         inputs = self._inputs[size]
         inputs["states"][:count].copy_(states)
         inputs["codes"][:count].copy_(codes)
         for name in ROW_INPUTS:
             inputs[name][:count].copy_(device[name])
         inputs["depth_floats"][:, :, :count].copy_(device["depth_floats"])
-        graph, frames = self._graphs[size, rows.prefix_suffices or not rows.any_sampling]
-        graph.replay()
-        self.replays += 1
-        return frames[:count]
+        return self._calls[size, rows.prefix_suffices or not rows.any_sampling]()[:count]

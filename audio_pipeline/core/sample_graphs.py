@@ -24,21 +24,20 @@ A step of n rows copies its inputs into the first n rows of the smallest bucket 
 and reads the first n ids. The repetition counts are read into the bucket before the replay and
 updated after it, outside the graph: the counts table grows while the engine runs.
 
-On a CPU there is nothing to capture; ``capture=False`` runs the same function on the same buffers
-(the tests check the plumbing there).
+The capture itself is cuda/graphs.py's; on a CPU there is nothing to capture, and ``capture=False``
+runs the same function on the same buffers (the tests check the plumbing there).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from audio_pipeline.core.sampler import FLOAT_FIELDS, DeviceSamplingRows, SamplingRows, sample_rows
+from audio_pipeline.cuda.graphs import Buckets, CapturedCall, GraphPool
 
 if TYPE_CHECKING:
     from audio_pipeline.models.llama_model import LlamaPipelineModel
@@ -85,18 +84,14 @@ class SampleGraphs:
     def __init__(self, model: "LlamaPipelineModel", buckets: Sequence[int], *, codebook: int, extra_width: int,
                  span: tuple[int, int], end_of_speech: int, capture: bool = True):
         self.model, self.codebook, self.extra_width, self.span = model, codebook, extra_width, span
-        self.sizes = sorted(set(buckets))
-        self.captured = capture
+        self.buckets = Buckets(buckets)
         device = model.devices[0]
         hidden = int(model.model.config.hidden_size)
         width = codebook + extra_width
         self._inputs: dict[int, dict[str, torch.Tensor]] = {}
-        self._runs: dict[tuple[int, bool], Any] = {}
-        #: Replays so far (the tests check the graphs are used).
-        self.replays = 0
-        pool = torch.cuda.graph_pool_handle() if capture else None
-        started = time.perf_counter()
-        for size in reversed(self.sizes):
+        self._calls: dict[tuple[int, bool], CapturedCall[torch.Tensor]] = {}
+        self.pool = GraphPool(device, capture=capture)
+        for size in reversed(self.buckets.sizes):
             # A padding row: greedy, nothing blocked, no penalty, slot 0's codebook.
             floats = torch.zeros(len(FLOAT_FIELDS), size, dtype=torch.float32, device=device)
             for name in ("top_p", "repetition_penalty"):
@@ -110,33 +105,31 @@ class SampleGraphs:
                       "counts": torch.zeros(size, codebook, dtype=torch.float32, device=device)}
             self._inputs[size] = inputs
             for prefix in (True, False):
-                rule = _rule(codebook, prefix)
-                if not capture:
-                    self._runs[size, prefix] = rule
-                    continue
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side), torch.inference_mode():
-                    draw_ids(model, inputs, rule, span)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                # thread_local: work another thread queues meanwhile (the decoder's) is no capture error.
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"), torch.inference_mode():
-                    ids = draw_ids(model, inputs, rule, span)
-                self._runs[size, prefix] = (graph, ids)
+                self._calls[size, prefix] = self.pool.call(
+                    lambda inputs=inputs, rule=_rule(codebook, prefix): draw_ids(model, inputs, rule, span))
+        self.pool.synchronize()
         if capture:
-            torch.cuda.synchronize(device)
             logger.info("CUDA graphs: the token sampling at %d buckets, two rules each, captured in %.1f s",
-                        len(self.sizes), time.perf_counter() - started)
+                        len(self.buckets), self.pool.seconds)
+
+    @property
+    def captured(self) -> bool:
+        """Whether the calls are CUDA graphs (false: run eagerly on the same buffers)."""
+        return self.pool.capture
+
+    @property
+    def replays(self) -> int:
+        """Replays so far (the tests check the graphs are used)."""
+        return self.pool.replays
 
     def fits(self, rows: SamplingRows) -> bool:
         """Whether a step's sampling rows can replay a graph (host data only)."""
         return (rows.codebook_size == self.codebook and rows.extra_ids.shape[1] == self.extra_width
-                and rows.starts.shape[0] <= self.sizes[-1])
+                and rows.starts.shape[0] <= self.buckets.largest)
 
     def bucket_inputs(self, count: int) -> dict[str, torch.Tensor]:
         """The fixed inputs of the bucket a step of ``count`` rows replays (the tests read them)."""
-        return self._inputs[self.sizes[bisect.bisect_left(self.sizes, count)]]
+        return self._inputs[self.buckets.fit(count)]
 
     @torch.inference_mode()
     def run(self, states: torch.Tensor, device: dict[str, torch.Tensor], counts_table: torch.Tensor,
@@ -145,17 +138,11 @@ class SampleGraphs:
         with the sampling inputs the step staged in ``device`` and the repetition counts of its rows
         from ``counts_table``. The caller checked :meth:`fits`."""
         count = states.shape[0]
-        size = self.sizes[bisect.bisect_left(self.sizes, count)]
+        size = self.buckets.fit(count)
         inputs = self._inputs[size]
         inputs["states"][:count].copy_(states)
         for name in ROW_INPUTS:
             inputs[name][:count].copy_(device[name])
         inputs["floats"][:, :count].copy_(device["floats"])
         torch.index_select(counts_table, 0, device["count_rows"], out=inputs["counts"][:count])
-        prefix = rows.prefix_suffices or not rows.any_sampling
-        self.replays += 1
-        if not self.captured:
-            return draw_ids(self.model, inputs, self._runs[size, prefix], self.span)[:count]
-        graph, ids = self._runs[size, prefix]
-        graph.replay()
-        return ids[:count]
+        return self._calls[size, rows.prefix_suffices or not rows.any_sampling]()[:count]

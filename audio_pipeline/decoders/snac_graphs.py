@@ -25,19 +25,20 @@ output is valid until the next replay of any). Limits keep memory bounded: windo
 ``max_frames`` frames (longer ones, e.g. a whole utterance decoded at once, run eagerly) and at
 most ``max_graphs`` graphs (further shapes run eagerly, with one log line).
 
-On a CPU there is nothing to capture; ``capture=False`` runs the same function on the same buffers
-(the tests check the plumbing there).
+The capture itself is cuda/graphs.py's; on a CPU there is nothing to capture, and ``capture=False``
+runs the same function on the same buffers (the tests check the plumbing there).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
+
+from audio_pipeline.cuda.graphs import Buckets, CapturedCall, GraphPool
 
 logger = logging.getLogger(__name__)
 
@@ -74,24 +75,30 @@ class SNACGraphs:
         if decoder.has_noise and decoder.noise_scale != 0 and decoder.noise_seed is None:
             raise ValueError("SNAC CUDA graphs need positional noise (noise_seed an integer) or none")
         self.decoder = decoder
-        self.sizes = sorted(set(int(b) for b in buckets))
-        if not self.sizes or self.sizes[0] < 1:
-            raise ValueError(f"batch buckets must be positive, got {list(buckets)}")
+        self.buckets = Buckets(buckets)
+        self.sizes = self.buckets.sizes
         self.max_frames, self.max_graphs, self.capture = max_frames, max_graphs, capture
         if decoder.has_noise and decoder.noise_scale != 0:
             decoder.noise_tables()  # built (and moved to the device) now, never inside a capture
-        self._entries: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        #: (window frames, bucket) -> the call and its fixed codes and first-frame offsets.
+        self._entries: dict[tuple[int, int], tuple[CapturedCall[torch.Tensor], torch.Tensor, torch.Tensor]] = {}
+        self.pool = GraphPool(decoder.device, capture=capture)
         self._lock = threading.Lock()
         self._full_logged = self._preparing = False
         #: Set by the engine after ``prepare``: no capture while it serves (a capture waits for the
         #: device and empties the allocator's cache under the running loop; on an H200 a capture on
         #: the decoder thread beside the loop stalled the server); other shapes decode eagerly.
         self.sealed = False
-        #: Replays (or, without capture, buffered calls) so far: the tests check the graphs are used.
-        self.replays = 0
-        #: Seconds spent capturing, in all.
-        self.capture_seconds = 0.0
+
+    @property
+    def replays(self) -> int:
+        """Replays (or, without capture, buffered calls) so far: the tests check the graphs are used."""
+        return self.pool.replays
+
+    @property
+    def capture_seconds(self) -> float:
+        """Seconds spent capturing, in all."""
+        return self.pool.seconds
 
     def forward(self, codes: torch.Tensor, firsts: torch.Tensor) -> torch.Tensor:
         """What a graph holds: the decoder's ``decode_rows`` (the eager arithmetic, its noise offsets
@@ -110,20 +117,14 @@ class SNACGraphs:
             pieces = []
             for start in range(0, count, largest):
                 rows = min(largest, count - start)
-                entry = self._entry(frames, self.sizes[bisect.bisect_left(self.sizes, rows)])
+                entry = self._entry(frames, self.buckets.fit(rows))
                 if entry is None:
                     return None
-                graph, codes, firsts, out = entry
+                call, codes, firsts = entry
                 codes[:rows].copy_(stacked[start:start + rows])
                 firsts[:rows, 0].copy_(torch.as_tensor(list(offsets[start:start + rows]), dtype=torch.long))
-                if graph is None:
-                    with torch.inference_mode():
-                        out = self.forward(codes, firsts)
-                else:
-                    graph.replay()
-                self.replays += 1
                 # Read back before the next replay: the graphs share one pool (see the module docstring).
-                pieces.append(out[:rows].cpu())
+                pieces.append(call()[:rows].cpu())
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def prepare(self, frames: Sequence[int], rows: int | None = None) -> None:
@@ -166,26 +167,13 @@ class SNACGraphs:
         device = self.decoder.device
         codes = torch.zeros(bucket, frames * self.decoder.tokens_per_frame, dtype=torch.long, device=device)
         firsts = torch.zeros(bucket, 1, dtype=torch.long, device=device)
-        if not self.capture:
-            entry = (None, codes, firsts, None)
-        else:
-            started = time.perf_counter()
-            current = torch.cuda.current_stream(device)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(current)
-            with torch.cuda.stream(side), torch.inference_mode():
-                self.forward(codes, firsts)  # warm-up: lazy initialisation never happens inside a capture
-            current.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the engine loop's kernels, launched meanwhile from its thread, are no error.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"), torch.inference_mode():
-                out = self.forward(codes, firsts)
-            seconds = time.perf_counter() - started
-            self.capture_seconds += seconds
+        before = self.pool.seconds
+        # The warm-up on a side stream (cuda/graphs.py) also means no lazy initialisation inside a capture.
+        call = self.pool.call(lambda: self.forward(codes, firsts))
+        if self.capture:
             # At start-up (prepare) one summary line; later captures are each one (a stall of the decoder).
             logger.log(logging.DEBUG if self._preparing else logging.INFO,
                        "SNAC CUDA graph captured: windows of %d frames, %d rows, in %.0f ms (%d held)",
-                        frames, bucket, 1000 * seconds, len(self._entries) + 1)
-            entry = (graph, codes, firsts, out)
-        self._entries[key] = entry
+                       frames, bucket, 1000 * (self.pool.seconds - before), len(self._entries) + 1)
+        entry = self._entries[key] = (call, codes, firsts)
         return entry
