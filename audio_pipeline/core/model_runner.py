@@ -10,7 +10,7 @@ back in one asynchronous copy, read only when the caller asks for the step's res
 Decode steps (one new token per row) can be padded to a fixed batch size (``decode_buckets``):
 the padding rows compute a dummy token in the cache's scratch page and sample nothing, so the
 requests' tokens are the same as unpadded; on CUDA each bucket's forward pass is captured once as a
-CUDA graph (cuda_graphs.py) and replayed.
+CUDA graph (decode_graphs.py) and replayed.
 
 The runner owns, per request, a slot of its row table (core/row_table.py: what the request's rows
 need every step, on the host) and of the device's columns beside it (its repetition counts and its
@@ -201,7 +201,7 @@ class ModelRunner:
         self._last_launch: Future | None = None
         self.graphs = None
         if cuda_graphs and self.device.type == "cuda" and self.decode_buckets:
-            from audio_pipeline.core.cuda_graphs import DecodeGraphs
+            from audio_pipeline.core.decode_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, kv, self.decode_buckets,
                                        {**self.frame_sampling.graph_inputs(), **self.tracks.graph_inputs()})

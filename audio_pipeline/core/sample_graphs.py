@@ -1,6 +1,6 @@
 """A decode step's token sampling captured as CUDA graphs, one per batch bucket and sampling rule.
 
-After a captured decode forward (cuda_graphs.py) the step's sampling still ran eagerly: the rows'
+After a captured decode forward (decode_graphs.py) the step's sampling still ran eagerly: the rows'
 candidate logits, the penalties, the guard against broken rows, the nucleus rule and the draw are
 about 60 small kernels launched from Python, a fifth of the engine loop's time at 160 streams on an
 H100 (py-spy). Replayed from a graph they are one call.
