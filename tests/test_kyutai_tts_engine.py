@@ -513,7 +513,8 @@ def test_word_timings_point_at_what_was_written_where_the_text_is_normalized(eng
     """Words the model reads in their spoken form (numbers, money, times, abbreviations) time the
     text as the client wrote it: one timing per written piece (what the normalizer replaced as one,
     "in 1847" whole), in order, none overlapping, its ``spoken`` what was said; whole or as live
-    text, where a word with a digit waits for the next so that they are read together."""
+    text, where a word whose reading goes with the next waits for it so that they are read
+    together (a number and its unit, a year's cue and the year)."""
     if engine.variant != "distilled":
         pytest.skip("one model is enough")
     import asyncio
@@ -544,9 +545,9 @@ def test_word_timings_point_at_what_was_written_where_the_text_is_normalized(eng
             assert " ".join(w.text for w in timings) == text  # every written word, once
             spoken = {w.text.strip(".,"): w.spoken.strip(".,") for w in timings}
             assert spoken["$4,500"] == "four thousand five hundred dollars" and spoken["Dr"] == "doctor"
-            # A number waits for the word after it (live): "7:30 am" and "120 m" are read together.
+            # Live, a number waits for the word after it, a year's cue for the year: read together.
             assert spoken["7:30 am"] == "seven thirty a m" and spoken["120 m"] == "one hundred twenty meters"
-        assert spoken["1847"] == "one thousand eight hundred forty-seven"  # live: "in" was sent before it came
+            assert spoken["in 1847"] == "in eighteen forty-seven"
     finally:
         service.close()
 

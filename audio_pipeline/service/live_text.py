@@ -8,8 +8,10 @@ the HTTP WebSocket) feeds text through this.
 
 A model that reads a text stream (Kyutai TTS: SegmentedSynthesis's ``text_stream``) is given every
 whole word as soon as the space after it arrives, not whole sentences: it speaks while the text is
-still coming. A word with a digit waits for the word after it, which may say how to read it
-("7:30 am", "120 m", "$5 million": normalized together).
+still coming. A word whose reading may depend on the word after it, or decide that word's, waits
+for it (text/normalize.py's ``reads_with_next``: "7:30 am", "120 m", "$5 million", "in 1847",
+"May 5": normalized together); at most the last two such words wait, so a list of numbers still
+goes out as it comes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import dataclasses
 from concurrent.futures import Executor
 
 from audio_pipeline.errors import InvalidArgument
+from audio_pipeline.text.normalize import reads_with_next
 from audio_pipeline.text.segment import Segment, segments
+
+#: Trailing words held for the next (a year's cue and its number, a number and its unit).
+HELD_WORDS = 2
 
 
 class LiveText:
@@ -51,12 +57,15 @@ class LiveText:
         self.buffer = rest
 
     def _words(self, everything: bool) -> None:
-        """The buffer's whole words (all of it with ``everything``; a last one with a digit waits
-        for the next) as segments of at most max_segment_chars."""
+        """The buffer's whole words (all of it with ``everything``; the last ones whose reading
+        may go with the next word wait for it) as segments of at most max_segment_chars."""
         text = self.buffer
         cut = len(text) if everything else _after_last_space(text, len(text))
-        if not everything and cut and any(c.isdigit() for c in text[_after_last_space(text, cut - 1):cut]):
-            cut = _after_last_space(text, cut - 1)
+        for _ in range(0 if everything else HELD_WORDS):
+            start = _after_last_space(text, cut - 1) if cut else 0
+            if not cut or not reads_with_next(text[start:cut]):
+                break
+            cut = start
         start = 0
         while start < cut:  # pieces of at most max_segment_chars (a request takes whole pieces)
             end = min(cut, start + self.max_segment_chars)

@@ -195,6 +195,8 @@ def unit(amount: str, symbol: str) -> str:
 
 
 _MONTH_NAMES = "|".join(MONTHS + [m[:3] for m in MONTHS] + ["Sept"])
+#: The words before a four-digit number that make it a year ("in 1847": "in eighteen forty-seven").
+YEAR_CUES = ("in", "In", "since", "Since", "by", "from", "From", "until", "of", "year", "around", "before", "after")
 _UNIT_NAMES = "|".join(sorted((re.escape(u) for u in UNITS), key=len, reverse=True))
 _ABBREVIATIONS = "|".join(sorted((re.escape(a) for a in ABBREVIATIONS), key=len, reverse=True))
 _NUMBER = r"[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-−]?\d+(?:\.\d+)?"
@@ -211,7 +213,7 @@ _RULES = [
     ("us_date", r"\b(?P<um>0?[1-9]|1[0-2])/(?P<ud>0?[1-9]|[12]\d|3[01])/(?P<uy>\d{4}|\d{2})\b"),
     ("month_day", rf"\b(?P<mn>{_MONTH_NAMES})\.?\s(?P<md>[0-3]?\d)(?:st|nd|rd|th)?\b(?:,?\s(?P<my>\d{{4}})\b)?"),
     ("ordinal", r"\b(?P<ord>\d+)(?:st|nd|rd|th)\b"),
-    ("year", r"(?P<yp>\b(?:in|In|since|Since|by|from|From|until|of|year|around|before|after) )"
+    ("year", rf"(?P<yp>\b(?:{'|'.join(YEAR_CUES)}) )"
              r"(?P<yr>1[1-9]\d\d|2[01]\d\d)\b(?!,\d)"),
     ("decade", r"\b(?P<dec>1[1-9]\d0|20\d0)s\b"),
     ("unit", rf"(?P<ua>{_NUMBER})\s?(?P<us>{_UNIT_NAMES})(?![\w/])"),
@@ -221,6 +223,19 @@ _RULES = [
     ("symbol", r"[&%+=@×#°~½¼¾]"),
 ]
 _PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _RULES))
+
+
+_MONTH_WORDS = frozenset(MONTHS + [m[:3] for m in MONTHS] + ["Sept"])
+
+
+def reads_with_next(word: str) -> bool:
+    """Whether the written ``word`` may be read differently with the word after it, or make that
+    word read differently: a number (its unit, scale or "am" follows: "120 m", "$5 million", "7:30
+    am"), a year's cue ("in 1847"), a month (its day), a currency sign ("$ 5"). Live text holds
+    such a word until the next one has come, so that the two are normalized together."""
+    bare = word.strip().rstrip(".")
+    return (any(c.isdigit() for c in word) or bare in YEAR_CUES or bare in _MONTH_WORDS
+            or bare in CURRENCIES)
 
 
 def _spoken(match: re.Match) -> str:
