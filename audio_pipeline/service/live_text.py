@@ -43,7 +43,7 @@ class LiveText:
         self.consumed = 0
 
     async def _speak(self, everything: bool) -> None:
-        if getattr(self.synthesis, "text_stream", False):
+        if self.synthesis.text_stream:
             self._words(everything)
             return
         text = self.buffer

@@ -83,7 +83,8 @@ class SegmentedSynthesis:
         self._first: Any = None
         self._cancelled = False
         #: The model reads a text stream: every segment joins one request (see the module docstring).
-        self.text_stream = bool(getattr(getattr(engine, "layout", None), "text_stream", False))
+        #: (No engine: the segments are only collected.)
+        self.text_stream = engine is not None and engine.layout.text_stream
         #: A text stream's words sent, in order: (written text, start, end in the whole text, the word
         #: said); its model's words read (AudioEvent.read) index them.
         self._sent_words: list[tuple[str, int, int, str]] = []
@@ -214,7 +215,7 @@ class SegmentedSynthesis:
         frames = limit = 0  # the running request's words' bound, and what it may take
         pending: deque = deque()  # segments (or the end) taken from the queue or cut off, not yet used
         loop = asyncio.get_running_loop()
-        layout = getattr(self.engine, "layout", None)
+        layout = self.engine.layout
 
         async def joining(segment: Segment) -> tuple[TTSContext, list]:
             context = await loop.run_in_executor(self.executor, self.prepare, segment, index, True)
