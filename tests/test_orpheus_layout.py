@@ -26,12 +26,20 @@ def test_token_ids_and_codes_round_trip_per_frame_position():
     assert tokens[0] == 128266 + codes[0] and tokens[1] == 128266 + 4096 + codes[1]
     assert tokens[7] == 128266 + codes[7]
     assert LAYOUT.tokens_to_codes(tokens).tolist() == codes
+    # From a later frame position (a decoder window starts on a frame, its context may not).
+    assert LAYOUT.tokens_to_codes(tokens[3:], first_position=3).tolist() == codes[3:]
 
 
 def test_a_token_in_the_wrong_slot_is_rejected_not_phase_shifted():
     token_for_slot_1 = LAYOUT.codes_to_tokens([5], first_position=1)[0]
     with pytest.raises(ValueError, match="frame position 0"):
         LAYOUT.token_to_code(token_for_slot_1, 0)
+    window = LAYOUT.codes_to_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    window[8] = window[7]  # slot 1 holds slot 0's token: the first bad one is named
+    with pytest.raises(ValueError, match=f"token {window[7]} is not a speech token for frame position 1"):
+        LAYOUT.tokens_to_codes(window)
+    with pytest.raises(ValueError, match="frame position 3"):
+        LAYOUT.tokens_to_codes([0], first_position=10)
 
 
 def make_context(**sampling):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from audio_pipeline.layouts.base import Layout
@@ -93,9 +94,16 @@ class OrpheusLayout(Layout):
         return code
 
     def tokens_to_codes(self, token_ids: Sequence[int], first_position: int = 0) -> torch.Tensor:
-        """Maps speech-token ids (starting at frame position ``first_position``) to codes."""
-        return torch.tensor(
-            [self.token_to_code(t, first_position + i) for i, t in enumerate(token_ids)], dtype=torch.long)
+        """Maps speech-token ids (starting at frame position ``first_position``) to codes. Array
+        arithmetic, not a call a token: the engine loop maps every decoder window's tokens (at 256
+        streams a few thousand a pass)."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        slots = (first_position + np.arange(ids.shape[0])) % self.tokens_per_frame
+        codes = ids - (self.audio_token_base + slots * self.codebook_size)
+        bad = np.flatnonzero((codes < 0) | (codes >= self.codebook_size))
+        if bad.size:  # the first bad token's error, as token_to_code words it
+            self.token_to_code(int(ids[bad[0]]), first_position + int(bad[0]))
+        return torch.from_numpy(codes)
 
     def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
         """Inverse of tokens_to_codes."""
