@@ -98,12 +98,23 @@ class OrpheusLayout(Layout):
         arithmetic, not a call a token: the engine loop maps every decoder window's tokens (at 256
         streams a few thousand a pass)."""
         ids = np.asarray(token_ids, dtype=np.int64)
-        slots = (first_position + np.arange(ids.shape[0])) % self.tokens_per_frame
-        codes = ids - (self.audio_token_base + slots * self.codebook_size)
-        bad = np.flatnonzero((codes < 0) | (codes >= self.codebook_size))
-        if bad.size:  # the first bad token's error, as token_to_code words it
-            self.token_to_code(int(ids[bad[0]]), first_position + int(bad[0]))
+        count, phase = ids.shape[0], first_position % self.tokens_per_frame
+        starts = self._slot_starts(phase + count)[phase:phase + count]
+        codes = ids - starts
+        if (codes.view(np.uint64) >= self.codebook_size).any():  # below 0 wraps to the top: one comparison
+            bad = int(np.flatnonzero((codes < 0) | (codes >= self.codebook_size))[0])
+            self.token_to_code(int(ids[bad]), first_position + bad)  # raises, as token_to_code words it
         return torch.from_numpy(codes)
+
+    def _slot_starts(self, length: int) -> np.ndarray:
+        """Each position's first token id (slot by slot, frame after frame) for at least ``length``
+        positions from a frame's start; kept and grown by doubling."""
+        starts = self.__dict__.get("_starts")
+        if starts is None or starts.shape[0] < length:
+            size = max(length, 2 * (0 if starts is None else starts.shape[0]), 64 * self.tokens_per_frame)
+            slots = np.arange(size, dtype=np.int64) % self.tokens_per_frame
+            starts = self.__dict__["_starts"] = self.audio_token_base + slots * self.codebook_size
+        return starts
 
     def codes_to_tokens(self, codes: Sequence[int], first_position: int = 0) -> list[int]:
         """Inverse of tokens_to_codes."""
