@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from audio_pipeline.core.deadlines import Listeners, StepCosts
+from audio_pipeline.core.deadlines import Listeners, PassRate, StepCosts
+from audio_pipeline.core.scheduler import SchedulerConfig
+from audio_pipeline.core.stop import StopReason
 from scheduler_harness import Clock, Request, make_scheduler, prompt, run_step
 
 
@@ -260,3 +262,93 @@ def test_past_capacity_a_new_request_is_refused_with_a_clear_status_not_queued_f
     finally:
         server.stop()
 
+
+
+# --- admission by the rate the streams gain audio ----------------------------------------------
+
+def test_the_pass_rate_is_decode_passes_a_second_of_recent_rounds_idle_time_left_out():
+    rate = PassRate()
+    assert rate.per_second(0.0) is None  # nothing known
+    now = 0.0
+    for _ in range(20):  # rounds of 4 passes in 40 ms: 100 passes a second
+        now += 0.04
+        rate.observe(now, 0.04, 4)
+    assert rate.per_second(now) == pytest.approx(100)
+    now += 3.0  # idle: no rounds, nothing counted
+    for _ in range(10):  # then prefill rounds without decode passes share the time
+        now += 0.02
+        rate.observe(now, 0.02, 0)
+    assert rate.per_second(now) == pytest.approx(100 * 0.8 / 1.0, rel=0.06)  # the window's last second
+    assert rate.per_second(now + PassRate.STALE + 1) is None  # a spell long ago says nothing now
+    rate.observe(now, math.nan, 3)  # ignored
+    rate.observe(now, 0.0, 3)
+
+
+def gated(clock, pass_seconds, rows=2, **knobs):
+    """A scheduler whose engine made decode passes of ``pass_seconds`` for the last second, a
+    pass adding 20 ms of audio to a stream, with ``rows`` streams running."""
+    scheduler, _ = make_scheduler(blocks=512, clock=clock, **knobs)
+    scheduler.audio_per_pass = 0.02
+    started(scheduler, [Request(f"running-{i}", prompt(6, 100 * i), budget=200) for i in range(rows)])
+    for _ in range(int(1.0 / pass_seconds) + 1):
+        clock.now += pass_seconds
+        scheduler.pass_rate.observe(clock.now, pass_seconds, 1)
+    return scheduler
+
+
+def admitted(scheduler, request):
+    scheduler.add(request)
+    output = scheduler.schedule()
+    return any(item.request is request for item in output.items)
+
+
+def test_a_new_stream_waits_while_the_running_ones_would_not_keep_ahead_of_their_listeners():
+    """20 ms of audio a pass: passes of 19 ms leave 5 % to spare, under the 10 % asked; passes of
+    15 ms leave 33 %. A later piece of a running stream goes in either way; with nothing running,
+    or rate_admission off, so does a new one."""
+    clock = Clock()
+    slow = gated(clock, 0.019, admission_headroom=0.1)
+    assert not admitted(slow, Request("new", prompt(6, 900)))
+    assert slow.num_waiting == 1 and slow.queue_wait() >= 0
+    piece = Request("running-0-1", prompt(6, 950))
+    piece.continuation = True
+    assert admitted(slow, piece) and slow.num_waiting == 1  # it passes the new one waiting
+    assert slow.schedule().num_steps > 1  # rounds stay long while the new one cannot join
+    assert admitted(gated(Clock(), 0.015, admission_headroom=0.1), Request("new", prompt(6, 900)))
+    assert not admitted(gated(Clock(), 0.015), Request("new", prompt(6, 900)))  # the default asks 1.8x
+    assert admitted(gated(Clock(), 0.010), Request("new", prompt(6, 900)))
+    assert admitted(gated(Clock(), 0.019, rate_admission=False), Request("new", prompt(6, 900)))
+    assert admitted(gated(Clock(), 0.019, rows=0), Request("new", prompt(6, 900)))
+    cuda, _ = make_scheduler()
+    assert cuda.config.rate_admission  # on the CPU; on CUDA off until measured on a GPU:
+    from audio_pipeline.config import PipelineConfig
+    assert not SchedulerConfig.from_config(PipelineConfig().for_device("cuda")).rate_admission
+    unknown, _ = make_scheduler(blocks=512, clock=Clock())  # no audio_per_pass: nothing held back
+    started(unknown, [Request("running", prompt(6), budget=200)])
+    for _ in range(60):
+        unknown.pass_rate.observe(unknown.clock(), 0.05, 1)
+    assert admitted(unknown, Request("new", prompt(6, 900)))
+
+
+def test_the_streams_beyond_a_batch_take_turns_and_that_counts():
+    """Passes of 10 ms give a stream 2x real time while every row is in every pass; with 4 rows
+    running in batches of 4, another row would be in 4 of every 5 passes (about 1.5x: admitted at
+    a 10 % headroom); in batches of 2, in 2 of every 5 (0.8x: held back)."""
+    assert admitted(gated(Clock(), 0.010, rows=4, max_batch_size=4, max_queue_size_tg=8, admission_headroom=0.1),
+                    Request("new", prompt(6, 900)))
+    assert not admitted(gated(Clock(), 0.010, rows=4, max_batch_size=2, max_queue_size_tg=8, admission_headroom=0.1),
+                        Request("new", prompt(6, 900)))
+
+
+def test_after_a_pause_a_burst_is_admitted_whatever_the_last_busy_spell_ran_at():
+    """The rate of a busy spell that ended (nothing running) is forgotten at the next admission:
+    the streams of a burst all go in together, as before any rate was known."""
+    clock = Clock()
+    scheduler = gated(clock, 0.019, rows=1)
+    (running,) = scheduler.running
+    scheduler.finish(running, StopReason.CANCELLED)
+    burst = [Request(f"burst-{i}", prompt(6, 300 + 10 * i)) for i in range(4)]
+    for request in burst:
+        scheduler.add(request)
+    output = scheduler.schedule()
+    assert {item.request.request_id for item in output.items} == {r.request_id for r in burst}

@@ -323,8 +323,8 @@ def test_config_validation():
         make_scheduler(max_num_steps=0)
     with pytest.raises(ValueError, match="kvcache_ce_watermark"):
         make_scheduler(kvcache_ce_watermark=0)
-    with pytest.raises(ValueError, match="max_batch_size, max_queue_size, enable_in_flight_batching, deadline_scheduling: "
-                                         "resolve"):
+    with pytest.raises(ValueError, match="max_batch_size, max_queue_size, enable_in_flight_batching, deadline_scheduling, "
+                                         "rate_admission: resolve"):
         SchedulerConfig.from_config(PipelineConfig())  # the open values must be made the device's first
 
 

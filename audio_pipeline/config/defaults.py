@@ -12,10 +12,13 @@ the decoder shares the loop's cores.
 
 DEVICE_DEFAULTS: dict[str, dict[str, object]] = {
     "cpu": {"max_batch_size": 32, "max_queue_size": 256, "enable_in_flight_batching": False,
-            "enable_overlap_scheduler": False, "audio_decoder_thread": False, "deadline_scheduling": True},
-    # Deadline scheduling is measured on the CPU only: on CUDA it waits for a GPU's measurements.
+            "enable_overlap_scheduler": False, "audio_decoder_thread": False, "deadline_scheduling": True,
+            "rate_admission": True},
+    # Deadline scheduling and admission by rate are measured on the CPU only: on CUDA they wait for a
+    # GPU's measurements (a GPU's passes vary far less than a small CPU's, shared with the front end).
     "cuda": {"max_batch_size": 256, "max_queue_size": 256, "enable_in_flight_batching": True,
-             "enable_overlap_scheduler": True, "audio_decoder_thread": True, "deadline_scheduling": False},
+             "enable_overlap_scheduler": True, "audio_decoder_thread": True, "deadline_scheduling": False,
+             "rate_admission": False},
 }
 
 #: Tokens per KV cache page when kv_cache_page_size is None: 16, 64 and 128 measured alike on the

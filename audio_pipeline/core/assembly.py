@@ -124,6 +124,9 @@ class CoreAssembly:
         # 4.01-4.35 and 4.94-4.97 built there (two pairs of runs; likely its buffers' heap).
         runner = make_runner() if device.type == "cuda" else make_runner
         self.scheduler = AudioGenerationScheduler(SchedulerConfig.from_config(config), kv_manager.block_manager)
+        # A decode pass adds a position to each row: a frame's audio over the positions a frame takes.
+        self.scheduler.audio_per_pass = (self.decoder.samples_per_frame / self.decoder.sample_rate
+                                         / self.layout.tokens_per_frame)
         self.core = EngineCore(runner, self.decoder, StreamSettings.from_config(config), self.scheduler,
                                overlap=config.enable_overlap_scheduler, timer=timer, metrics=self.metrics,
                                num_threads=self.num_threads, decode_stream=self._decode_stream(device),

@@ -1,5 +1,7 @@
 """Playback deadlines: when each stream's listener would run out of audio, and what the engine's
-steps cost, so the scheduler can serve the streams closest to running dry first (torch-free).
+steps cost, so the scheduler can serve the streams closest to running dry first; and how fast
+the running streams gain audio, so that it admits no more of them than it can keep ahead of
+their listeners (torch-free).
 
 The engine plays every client stream as its listener would (audio/playback.py's model, on the
 engine's deliveries): a stream's deadline is the moment the audio delivered so far has played out.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from audio_pipeline.audio.playback import Playback
@@ -150,3 +153,51 @@ class StepCosts:
             return
         per_token = min(max(0.0, seconds - self.decode_pass(max(rows, 1))) / tokens, self.LONGEST_PASS / 64)
         self.per_prompt_token += self.WEIGHT * (per_token - self.per_prompt_token)
+
+
+class PassRate:
+    """Decode passes a second of the engine's work over its last ``WINDOW`` seconds of rounds: how
+    fast every row in decode gains audio, with what else the rounds did in that time (prefill
+    steps, the audio decoder, the host's other work, and the other processes the machine runs).
+    Time the engine sits idle between rounds is not counted; rounds older than ``STALE`` seconds
+    are forgotten (a busy spell long ago says nothing of the load now)."""
+
+    #: Seconds of rounds the rate is taken over.
+    WINDOW = 1.0
+    #: The least seconds of rounds that give a rate (fewer: None).
+    MIN_SECONDS = 0.25
+    #: Rounds that ended longer ago than this are dropped.
+    STALE = 5.0
+
+    def __init__(self) -> None:
+        self._rounds: deque[tuple[float, float, int]] = deque()  # (end, seconds, decode passes)
+        self._seconds = 0.0
+        self._passes = 0
+
+    def observe(self, now: float, seconds: float, passes: int) -> None:
+        """A round ending at ``now`` took ``seconds`` and made ``passes`` decode passes (0: prefill alone)."""
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return
+        self._rounds.append((now, seconds, passes))
+        self._seconds += seconds
+        self._passes += passes
+        while len(self._rounds) > 1 and self._seconds - self._rounds[0][1] >= self.WINDOW:
+            self._drop()
+
+    def per_second(self, now: float) -> float | None:
+        """Decode passes a second of work lately; None where too little is known."""
+        while self._rounds and self._rounds[0][0] < now - self.STALE:
+            self._drop()
+        return self._passes / self._seconds if self._seconds >= self.MIN_SECONDS else None
+
+    def clear(self) -> None:
+        """Forgets every round (the engine has nothing running: its next busy spell starts afresh)."""
+        self._rounds.clear()
+        self._seconds, self._passes = 0.0, 0
+
+    def _drop(self) -> None:
+        _, seconds, passes = self._rounds.popleft()
+        self._seconds -= seconds
+        self._passes -= passes
+        if not self._rounds:  # no float drift left over
+            self._seconds, self._passes = 0.0, 0

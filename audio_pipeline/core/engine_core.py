@@ -373,8 +373,11 @@ class EngineCore:
             logger.exception("generation step failed; failing its %d request(s)", len(output.items))
             self._recover_from_failure([item.request for item in output.items], exc)
         self._end_round(output)
+        now = time.monotonic()
+        # How fast the rows in decode gain audio, all the round's work counted (the admission's measure).
+        self.scheduler.pass_rate.observe(now, now - started, output.num_steps if output.kind in ("tg", "mixed") else 0)
         if self.scheduler.config.deadline_scheduling:  # only deadlines read what steps cost
-            self._learn_costs(output, time.monotonic() - started)
+            self._learn_costs(output, now - started)
         return True
 
     def _learn_costs(self, output: SchedulerOutput, seconds: float) -> None:

@@ -44,6 +44,19 @@ A row's *slack* is its deadline less now, less the passes its next chunk needs, 
   all, until the oldest is ``first_audio_target_ms`` old: a burst of arrivals is prefilled in few
   steps, not one or two prompts a pass.
 
+Admission. A stream admitted beyond what the engine can keep ahead of its listener makes every
+stream stall, not only itself. With ``rate_admission``, a waiting request that starts a
+stream is admitted only while every running stream, with it, would still gain audio at least
+``admission_headroom`` faster than real time (0.8: 1.8x; a small CPU's passes vary by tens of
+milliseconds, and the streams' lead must absorb that): the decode passes a second the engine made over its last second of
+work (:class:`~audio_pipeline.core.deadlines.PassRate`: prefill steps, the audio decoder and the
+host's other work included) times the audio a pass adds to a stream (``audio_per_pass``, which the
+engine sets), scaled by what one more row adds to a pass (:class:`~audio_pipeline.core.deadlines.StepCosts`).
+Past that it waits (``max_queue_wait_ms`` then refuses new requests). A later piece of a running
+stream (``continuation``) is admitted regardless: its stream is already playing. With nothing
+running (the rate is then forgotten: a burst after a pause is admitted as the limits allow), or
+before a rate is known, requests are admitted as the KV cache and the limits allow.
+
 When a decode step cannot get a KV block, the most recently admitted other request is preempted:
 its blocks are released and it goes back to the front of the queue, to be recomputed (its prompt
 plus the tokens it generated; prefix caching makes that cheap) when memory frees up.
@@ -72,7 +85,7 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from audio_pipeline.core.deadlines import StepCosts
+from audio_pipeline.core.deadlines import PassRate, StepCosts
 from audio_pipeline.core.kv_cache.block_manager import BlockManager
 from audio_pipeline.core.steady_batch import SteadyBatch, SteadyItems
 from audio_pipeline.core.stop import StopReason
@@ -163,6 +176,8 @@ class SchedulerConfig:
     first_audio_target_ms: float = 100.0
     deadline_margin_ms: float = 20.0
     text_wait_lead_ms: float | None = 500.0
+    rate_admission: bool = True
+    admission_headroom: float = 0.8
 
     @classmethod
     def from_config(cls, config: Any) -> "SchedulerConfig":
@@ -170,7 +185,7 @@ class SchedulerConfig:
         values = {field.name: getattr(config, field.name) for field in dataclasses.fields(cls)
                   if hasattr(config, field.name)}
         unresolved = [name for name in ("max_batch_size", "max_queue_size", "enable_in_flight_batching",
-                                        "deadline_scheduling") if values.get(name, False) is None]
+                                        "deadline_scheduling", "rate_admission") if values.get(name, False) is None]
         if unresolved:
             raise ValueError(f"{', '.join(unresolved)}: resolve the configuration for its device first (for_device)")
         return cls(**values)
@@ -384,6 +399,11 @@ class AudioGenerationScheduler:
         self._held: frozenset[str] = frozenset()
         #: What steps take, learned from the engine's (deadline scheduling).
         self.costs = StepCosts()
+        #: Decode passes a second of work lately (the engine observes every round).
+        self.pass_rate = PassRate()
+        #: Seconds of audio a decode pass adds to a stream (the engine sets it); None: admission
+        #: is not held back by the rate (see the module docstring).
+        self.audio_per_pass: float | None = None
 
     # --- queue -----------------------------------------------------------------------------------
 
@@ -595,9 +615,30 @@ class AudioGenerationScheduler:
         self._steady = batch
 
     def _admission_closed(self) -> bool:
-        """Whether no waiting request can join the running ones now: none waits, or as many run as
-        may (those that wait then change nothing of a round but its length, :meth:`_num_steps`)."""
-        return not self._waiting or len(self._running) >= self.config.admission_limit
+        """Whether no waiting request can join the running ones now: none waits, as many run as
+        may, or the running streams would not keep ahead of their listeners with another and none
+        of those waiting continues a running stream (those that wait then change nothing of a
+        round but its length, :meth:`_num_steps`)."""
+        return (not self._waiting or len(self._running) >= self.config.admission_limit
+                or (not self._sustains_another() and not any(e.request.continuation for e in self._waiting)))
+
+    def _sustains_another(self) -> bool:
+        """Whether every running stream would still gain audio ``admission_headroom`` faster than
+        real time with one more (see the module docstring); True where that is not known."""
+        per_pass = self.audio_per_pass
+        if not self.config.rate_admission or per_pass is None:
+            return True
+        if not self._running:  # a new busy spell: what the last one ran at says nothing of it
+            self.pass_rate.clear()
+            return True
+        rate = self.pass_rate.per_second(self.clock())
+        if rate is None:
+            return True
+        rows = len(self._running)
+        # Beyond a batch, the rows take turns: each is in max_batch_size of every rows + 1 passes.
+        share = min(1.0, self.config.max_batch_size / (rows + 1))
+        slower = min(1.0, self.costs.decode_pass(rows) / self.costs.decode_pass(rows + 1))
+        return rate * per_pass * share * slower >= 1.0 + self.config.admission_headroom
 
     def _steady_round(self, batch: SteadyBatch) -> SchedulerOutput | None:
         """The next round from the persistent batch, as :meth:`_schedule` would make it (its
@@ -770,7 +811,10 @@ class AudioGenerationScheduler:
     def _num_steps(self) -> int:
         if self.config.max_num_steps != -1:
             return self.config.max_num_steps
-        return 1 if self._waiting else 4
+        # Short rounds while a request may join; those held back by the rate (module docstring:
+        # admission) wait for the running streams to gain ground, which longer rounds help.
+        return 1 if self._waiting and (self._sustains_another()
+                                       or any(e.request.continuation for e in self._waiting)) else 4
 
     def _delay_left(self) -> float:
         """Seconds the oldest waiting prompt should still wait for company (ce_delay_ms)."""
@@ -830,6 +874,11 @@ class AudioGenerationScheduler:
             while (self._waiting and len(output.items) < slots and budget > 0
                    and len(self._running) < self.config.admission_limit):
                 entry = self._waiting[0]
+                if not entry.request.continuation and not self._sustains_another():
+                    # Only what continues a running stream goes in (module docstring: admission).
+                    entry = next((e for e in self._waiting if e.request.continuation), None)
+                    if entry is None:
+                        break
                 request = entry.request
                 tokens = request.cache_keys
                 cached = manager.claim(request.request_id, tokens)
@@ -842,7 +891,7 @@ class AudioGenerationScheduler:
                     manager.prefix_stats.queried_tokens -= len(tokens)
                     manager.prefix_stats.hit_tokens -= cached
                     break
-                self._waiting.popleft()
+                self._waiting.remove(entry)
                 request.processed = cached
                 self._admissions += 1
                 entry.admitted_order = self._admissions
