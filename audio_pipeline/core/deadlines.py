@@ -200,4 +200,4 @@ class PassRate:
         self._seconds -= seconds
         self._passes -= passes
         if not self._rounds:  # no float drift left over
-            self._seconds, self._passes = 0.0, 0
+            self.clear()

@@ -619,8 +619,11 @@ class AudioGenerationScheduler:
         may, or the running streams would not keep ahead of their listeners with another and none
         of those waiting continues a running stream (those that wait then change nothing of a
         round but its length, :meth:`_num_steps`)."""
-        return (not self._waiting or len(self._running) >= self.config.admission_limit
-                or (not self._sustains_another() and not any(e.request.continuation for e in self._waiting)))
+        return not self._waiting or len(self._running) >= self.config.admission_limit or not self._may_admit_some()
+
+    def _may_admit_some(self) -> bool:
+        """Whether some waiting request may go in by the rate: any, or a later piece of a running stream."""
+        return self._sustains_another() or any(e.request.continuation for e in self._waiting)
 
     def _sustains_another(self) -> bool:
         """Whether every running stream would still gain audio ``admission_headroom`` faster than
@@ -813,8 +816,7 @@ class AudioGenerationScheduler:
             return self.config.max_num_steps
         # Short rounds while a request may join; those held back by the rate (module docstring:
         # admission) wait for the running streams to gain ground, which longer rounds help.
-        return 1 if self._waiting and (self._sustains_another()
-                                       or any(e.request.continuation for e in self._waiting)) else 4
+        return 1 if self._waiting and self._may_admit_some() else 4
 
     def _delay_left(self) -> float:
         """Seconds the oldest waiting prompt should still wait for company (ce_delay_ms)."""

@@ -194,7 +194,9 @@ def unit(amount: str, symbol: str) -> str:
     return f"{number(amount)} {singular if value in {'1', '1.0'} else plural}"
 
 
-_MONTH_NAMES = "|".join(MONTHS + [m[:3] for m in MONTHS] + ["Sept"])
+#: A month as written before its day: its name, its first three letters, "Sept".
+_MONTH_FORMS = (*MONTHS, *(m[:3] for m in MONTHS), "Sept")
+_MONTH_NAMES = "|".join(_MONTH_FORMS)
 #: The words before a four-digit number that make it a year ("in 1847": "in eighteen forty-seven").
 YEAR_CUES = ("in", "In", "since", "Since", "by", "from", "From", "until", "of", "year", "around", "before", "after")
 _UNIT_NAMES = "|".join(sorted((re.escape(u) for u in UNITS), key=len, reverse=True))
@@ -225,7 +227,7 @@ _RULES = [
 _PATTERN = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _RULES))
 
 
-_MONTH_WORDS = frozenset(MONTHS + [m[:3] for m in MONTHS] + ["Sept"])
+_MONTH_WORDS = frozenset(_MONTH_FORMS)
 
 
 def reads_with_next(word: str) -> bool:
